@@ -1,0 +1,47 @@
+import os
+
+import pytest
+import torch
+
+from mimi_extract.testing import random_model, write_corpus
+
+torch.set_num_threads(2)
+
+
+def tolerance(reference: torch.Tensor) -> float:
+    """1e-5, scaled by the output magnitude when it exceeds 1: fp32 rounding is relative, and
+    oneDNN picks different conv kernels for different lengths (measured: ~1e-6 relative)."""
+    return 1e-5 * max(1.0, float(reference.abs().max()))
+
+
+@pytest.fixture(scope="session")
+def tiny_model():
+    return random_model(seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, tiny_model):
+    path = tmp_path_factory.mktemp("model") / "tiny-mimi"
+    tiny_model.save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("corpus")
+    described = write_corpus(str(root))
+    return str(root), described
+
+
+def ragged(lengths, seed=0, garbage=None):
+    """Items and their right-padded batch; the padding holds ``garbage`` to prove it is ignored."""
+    g = torch.Generator().manual_seed(seed)
+    items = [0.3 * torch.randn(n, generator=g) for n in lengths]
+    batch = torch.nn.utils.rnn.pad_sequence(items, batch_first=True)
+    if garbage is not None:
+        for row, n in enumerate(lengths):
+            batch[row, n:] = garbage
+    return items, batch
+
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")

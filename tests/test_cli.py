@@ -1,0 +1,173 @@
+"""End to end: the CLI on a generated corpus, outputs compared with single-item transformers encodes."""
+
+import glob
+import json
+import os
+
+import h5py
+import pytest
+from typer.testing import CliRunner
+
+from conftest import tolerance
+from mimi_extract import read, read_manifest
+from mimi_extract.audio import load
+from mimi_extract.cli import app
+from mimi_extract.encoder import reference_single
+from mimi_extract.runner import Settings, extract
+
+BAD = {"empty.wav": "empty file", "corrupt.wav": "corrupt", "zero_len.wav": "zero-length"}
+
+
+def cli(*args):
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def common(model_dir):
+    return ["--model", model_dir, "--device", "cpu", "--num-workers", "0"]
+
+
+def check_outputs(out, root, model, tap, num_quantizers=8, channel="mix"):
+    """Every ok row's stored array equals the single-item transformers encode of that file."""
+    rows = [r for r in read_manifest(out) if r["status"] == "ok"]
+    for row in rows:
+        audio = load(os.path.join(root, row["path"]), row["channel"] if row["channel"] is not None else channel)
+        ref = reference_single(model, audio, num_quantizers)
+        got = read(out, row["key"])
+        if tap == "codes":
+            assert got.dtype.name == "int16" and got.shape == tuple(ref["codes"].shape), row["key"]
+            assert (got == ref["codes"].numpy()).all(), row["key"]
+        else:
+            assert got.shape == tuple(ref[tap].shape), row["key"]
+            assert abs(got - ref[tap].numpy()).max() <= tolerance(ref[tap]), row["key"]
+        assert row["frames"] == ref["codes"].shape[1] if tap != "encoder" else ref["encoder"].shape[0]
+    return rows
+
+
+def all_dataset_keys(out):
+    keys = []
+    for shard in sorted(glob.glob(os.path.join(out, "shard-*.h5"))):
+        with h5py.File(shard, "r") as f:
+            f.visititems(lambda name, obj: keys.append(name) if isinstance(obj, h5py.Dataset) else None)
+    return keys
+
+
+def test_features_end_to_end(corpus, tiny_model, tiny_model_dir, tmp_path):
+    root, described = corpus
+    out = tmp_path / "out"
+    result = cli("features", root, out, *common(tiny_model_dir), "--shard-size", 3)
+    assert result.exit_code == 0, result.output
+    rows = read_manifest(out)
+    assert sorted(r["path"] for r in rows) == sorted(described)  # one row per input, nothing else
+    for row in rows:
+        if row["path"] in BAD:
+            assert row["status"] == "error" and BAD[row["path"]] in row["error"] and row["shard"] is None
+        else:
+            assert row["status"] == "ok" and row["error"] is None
+    ok = check_outputs(str(out), root, tiny_model, "latent")
+    assert len(ok) == 7
+    assert len(glob.glob(str(out / "shard-*.h5"))) == 3  # rolled every 3 utterances
+    with h5py.File(out / ok[0]["shard"], "r") as f:
+        assert f.attrs["tap"] == "latent" and f.attrs["frame_rate"] == 12.5
+        assert f.attrs["model"] == tiny_model_dir and len(f.attrs["config_hash"]) == 16
+    assert cli("features", root, out, *common(tiny_model_dir), "--strict").exit_code == 1  # errors + --strict
+
+
+def test_encoder_tap_float16(corpus, tiny_model, tiny_model_dir, tmp_path):
+    root, _ = corpus
+    out = tmp_path / "out"
+    assert cli("features", root, out, *common(tiny_model_dir), "--tap", "encoder", "--feature-dtype", "float16").exit_code == 0
+    row = next(r for r in read_manifest(out) if r["path"] == "sine_440.wav")
+    got = read(out, row["key"])
+    ref = reference_single(tiny_model, load(os.path.join(root, "sine_440.wav")), 8)["encoder"].numpy()
+    assert got.dtype.name == "float16" and got.shape == ref.shape == (51, 32)  # 48123 samples -> 51 frames at 25 Hz,, before the downsample
+    assert abs(got.astype("float32") - ref).max() <= 2e-3 * max(1, abs(ref).max())
+
+
+def test_codes_channel_each(corpus, tiny_model, tiny_model_dir, tmp_path):
+    root, described = corpus
+    out = tmp_path / "codes"
+    result = cli("codes", root, out, *common(tiny_model_dir), "--num-quantizers", 4, "--channel", "each")
+    assert result.exit_code == 0, result.output
+    keys = {r["key"] for r in read_manifest(out)}
+    assert {"stereo.wav#ch0", "stereo.wav#ch1"} <= keys and "stereo.wav" not in keys
+    rows = check_outputs(str(out), root, tiny_model, "codes", num_quantizers=4)
+    assert len(rows) == 8
+    assert cli("codes", root, tmp_path / "c2", *common(tiny_model_dir), "-q", 9).exit_code == 2  # model has 8
+
+
+def test_resume_after_interruption(corpus, tiny_model, tiny_model_dir, tmp_path):
+    root, described = corpus
+    out = str(tmp_path / "out")
+    settings = Settings(model=tiny_model_dir, tap="codes", num_quantizers=8, batch_size=2, num_workers=0)
+    seen = []
+
+    def killed_after_two_batches(n, seconds, errors):
+        seen.append(n)
+        if len(seen) == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        extract(root, out, settings, shard_size=1, on_batch=killed_after_two_batches)
+    partial = [r for r in read_manifest(out) if r["status"] == "ok"]
+    assert 0 < len(partial) < 7
+    # what a hard kill can leave behind: a half-written shard, rows of a shard that was never
+    # renamed into place, and a torn last manifest line
+    open(os.path.join(out, "shard-00042.h5.tmp"), "wb").write(b"\x89HDF half written")
+    with open(os.path.join(out, "manifest.jsonl"), "a") as f:
+        f.write(json.dumps({"path": "sine_440.wav", "key": "sine_440.wav", "shard": "shard-00041.h5",
+                            "status": "ok"}) + "\n")
+        f.write('{"path": "stereo.wav", "key": "ste')
+
+    result = cli("codes", root, out, *common(tiny_model_dir), "--batch-size", 2)
+    assert result.exit_code == 0, result.output
+    assert f"({len(partial)} already done)" in result.output
+    rows = read_manifest(out)
+    assert sorted(r["path"] for r in rows) == sorted(described)  # exactly one row per input
+    assert not glob.glob(os.path.join(out, "*.tmp"))
+    keys = all_dataset_keys(out)
+    assert sorted(keys) == sorted(r["key"] for r in rows if r["status"] == "ok")  # nothing duplicated
+    check_outputs(out, root, tiny_model, "codes")
+    # a third run has nothing left to do
+    again = cli("codes", root, out, *common(tiny_model_dir), "--batch-size", 2)
+    assert "(7 already done), 3 unreadable, 0 to encode" in again.output and all_dataset_keys(out) == keys
+
+
+def test_two_device_workers_match(corpus, tiny_model, tiny_model_dir, tmp_path):
+    """The multi-device path (one process per device; here two CPU 'devices') merges correctly."""
+    root, described = corpus
+    out = tmp_path / "multi"
+    result = cli("codes", root, out, "--model", tiny_model_dir, "--device", "cpu,cpu", "--num-workers", "1",
+                 "--batch-size", 2)
+    assert result.exit_code == 0, result.output
+    assert sorted(r["path"] for r in read_manifest(out)) == sorted(described)
+    assert len(check_outputs(str(out), root, tiny_model, "codes")) == 7
+
+
+def test_settings_mismatch_refused(corpus, tiny_model_dir, tmp_path):
+    root, _ = corpus
+    out = tmp_path / "out"
+    assert cli("features", root, out, *common(tiny_model_dir), "--limit", 2).exit_code == 0
+    result = cli("codes", root, out, *common(tiny_model_dir))
+    assert result.exit_code == 2 and "other settings" in result.output
+
+
+def test_verify_command(corpus, tiny_model_dir):
+    root, _ = corpus
+    result = cli("verify", root, "--model", tiny_model_dir, "--device", "cpu")
+    assert result.exit_code == 0, result.output
+    assert "PASS" in result.output and "0/984" in result.output
+    strict = cli("verify", root, "--model", tiny_model_dir, "--device", "cpu", "--atol", 0)
+    assert strict.exit_code == 1 and "FAIL" in strict.output  # fp32 rounding differs: the check can fail
+
+
+def test_bad_input_dir_and_model(tmp_path, tiny_model_dir):
+    assert "does not exist" in cli("features", tmp_path / "nope", tmp_path / "o", *common(tiny_model_dir)).output
+    (tmp_path / "in").mkdir()
+    result = cli("features", tmp_path / "in", tmp_path / "o", "--model", "./no-such-model", "--device", "cpu")
+    assert result.exit_code == 2 and "does not exist" in result.output
+
+
+@pytest.mark.parametrize("command", ["features", "codes", "verify"])
+def test_help(command):
+    result = cli(command, "--help")
+    assert result.exit_code == 0 and "Example" in result.output
