@@ -49,7 +49,7 @@ class FeatureDType(str, Enum):
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Hub id or local directory (save_pretrained layout).")]
 DeviceOpt = Annotated[str, typer.Option(help="auto (all GPUs, else cpu), cpu, cuda, cuda:N, or a list: cuda:0,cuda:1.")]
 DTypeOpt = Annotated[DType, typer.Option(help="Compute dtype; bf16/fp16 only on GPU. fp32 is the exact path.")]
-BatchOpt = Annotated[int, typer.Option(min=1, help="Maximum items per batch.")]
+BatchOpt = Annotated[Optional[int], typer.Option(min=1, help="Maximum items per batch [default: 64 on GPU, 1 on CPU, where batching is slower].")]
 SecondsOpt = Annotated[float, typer.Option(min=0.1, help="Padded audio seconds per batch (items x longest).")]
 WorkersOpt = Annotated[int, typer.Option(min=0, help="DataLoader processes decoding audio (per device).")]
 ChannelOpt = Annotated[Channel, typer.Option(help="Multichannel files: mix = mean of channels, first, each = one entry per channel (key#chN).")]
@@ -133,7 +133,7 @@ def features(
     model: ModelOpt = "kyutai/mimi",
     device: DeviceOpt = "auto",
     dtype: DTypeOpt = DType.fp32,
-    batch_size: BatchOpt = 64,
+    batch_size: BatchOpt = None,
     max_batch_seconds: SecondsOpt = 300.0,
     num_workers: WorkersOpt = 2,
     channel: ChannelOpt = Channel.mix,
@@ -166,7 +166,7 @@ def codes(
     model: ModelOpt = "kyutai/mimi",
     device: DeviceOpt = "auto",
     dtype: DTypeOpt = DType.fp32,
-    batch_size: BatchOpt = 64,
+    batch_size: BatchOpt = None,
     max_batch_seconds: SecondsOpt = 300.0,
     num_workers: WorkersOpt = 2,
     channel: ChannelOpt = Channel.mix,

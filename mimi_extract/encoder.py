@@ -88,9 +88,14 @@ def _valid(lengths: torch.Tensor, size: int) -> torch.Tensor:
     return torch.arange(size, device=lengths.device)[None, :] < lengths[:, None]
 
 
-def _zero_padding(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """Zero steps >= length of a [B, C, T] tensor (``where``, so NaN/inf in padding cannot survive)."""
-    return torch.where(_valid(lengths, x.shape[-1])[:, None, :], x, x.new_zeros(()))
+def _zero_padding(x: torch.Tensor, lengths: torch.Tensor, inplace: bool = False) -> torch.Tensor:
+    """Zero steps >= length of a [B, C, T] tensor (``masked_fill`` also overwrites NaN/inf).
+
+    A batch without padding is returned as is: a lone item pays nothing for the masking."""
+    if bool((lengths >= x.shape[-1]).all()):
+        return x
+    invalid = ~_valid(lengths, x.shape[-1])[:, None, :]
+    return x.masked_fill_(invalid, 0) if inplace else x.masked_fill(invalid, 0)
 
 
 def _replicate_padding(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
@@ -141,7 +146,7 @@ class PaddedMimiEncoder(nn.Module):
         if conv.pad_mode == "replicate":
             x = _replicate_padding(x, lengths)  # invariant elsewhere: padding already holds zeros
         out_lengths = conv._get_output_length(lengths).to(lengths.device)
-        return _zero_padding(conv(x), out_lengths), out_lengths
+        return _zero_padding(conv(x), out_lengths, inplace=True), out_lengths
 
     def _seanet(self, x: torch.Tensor, lengths: torch.Tensor):
         for layer in self.seanet.layers:
@@ -153,11 +158,11 @@ class PaddedMimiEncoder(nn.Module):
                     if isinstance(sub, mm.MimiConv1d):
                         h, _ = self._conv(sub, h, lengths)
                     else:
-                        h = _zero_padding(sub(h), lengths)
+                        h = _zero_padding(sub(h), lengths, inplace=True)
                 residual = self._conv(layer.shortcut, x, lengths)[0] if isinstance(layer.shortcut, mm.MimiConv1d) else x
-                x = _zero_padding(residual + h, lengths)
+                x = _zero_padding(residual + h, lengths, inplace=True)
             else:
-                x = _zero_padding(layer(x), lengths)
+                x = _zero_padding(layer(x), lengths, inplace=True)
         return x, lengths
 
     def attention_mask(self, lengths: torch.Tensor, size: int, dtype: torch.dtype) -> torch.Tensor:

@@ -35,7 +35,7 @@ def test_causal_resample_length_and_delay():
 
 
 def test_causal_resample_is_delayed_torchaudio_sinc():
-    taf = pytest.importorskip("torchaudio.functional")
+    import torchaudio.functional as taf  # a declared dependency: a broken torch/torchaudio pair must fail here
     x = torch.randn(2, 8000)
     d = causal_lookahead(16_000, 24_000)
     expected = taf.resample(torch.nn.functional.pad(x, (d, 0)), 16_000, 24_000)[:, : 12_000]

@@ -23,7 +23,7 @@ def cli(*args):
 
 
 def common(model_dir):
-    return ["--model", model_dir, "--device", "cpu", "--num-workers", "0"]
+    return ["--model", model_dir, "--device", "cpu", "--num-workers", "0", "--batch-size", "8"]  # CPU default is 1
 
 
 def check_outputs(out, root, model, tap, num_quantizers=8, channel="mix"):
