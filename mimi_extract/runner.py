@@ -87,7 +87,7 @@ def _encode(encoder: PaddedMimiEncoder, batch: LoadedBatch, settings: Settings):
             taps=(settings.tap,),
             num_quantizers=settings.num_quantizers,
         )
-    except torch.OutOfMemoryError:
+    except torch.cuda.OutOfMemoryError:
         if len(batch.items) == 1:
             return [], [(batch.items[0], "out of memory even alone; lower --max-batch-seconds or use a bigger device")]
         if device.type == "cuda":

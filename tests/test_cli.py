@@ -6,6 +6,7 @@ import os
 
 import h5py
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from conftest import tolerance
@@ -19,7 +20,9 @@ BAD = {"empty.wav": "empty file", "corrupt.wav": "corrupt", "zero_len.wav": "zer
 
 
 def cli(*args):
-    return CliRunner().invoke(app, [str(a) for a in args])
+    result = CliRunner().invoke(app, [str(a) for a in args])
+    result.text = " ".join(result.output.split())  # rich wraps long lines (paths) at the terminal width
+    return result
 
 
 def common(model_dir):
@@ -120,7 +123,7 @@ def test_resume_after_interruption(corpus, tiny_model, tiny_model_dir, tmp_path)
 
     result = cli("codes", root, out, *common(tiny_model_dir), "--batch-size", 2)
     assert result.exit_code == 0, result.output
-    assert f"({len(partial)} already done)" in result.output
+    assert f"({len(partial)} already done)" in result.text
     rows = read_manifest(out)
     assert sorted(r["path"] for r in rows) == sorted(described)  # exactly one row per input
     assert not glob.glob(os.path.join(out, "*.tmp"))
@@ -129,7 +132,7 @@ def test_resume_after_interruption(corpus, tiny_model, tiny_model_dir, tmp_path)
     check_outputs(out, root, tiny_model, "codes")
     # a third run has nothing left to do
     again = cli("codes", root, out, *common(tiny_model_dir), "--batch-size", 2)
-    assert "(7 already done), 3 unreadable, 0 to encode" in again.output and all_dataset_keys(out) == keys
+    assert "(7 already done), 3 unreadable, 0 to encode" in again.text and all_dataset_keys(out) == keys
 
 
 def test_two_device_workers_match(corpus, tiny_model, tiny_model_dir, tmp_path):
@@ -148,26 +151,49 @@ def test_settings_mismatch_refused(corpus, tiny_model_dir, tmp_path):
     out = tmp_path / "out"
     assert cli("features", root, out, *common(tiny_model_dir), "--limit", 2).exit_code == 0
     result = cli("codes", root, out, *common(tiny_model_dir))
-    assert result.exit_code == 2 and "other settings" in result.output
+    assert result.exit_code == 2 and "other settings" in result.text
 
 
 def test_verify_command(corpus, tiny_model_dir):
     root, _ = corpus
     result = cli("verify", root, "--model", tiny_model_dir, "--device", "cpu")
     assert result.exit_code == 0, result.output
-    assert "PASS" in result.output and "0/984" in result.output
+    assert "PASS" in result.text and "0/984" in result.text
     strict = cli("verify", root, "--model", tiny_model_dir, "--device", "cpu", "--atol", 0)
-    assert strict.exit_code == 1 and "FAIL" in strict.output  # fp32 rounding differs: the check can fail
+    assert strict.exit_code == 1 and "FAIL" in strict.text  # fp32 rounding differs: the check can fail
 
 
 def test_bad_input_dir_and_model(tmp_path, tiny_model_dir):
-    assert "does not exist" in cli("features", tmp_path / "nope", tmp_path / "o", *common(tiny_model_dir)).output
+    assert "does not exist" in cli("features", tmp_path / "nope", tmp_path / "o", *common(tiny_model_dir)).text
     (tmp_path / "in").mkdir()
     result = cli("features", tmp_path / "in", tmp_path / "o", "--model", "./no-such-model", "--device", "cpu")
-    assert result.exit_code == 2 and "does not exist" in result.output
+    assert result.exit_code == 2 and "does not exist" in result.text
 
 
 @pytest.mark.parametrize("command", ["features", "codes", "verify"])
 def test_help(command):
     result = cli(command, "--help")
-    assert result.exit_code == 0 and "Example" in result.output
+    assert result.exit_code == 0 and "Example" in result.text
+
+
+def test_out_of_memory_splits_batch(corpus, tiny_model, tiny_model_dir, tmp_path, monkeypatch):
+    """A batch that does not fit is halved and retried; nothing is lost and results stay exact."""
+    from mimi_extract.encoder import PaddedMimiEncoder
+
+    real_forward = PaddedMimiEncoder.forward
+    tried, encoded = [], []
+
+    def small_memory(self, audio, *args, **kwargs):
+        tried.append(audio.shape[0])
+        if audio.shape[0] > 2:
+            raise torch.cuda.OutOfMemoryError("simulated")
+        encoded.append(audio.shape[0])
+        return real_forward(self, audio, *args, **kwargs)
+
+    monkeypatch.setattr(PaddedMimiEncoder, "forward", small_memory)
+    root, _ = corpus
+    out = str(tmp_path / "oom")
+    settings = Settings(model=tiny_model_dir, tap="codes", batch_size=8, num_workers=0)
+    summary = extract(root, out, settings)
+    assert tried[0] == 7 and sum(encoded) == 7 and max(encoded) <= 2 and summary["ok"] == 7
+    check_outputs(out, root, tiny_model, "codes")

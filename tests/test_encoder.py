@@ -128,8 +128,10 @@ def test_matches_streaming_encode_on_common_frames(tiny_model):
     with torch.no_grad():
         for i, audio in enumerate(items):
             first = tiny_model.encode(audio[: FRAME * 3].reshape(1, 1, -1), num_quantizers=8, use_streaming=True)
+            # the kv-cache argument was renamed in transformers 5.2x
+            cache = "encoder_cache" if hasattr(first, "encoder_cache") else "encoder_past_key_values"
             rest = tiny_model.encode(audio[FRAME * 3 :].reshape(1, 1, -1), num_quantizers=8, use_streaming=True,
-                                     padding_cache=first.padding_cache, encoder_cache=first.encoder_cache)
+                                     padding_cache=first.padding_cache, **{cache: getattr(first, cache)})
             streamed = torch.cat([first.audio_codes[0], rest.audio_codes[0]], -1)
             assert streamed.shape[-1] == lengths[i] // FRAME
             assert torch.equal(streamed, out.tensors["codes"][i, :, : streamed.shape[-1]])
