@@ -119,6 +119,8 @@ def _settings(model, device, dtype, batch_size, max_batch_seconds, num_workers, 
         devices = resolve_devices(device)
     except (ValueError, RuntimeError) as e:
         _fail(str(e))
+    if dtype is not DType.fp32 and not all(d.startswith("cuda") for d in devices):
+        _fail(f"--dtype {dtype.value} needs GPUs (devices: {', '.join(devices)}); use fp32 on CPU")
     return Settings(model=model, devices=devices, dtype=dtype.value, batch_size=batch_size,
                     max_batch_seconds=max_batch_seconds, num_workers=num_workers, channel=channel.value,
                     causal_16k=causal_16k, **kw)

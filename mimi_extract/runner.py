@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import queue as queue_mod
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -73,7 +74,8 @@ def build_encoder(settings: Settings, device: str) -> PaddedMimiEncoder:
 def discover(input_dir: str, channel: str, limit: int | None = None) -> tuple[list[Item], list[Item]]:
     """(encodable items, error items) for every audio file below ``input_dir``."""
     paths = find_audio(input_dir)[:limit]
-    items = [it for p in paths for it in probe(p, input_dir, channel)]
+    with ThreadPoolExecutor(16) as pool:  # header reads are I/O bound (network file systems)
+        items = [it for found in pool.map(lambda p: probe(p, input_dir, channel), paths) for it in found]
     return [it for it in items if it.error is None], [it for it in items if it.error is not None]
 
 

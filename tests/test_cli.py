@@ -168,6 +168,8 @@ def test_bad_input_dir_and_model(tmp_path, tiny_model_dir):
     (tmp_path / "in").mkdir()
     result = cli("features", tmp_path / "in", tmp_path / "o", "--model", "./no-such-model", "--device", "cpu")
     assert result.exit_code == 2 and "does not exist" in result.text
+    result = cli("codes", tmp_path / "in", tmp_path / "o", *common(tiny_model_dir), "--dtype", "bf16")
+    assert result.exit_code == 2 and "needs GPUs" in result.text
 
 
 @pytest.mark.parametrize("command", ["features", "codes", "verify"])
