@@ -1,3 +1,5 @@
-from .cli import app
+import sys
 
-app(prog_name="mimi-extract")
+from ._entry import run
+
+sys.exit(run())

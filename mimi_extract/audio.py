@@ -1,13 +1,24 @@
-"""Decoding, channel handling and resampling to Mimi's 24 kHz.
+"""Decoding, channel handling, resampling to Mimi's 24 kHz and input framing -- whole or incremental.
 
-16 kHz input (the common ASR rate) goes through a *causal* windowed-sinc resampler: the input is
-delayed by the filter's look-ahead so that no 24 kHz sample depends on a 16 kHz sample later in
-time, which keeps Mimi's causal encoder causal end to end.  Other rates use torchaudio.
+One windowed-sinc resampler (torchaudio's kernel formula: Hann window, 6 zero crossings, 0.99
+roll-off) serves every rate and both uses: a whole item is one block, a long recording is fed
+block by block through :class:`AudioReader` with the filter's history carried, so the streamed
+samples equal the whole-file ones.  The filter can be *delayed*: with no delay it is
+``torchaudio.functional.resample``; 16 kHz input defaults to the delay of its look-ahead (8 input
+samples), so no 24 kHz sample depends on later 16 kHz input and Mimi's causal encoder stays causal
+end to end.
+
+A *framing* says what the encoder is fed, so that codes match the stack a user trains with:
+``transformers`` (MimiModel.encode of the resampled audio), ``moshi`` (the same, zero-padded to a
+whole 1920-sample frame, as Kyutai's ``moshi`` package pads) and ``muvap`` (the MuVAP front end:
+16 kHz delayed by 16 samples through torchaudio's resampler, trimmed to round(1.5 n) samples, then
+zero-padded to a multiple of 960).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
@@ -16,6 +27,8 @@ import torch
 
 SAMPLE_RATE = 24_000
 CHANNEL_MODES = ("mix", "first", "each")
+FRAMINGS = ("transformers", "moshi", "muvap")
+_BLOCK = 1 << 16  # source frames decoded per read of a stream
 
 
 class AudioError(Exception):
@@ -38,66 +51,223 @@ def _sinc_kernel(orig: int, new: int, width_zeros: int = 6, rolloff: float = 0.9
     return kernel[:, None].float(), width
 
 
+def _reduced(orig_sr: int, new_sr: int) -> tuple[int, int]:
+    g = math.gcd(orig_sr, new_sr)
+    return orig_sr // g, new_sr // g
+
+
 def causal_lookahead(orig_sr: int, new_sr: int) -> int:
     """Input samples the causal resampler delays by (its filter's look-ahead)."""
-    g = math.gcd(orig_sr, new_sr)
-    orig = orig_sr // g
-    _, width = _sinc_kernel(orig, new_sr // g)
+    orig, new = _reduced(orig_sr, new_sr)
+    _, width = _sinc_kernel(orig, new)
     return width + orig - 1
 
 
+class SincResampler:
+    """Streaming polyphase resampler over the last axis: ``push`` blocks, then ``finish``; outputs
+    concatenate to torchaudio's ``resample`` of the whole input delayed by ``delay`` input samples
+    (before any trimming to a target length, which the caller applies)."""
+
+    def __init__(self, orig_sr: int, new_sr: int, delay: int = 0):
+        self.orig, self.new = _reduced(orig_sr, new_sr)
+        self.kernel, self.width = _sinc_kernel(self.orig, self.new)
+        self.size = self.kernel.shape[-1]
+        self.left = self.width + delay  # left padding (width) + delay, as torchaudio pads
+        self.buffer: torch.Tensor | None = None  # [rows, samples] not yet consumed
+
+    def _frames(self, final: bool) -> torch.Tensor:
+        if final:
+            self.buffer = torch.nn.functional.pad(self.buffer, (0, self.width + self.orig))
+        length = self.buffer.shape[-1]
+        n = (length - self.size) // self.orig + 1 if length >= self.size else 0
+        if n <= 0:
+            return self.buffer.new_zeros(self.buffer.shape[0], 0)
+        x = self.buffer[:, : (n - 1) * self.orig + self.size]
+        y = torch.nn.functional.conv1d(x[:, None], self.kernel, stride=self.orig)  # [rows, new, n]
+        self.buffer = self.buffer[:, n * self.orig :]
+        return y.transpose(1, 2).reshape(x.shape[0], -1)
+
+    def push(self, block: torch.Tensor) -> torch.Tensor:
+        shape = block.shape[:-1]
+        rows = block.reshape(-1, block.shape[-1]).float()
+        if self.buffer is None:
+            self.buffer = rows.new_zeros(rows.shape[0], self.left)
+        self.buffer = torch.cat([self.buffer, rows], dim=-1)
+        out = self._frames(final=False)
+        return out.reshape(*shape, out.shape[-1])
+
+    def finish(self) -> torch.Tensor:
+        if self.buffer is None:
+            self.buffer = torch.zeros(1, self.left)
+        out = self._frames(final=True)
+        return out[0] if out.shape[0] == 1 else out
+
+
+@dataclass(frozen=True)
+class Framing:
+    """How a source of ``n`` samples at ``rate`` becomes the encoder's 24 kHz input."""
+
+    name: str = "transformers"
+    causal_16k: bool = True
+
+    def delay(self, rate: int) -> int:
+        if self.name == "muvap" and rate == 16_000:
+            return 16
+        if rate == 16_000 and self.causal_16k and self.name != "muvap":
+            return causal_lookahead(rate, SAMPLE_RATE)
+        return 0
+
+    def resampled_length(self, n: int, rate: int) -> int:
+        if rate == SAMPLE_RATE:
+            return n
+        if self.name == "muvap" and rate == 16_000:
+            return round(n * 1.5)  # Python's round: halves to even, as the MuVAP recipe does
+        orig, new = _reduced(rate, SAMPLE_RATE)
+        return math.ceil(new * n / orig)
+
+    @property
+    def multiple(self) -> int:
+        """The encoder input is zero-padded to a multiple of this many samples."""
+        return {"transformers": 1, "moshi": 1920, "muvap": 960}[self.name]
+
+    def input_length(self, n: int, rate: int) -> int:
+        """24 kHz samples the encoder gets for ``n`` source samples at ``rate``."""
+        m = self.resampled_length(n, rate)
+        return -(-m // self.multiple) * self.multiple
+
+
+def framing_of(name: str, causal_16k: bool = True) -> Framing:
+    if name not in FRAMINGS:
+        raise ValueError(f"unknown framing {name!r}; choose from {', '.join(FRAMINGS)}")
+    return Framing(name, causal_16k)
+
+
 def causal_resample(wav: torch.Tensor, orig_sr: int, new_sr: int) -> torch.Tensor:
-    """Resample [..., T] so output n only uses inputs m with m / orig_sr <= n / new_sr.
+    """Resample 1-D ``wav`` so output n only uses inputs m with m / orig_sr <= n / new_sr.
 
     Equals a symmetric sinc resampler applied to the input delayed by ``causal_lookahead`` samples;
     the output keeps the nominal length ceil(T * new_sr / orig_sr)."""
-    g = math.gcd(orig_sr, new_sr)
-    orig, new = orig_sr // g, new_sr // g
-    if orig == new:
+    if orig_sr == new_sr:
         return wav
-    kernel, width = _sinc_kernel(orig, new)
-    delay = width + orig - 1
-    shape = wav.shape
-    x = wav.reshape(-1, 1, shape[-1]).float()
-    # symmetric version pads (width, width + orig); the delay moves all look-ahead to the left
-    x = torch.nn.functional.pad(x, (width + delay, width + orig - delay))
-    y = torch.nn.functional.conv1d(x, kernel.to(x.device), stride=orig)  # [B, new, frames]
-    y = y.transpose(1, 2).reshape(x.shape[0], -1)
-    target = math.ceil(new * shape[-1] / orig)
-    return y[:, :target].reshape(*shape[:-1], target).to(wav.dtype)
+    r = SincResampler(orig_sr, new_sr, causal_lookahead(orig_sr, new_sr))
+    head = r.push(wav)
+    tail = r.finish().reshape(*wav.shape[:-1], -1)
+    y = torch.cat([head, tail], dim=-1)
+    return y[..., : math.ceil(r.new * wav.shape[-1] / r.orig)].to(wav.dtype)
 
 
-def resample(wav: torch.Tensor, orig_sr: int, causal_16k: bool = True) -> torch.Tensor:
-    """To 24 kHz: causal path for 16 kHz (unless disabled), torchaudio for other rates."""
-    if orig_sr == SAMPLE_RATE:
-        return wav
-    if orig_sr == 16_000 and causal_16k:
-        return causal_resample(wav, orig_sr, SAMPLE_RATE)
-    try:
-        import torchaudio.functional as taf
-    except Exception as e:  # a torchaudio wheel built for another torch fails at import
-        raise AudioError(f"resampling {orig_sr} Hz needs torchaudio, which failed to import: {e}") from e
-    return taf.resample(wav, orig_sr, SAMPLE_RATE)
-
-
-def load(path: str, channel: int | str = "mix", causal_16k: bool = True) -> torch.Tensor:
-    """Decode ``path`` to a mono float32 24 kHz tensor [T].
-
-    ``channel``: "mix" (mean of channels), "first", or a channel index (for ``--channel each``)."""
-    try:
-        data, sr = sf.read(path, dtype="float32", always_2d=True)
-    except Exception as e:
-        raise AudioError(f"cannot decode: {e}") from e
-    if data.shape[0] == 0:
-        raise AudioError("no audio samples (zero-length)")
-    if not np.isfinite(data).all():
-        raise AudioError("contains NaN or infinite samples")
+def _mono(data: np.ndarray, channel: int | str) -> np.ndarray:
     if channel == "mix":
-        mono = data.mean(axis=1)
-    elif channel == "first":
-        mono = data[:, 0]
-    else:
-        if int(channel) >= data.shape[1]:
-            raise AudioError(f"has {data.shape[1]} channel(s), no channel {channel}")
-        mono = data[:, int(channel)]
-    return resample(torch.from_numpy(np.ascontiguousarray(mono)), sr, causal_16k)
+        return data.mean(axis=1, dtype=np.float32) if data.shape[1] > 1 else data[:, 0]
+    if channel == "first":
+        return data[:, 0]
+    if int(channel) >= data.shape[1]:
+        raise AudioError(f"has {data.shape[1]} channel(s), no channel {channel}")
+    return data[:, int(channel)]
+
+
+class AudioReader:
+    """One item (a file, a segment of it, one channel) decoded incrementally to the encoder's input.
+
+    ``next_chunk(n)`` returns the next ``n`` samples and whether they end the item (it reads ahead
+    to know), so a 2-hour file never exists in memory at once; ``read_all()`` is the whole item.
+    ``start``/``frames`` select a segment, in source samples."""
+
+    def __init__(self, path: str, channel: int | str = "mix", framing: Framing = Framing(), start: int = 0,
+                 frames: int | None = None):
+        self.path, self.channel, self.framing = path, channel, framing
+        try:
+            self.file = sf.SoundFile(path)
+        except Exception as e:
+            raise AudioError(f"cannot decode: {e}") from e
+        self.rate = self.file.samplerate
+        if channel not in ("mix", "first") and int(channel) >= self.file.channels:
+            channels = self.file.channels
+            self.close()
+            raise AudioError(f"has {channels} channel(s), no channel {channel}")
+        self.remaining = frames if frames is not None else max(0, self.file.frames - start)
+        if start:
+            try:
+                self.file.seek(start)
+            except Exception as e:
+                self.close()
+                raise AudioError(f"cannot seek to sample {start}: {e}") from e
+        self.resampler = SincResampler(self.rate, SAMPLE_RATE, framing.delay(self.rate)) if self.rate != SAMPLE_RATE else None
+        self.source_samples = 0
+        self.emitted = 0
+        self.pending: list[torch.Tensor] = []
+        self.pending_len = 0
+        self.done = False  # the source is exhausted and `pending` holds the rest of the item
+
+    def close(self) -> None:
+        if getattr(self, "file", None) is not None:
+            self.file.close()
+            self.file = None
+
+    def _read_block(self) -> None:
+        want = min(_BLOCK, self.remaining) if self.remaining is not None else _BLOCK
+        try:
+            data = self.file.read(want, dtype="float32", always_2d=True) if want > 0 else np.zeros((0, 1), np.float32)
+        except Exception as e:
+            raise AudioError(f"cannot decode at sample {self.source_samples}: {e}") from e
+        if len(data) and not np.isfinite(data).all():
+            raise AudioError("contains NaN or infinite samples")
+        self.source_samples += len(data)
+        self.remaining -= len(data)
+        x = torch.from_numpy(np.ascontiguousarray(_mono(data, self.channel))) if len(data) else torch.zeros(0)
+        end = len(data) < want or self.remaining <= 0
+        if self.resampler is not None:
+            x = self.resampler.push(x)
+            if end:
+                x = torch.cat([x, self.resampler.finish()])
+        self.pending.append(x)
+        self.pending_len += len(x)
+        if end:
+            self.close()
+            if self.source_samples == 0:
+                raise AudioError("no audio samples (zero-length)")
+            # trim to the framing's length, then zero-pad to its frame multiple
+            total = self.framing.input_length(self.source_samples, self.rate)
+            target = min(total, self.framing.resampled_length(self.source_samples, self.rate))
+            self._truncate(target - self.emitted)
+            self.pending.append(torch.zeros(total - self.emitted - self.pending_len))
+            self.pending_len = total - self.emitted
+            self.done = True
+
+    def _truncate(self, n: int) -> None:
+        flat = torch.cat(self.pending) if self.pending else torch.zeros(0)
+        self.pending, self.pending_len = [flat[:n]], min(n, len(flat))
+
+    def _safe_len(self) -> int:
+        """Samples that can be returned before the end is known (never past the final length)."""
+        if self.done:
+            return self.pending_len
+        lower = self.framing.resampled_length(self.source_samples, self.rate) - 1  # final length >= this
+        return max(0, min(self.pending_len, lower - self.emitted))
+
+    def next_chunk(self, n: int) -> tuple[torch.Tensor, bool]:
+        while not self.done and self._safe_len() <= n:
+            self._read_block()
+        flat = torch.cat(self.pending) if len(self.pending) != 1 else self.pending[0]
+        take = min(n, len(flat))
+        final = self.done and take == len(flat)
+        chunk, rest = flat[:take], flat[take:]
+        self.pending, self.pending_len = [rest], len(rest)
+        self.emitted += take
+        return chunk, final
+
+    def read_all(self) -> torch.Tensor:
+        chunk, final = self.next_chunk(1 << 62)
+        assert final
+        return chunk
+
+
+def load(path: str, channel: int | str = "mix", causal_16k: bool = True, framing: Framing | None = None,
+         start: int = 0, frames: int | None = None) -> torch.Tensor:
+    """Decode ``path`` (or the segment ``start``..``start+frames``) to the encoder's mono float32
+    24 kHz input [T]. ``channel``: "mix" (mean of channels), "first", or a channel index."""
+    reader = AudioReader(path, channel, framing or Framing("transformers", causal_16k), start, frames)
+    try:
+        return reader.read_all()
+    finally:
+        reader.close()

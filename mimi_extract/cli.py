@@ -1,18 +1,26 @@
-"""Command line: ``mimi-extract features | codes | verify``."""
+"""Command line: ``mimi-extract features | codes | verify | status | info | decode``.
+
+Printing only: the work happens in ``runner``, ``verify`` and ``outputs``.  Every string that can
+hold a path or an error message is printed as plain text (never as rich markup), so a file named
+``[bold]x.wav`` is shown as it is and ``[/x]`` cannot crash the program.
+"""
 
 from __future__ import annotations
 
+import json
 import sys
 from enum import Enum
 from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
+from rich.text import Text
 
 from . import __version__
-from .runner import Settings, extract, resolve_devices
+from .plan import parse_part
+from .settings import Settings, resolve_devices
 
 app = typer.Typer(
     add_completion=False,
@@ -21,7 +29,12 @@ app = typer.Typer(
     help="Bulk Mimi (Kyutai neural audio codec) feature/code extraction into HDF5 shards, "
     "padding-aware: a file encoded in a padded batch gives what it gives alone.",
 )
-console = Console(stderr=True)
+console = Console(stderr=True, highlight=False)
+
+
+def say(*parts: str | tuple[str, str], out: Console | None = None) -> None:
+    """Print plain strings and (text, style) pairs; nothing is parsed as markup."""
+    (out or console).print(Text.assemble(*parts), soft_wrap=True)
 
 
 class Tap(str, Enum):
@@ -46,212 +59,446 @@ class FeatureDType(str, Enum):
     float16 = "float16"
 
 
+class FramingOpt(str, Enum):
+    transformers = "transformers"
+    moshi = "moshi"
+    muvap = "muvap"
+
+
+class EngineOpt(str, Enum):
+    local = "local"
+    ray = "ray"
+
+
+InputArg = Annotated[str, typer.Argument(metavar="INPUT", help="A directory (searched recursively), a list "
+                                         "(.txt/.jsonl/.csv: path[,id,start,end|duration,channel]) or a lhotse "
+                                         "manifest (recordings/cuts/supervisions .jsonl.gz).")]
+OutArg = Annotated[str, typer.Argument(metavar="OUT", help="Output directory (shards + manifest.jsonl + cuts.jsonl.gz).")]
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Hub id or local directory (save_pretrained layout).")]
 DeviceOpt = Annotated[str, typer.Option(help="auto (all GPUs, else cpu), cpu, cuda, cuda:N, or a list: cuda:0,cuda:1.")]
+CpuWorkersOpt = Annotated[Optional[int], typer.Option(min=1, help="Encoder processes on CPU [default: one per core, single-threaded].")]
 DTypeOpt = Annotated[DType, typer.Option(help="Compute dtype; bf16/fp16 only on GPU. fp32 is the exact path.")]
-BatchOpt = Annotated[Optional[int], typer.Option(min=1, help="Maximum items per batch [default: 64 on GPU, 1 on CPU, where batching is slower].")]
-SecondsOpt = Annotated[float, typer.Option(min=0.1, help="Padded audio seconds per batch (items x longest).")]
-WorkersOpt = Annotated[int, typer.Option(min=0, help="DataLoader processes decoding audio (per device).")]
+BatchOpt = Annotated[Optional[int], typer.Option(min=1, help="Maximum rows per step [default: 64 on GPU, 1 on CPU, where batching is slower].")]
+SecondsOpt = Annotated[float, typer.Option(min=0.1, help="Padded audio seconds per step (rows x longest).")]
+ChunkOpt = Annotated[float, typer.Option(min=0.08, help="Files longer than this are streamed in chunks of this many seconds (bounded memory, exact).")]
+WorkersOpt = Annotated[int, typer.Option(min=0, help="Decoding threads per device.")]
 ChannelOpt = Annotated[Channel, typer.Option(help="Multichannel files: mix = mean of channels, first, each = one entry per channel (key#chN).")]
 CausalOpt = Annotated[bool, typer.Option("--causal-16k/--no-causal-16k", help="16 kHz input: causal resampler (no output sample depends on future input) instead of torchaudio's.")]
-LimitOpt = Annotated[Optional[int], typer.Option(min=1, help="Only the first N files (sorted by path).")]
+FramingArg = Annotated[FramingOpt, typer.Option(help="transformers = MimiModel.encode; moshi = zero-pad to whole frames as Kyutai's moshi does; muvap = the MuVAP front end (16 kHz delayed 16 samples, round(1.5n), pad to 960).")]
+LimitOpt = Annotated[Optional[int], typer.Option(min=1, help="Only the first N inputs (sorted by path).")]
 ShardOpt = Annotated[int, typer.Option(min=1, help="Roll to a new shard after this many utterances.")]
-ShardMBOpt = Annotated[float, typer.Option(min=1, help="... or after this many MiB of data.")]
+ShardMBOpt = Annotated[float, typer.Option(min=1, help="... or after this many MiB of data (a shard is built in memory).")]
 StrictOpt = Annotated[bool, typer.Option(help="Exit 1 if any input failed (default: error rows, exit 0).")]
+PartOpt = Annotated[Optional[str], typer.Option(help="Encode part I/N (0-based) of the inputs, by a stable hash of each key, or 'slurm' (SLURM_ARRAY_TASK_ID/COUNT).")]
+EngineArg = Annotated[EngineOpt, typer.Option(help="local = processes on this machine; ray = actors on a Ray cluster (pip install 'mimi-extract[ray]').")]
+RayAddressOpt = Annotated[Optional[str], typer.Option(help="Ray cluster to join: auto, HOST:PORT, or none to start a local one.")]
+RayCpuOpt = Annotated[Optional[int], typer.Option(min=1, help="CPU actors on a cluster without GPUs [default: CPUs / 2].")]
+RecordingsOpt = Annotated[Optional[str], typer.Option(help="lhotse RecordingSet for a SupervisionSet input.")]
 
 
 def _hours(seconds: float) -> str:
     return f"{seconds / 3600:.2f} h" if seconds >= 3600 else f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.1f} s"
 
 
-def _fail(message: str) -> None:
-    console.print(f"[bold red]error:[/] {message}")
-    raise typer.Exit(2)
+def _fail(message: str, code: int = 2):
+    say(("error: ", "bold red"), str(message))
+    raise typer.Exit(code)
 
 
-def _run(input_dir, out_dir, settings: Settings, shard_size, shard_mb, limit, strict) -> None:
-    progress = Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-        TextColumn("{task.fields[audio]} audio, {task.fields[speed]:.0f}x realtime, {task.fields[errors]} errors"),
-        TimeElapsedColumn(), TimeRemainingColumn(), console=console,
-    )
-    state = {"seconds": 0.0, "errors": 0}
-
-    def on_plan(s):
-        console.print(
-            f"{s['inputs']} inputs ({s['skipped']} already done), {s['unreadable']} unreadable, {s['todo']} to encode: "
-            f"{_hours(s['seconds'])} in {s['batches']} batches, padding {100 * s['padding']:.1f}% "
-            f"on {', '.join(settings.devices)}"
-        )
-        state["task"] = progress.add_task("encoding", total=s["todo"], audio=_hours(0), speed=0.0, errors=0)
-        progress.start()
-
-    def on_batch(n, seconds, errors):
-        state["seconds"] += seconds
-        state["errors"] += errors
-        task = state["task"]
-        elapsed = progress.tasks[task].elapsed or 1e-9
-        progress.update(task, advance=n, audio=_hours(state["seconds"]), speed=state["seconds"] / elapsed,
-                        errors=state["errors"])
-
+def _settings(model, device, dtype, batch_size, max_batch_seconds, num_workers, channel, causal_16k,
+              cpu_workers=None, **kw) -> Settings:
     try:
-        summary = extract(input_dir, out_dir, settings, shard_size, shard_mb, limit, on_plan, on_batch)
-    except KeyboardInterrupt:
-        progress.stop()
-        console.print("[yellow]interrupted[/]: finished shards are kept; run the same command again to resume.")
-        raise typer.Exit(130)
-    except (ValueError, FileNotFoundError, RuntimeError, OSError) as e:
-        progress.stop()
-        _fail(str(e))
-    progress.stop()
-    console.print(
-        f"[green]done[/]: {summary['ok']} ok, {summary['errors']} errors, {summary['skipped']} skipped "
-        f"({summary['frame_rate']:g} Hz frames) -> {out_dir}/manifest.jsonl"
-    )
-    if summary["errors"]:
-        console.print(f"error rows: grep '\"status\": \"error\"' {out_dir}/manifest.jsonl")
-        if strict:
-            raise typer.Exit(1)
-
-
-def _settings(model, device, dtype, batch_size, max_batch_seconds, num_workers, channel, causal_16k, **kw) -> Settings:
-    try:
-        devices = resolve_devices(device)
+        devices = resolve_devices(device, cpu_workers)
     except (ValueError, RuntimeError) as e:
         _fail(str(e))
     if dtype is not DType.fp32 and not all(d.startswith("cuda") for d in devices):
-        _fail(f"--dtype {dtype.value} needs GPUs (devices: {', '.join(devices)}); use fp32 on CPU")
+        _fail(f"--dtype {dtype.value} needs GPUs (devices: {', '.join(sorted(set(devices)))}); use fp32 on CPU")
     return Settings(model=model, devices=devices, dtype=dtype.value, batch_size=batch_size,
                     max_batch_seconds=max_batch_seconds, num_workers=num_workers, channel=channel.value,
                     causal_16k=causal_16k, **kw)
 
 
+def _run(input_path, out_dir, settings: Settings, shard_size, shard_mb, limit, strict, part, recordings) -> None:
+    from .writer import OutputError
+    from .runner import extract
+
+    try:
+        part = parse_part(part)
+    except ValueError as e:
+        _fail(str(e))
+    progress = Progress(
+        TextColumn("encoding"), BarColumn(),
+        TextColumn("{task.fields[audio]} / {task.fields[total_audio]} audio, {task.fields[items]} files, "
+                   "{task.fields[speed]:.1f}x realtime, {task.fields[errors]} errors"),
+        TimeElapsedColumn(), TimeRemainingColumn(), console=console,
+    )
+    state = {"seconds": 0.0, "errors": 0, "items": 0}
+
+    def on_plan(s):
+        for w in s["warnings"]:
+            say(("warning: ", "yellow"), w)
+        for n in s["notes"]:
+            say(("repaired: ", "yellow"), n)
+        devices = sorted(set(s["devices"]))
+        on = ", ".join(f"{s['devices'].count(d)}x {d}" if s["devices"].count(d) > 1 else d for d in devices)
+        say(f"{s['inputs']} inputs ({s['skipped']} already done), {s['unreadable']} unreadable, {s['todo']} to encode: "
+            f"{_hours(s['seconds'])} in {s['units']} work units ({s['streamed']} long files streamed), "
+            f"padding {100 * s['padding']:.1f}% on {on}" + (f" [{settings.engine}]" if settings.engine != "local" else ""))
+        state["total"] = s["seconds"]
+        state["task"] = progress.add_task("encoding", total=max(s["seconds"], 1e-9), audio=_hours(0),
+                                          total_audio=_hours(s["seconds"]), items=0, speed=0.0, errors=0)
+        progress.start()
+
+    def on_progress(items, seconds, errors):
+        state["seconds"] += seconds
+        state["errors"] += errors
+        state["items"] += items
+        task = state["task"]
+        elapsed = progress.tasks[task].elapsed or 1e-9
+        progress.update(task, advance=seconds, audio=_hours(state["seconds"]), speed=state["seconds"] / elapsed,
+                        errors=state["errors"], items=state["items"])
+
+    def on_signal(name):
+        progress.stop()
+        say((f"{name}: ", "yellow"), "stopping; committing what was completely encoded "
+            "(press Ctrl-C again to stop at once)...")
+
+    try:
+        summary = extract(input_path, out_dir, settings, shard_size, shard_mb, limit, part, recordings,
+                          on_plan, on_progress, on_signal)
+    except KeyboardInterrupt:
+        progress.stop()
+        say(("interrupted", "yellow"), " before encoding started; run the same command again to resume.")
+        raise typer.Exit(130)
+    except (ValueError, FileNotFoundError, RuntimeError, OSError, OutputError) as e:
+        progress.stop()
+        _fail(str(e))
+    progress.stop()
+    for n in summary["engine_notes"]:
+        say(("note: ", "yellow"), n)
+    stats = summary["stats"]
+    where = summary["run_dir"]
+    if summary.get("interrupted"):
+        say((f"interrupted ({summary['interrupted']})", "yellow"),
+            f": {summary['ok']} items committed to {where}; run the same command again to resume.")
+        raise typer.Exit(130)
+    say(("done", "green"), f": {summary['ok']} ok, {summary['errors']} errors, {summary['skipped']} skipped "
+        f"({summary['frame_rate']:g} Hz frames) -> {where}/manifest.jsonl"
+        + (f"; encoder idle {100 * stats.idle_fraction:.0f}% of {stats.wall:.0f} s" if stats.wall else ""))
+    if summary["errors"]:
+        say(f"error rows: mimi-extract info {out_dir}  (or grep '\"status\": \"error\"' {where}/manifest.jsonl)")
+        if strict:
+            raise typer.Exit(1)
+
+
+_RUN_HELP = """
+
+    Re-running the same command resumes: items already 'ok' in the manifest are skipped; a second
+    run on the same OUT is refused while the first holds it.  Ctrl-C (or SIGTERM) commits what was
+    completely encoded; a second Ctrl-C stops at once (OUT stays consistent)."""
+
+
 @app.command()
 def features(
-    input_dir: Annotated[str, typer.Argument(metavar="DIR", help="Directory searched recursively for audio.")],
-    out_dir: Annotated[str, typer.Argument(metavar="OUT", help="Output directory (shards + manifest.jsonl).")],
+    input_path: InputArg,
+    out_dir: OutArg,
     tap: Annotated[Tap, typer.Option(help="encoder = 25 Hz before the downsample; latent = 12.5 Hz, pre-quantizer.")] = Tap.latent,
     feature_dtype: Annotated[FeatureDType, typer.Option(help="Storage dtype of the features.")] = FeatureDType.float32,
     model: ModelOpt = "kyutai/mimi",
     device: DeviceOpt = "auto",
+    cpu_workers: CpuWorkersOpt = None,
     dtype: DTypeOpt = DType.fp32,
     batch_size: BatchOpt = None,
     max_batch_seconds: SecondsOpt = 300.0,
+    chunk_seconds: ChunkOpt = 30.0,
     num_workers: WorkersOpt = 2,
     channel: ChannelOpt = Channel.mix,
     causal_16k: CausalOpt = True,
+    framing: FramingArg = FramingOpt.transformers,
     shard_size: ShardOpt = 1000,
-    shard_mb: ShardMBOpt = 1024,
+    shard_mb: ShardMBOpt = 256,
     limit: LimitOpt = None,
     strict: StrictOpt = False,
+    part: PartOpt = None,
+    engine: EngineArg = EngineOpt.local,
+    ray_address: RayAddressOpt = None,
+    ray_cpu_actors: RayCpuOpt = None,
+    recordings: RecordingsOpt = None,
 ):
-    """Continuous Mimi features, one \\[frames, dim] dataset per file.
+    """Continuous Mimi features, one \\[frames, dim] dataset per input.
 
     [bold]Examples[/]
 
       mimi-extract features corpus/ feats/                      # 12.5 Hz latents, all GPUs
       mimi-extract features corpus/ feats25/ --tap encoder      # 25 Hz, before the downsample
       mimi-extract features corpus/ feats/ --model ./mimi-local --device cpu
-
-    Re-running the same command resumes: files already 'ok' in the manifest are skipped.
+      mimi-extract features vad.jsonl feats/ --framing muvap --tap encoder
     """
     settings = _settings(model, device, dtype, batch_size, max_batch_seconds, num_workers, channel, causal_16k,
-                         tap=tap.value, feature_dtype=feature_dtype.value)
-    _run(input_dir, out_dir, settings, shard_size, shard_mb, limit, strict)
+                         cpu_workers, tap=tap.value, feature_dtype=feature_dtype.value, chunk_seconds=chunk_seconds,
+                         framing=framing.value, engine=engine.value, ray_address=ray_address,
+                         ray_cpu_actors=ray_cpu_actors)
+    _run(input_path, out_dir, settings, shard_size, shard_mb, limit, strict, part, recordings)
+
+
+features.__doc__ += _RUN_HELP
 
 
 @app.command()
 def codes(
-    input_dir: Annotated[str, typer.Argument(metavar="DIR", help="Directory searched recursively for audio.")],
-    out_dir: Annotated[str, typer.Argument(metavar="OUT", help="Output directory (shards + manifest.jsonl).")],
+    input_path: InputArg,
+    out_dir: OutArg,
     num_quantizers: Annotated[int, typer.Option("--num-quantizers", "-q", min=1, max=32, help="Codebooks to keep (1..32).")] = 8,
     model: ModelOpt = "kyutai/mimi",
     device: DeviceOpt = "auto",
+    cpu_workers: CpuWorkersOpt = None,
     dtype: DTypeOpt = DType.fp32,
     batch_size: BatchOpt = None,
     max_batch_seconds: SecondsOpt = 300.0,
+    chunk_seconds: ChunkOpt = 30.0,
     num_workers: WorkersOpt = 2,
     channel: ChannelOpt = Channel.mix,
     causal_16k: CausalOpt = True,
+    framing: FramingArg = FramingOpt.transformers,
     shard_size: ShardOpt = 1000,
-    shard_mb: ShardMBOpt = 1024,
+    shard_mb: ShardMBOpt = 256,
     limit: LimitOpt = None,
     strict: StrictOpt = False,
+    part: PartOpt = None,
+    engine: EngineArg = EngineOpt.local,
+    ray_address: RayAddressOpt = None,
+    ray_cpu_actors: RayCpuOpt = None,
+    recordings: RecordingsOpt = None,
 ):
-    """Discrete Mimi codes, one int16 \\[num_quantizers, frames] dataset per file (12.5 Hz).
+    """Discrete Mimi codes, one int16 \\[frames, num_quantizers] dataset per input (12.5 Hz).
 
     [bold]Examples[/]
 
       mimi-extract codes corpus/ codes/ --num-quantizers 8
       mimi-extract codes corpus/ codes/ -q 32 --device cuda:0,cuda:1 --max-batch-seconds 1200
+      mimi-extract codes corpus/ codes/ --part slurm            # one task of sbatch --array=0-15
+      mimi-extract codes corpus/ codes/ --engine ray --ray-address auto
     """
     settings = _settings(model, device, dtype, batch_size, max_batch_seconds, num_workers, channel, causal_16k,
-                         tap="codes", num_quantizers=num_quantizers)
-    _run(input_dir, out_dir, settings, shard_size, shard_mb, limit, strict)
+                         cpu_workers, tap="codes", num_quantizers=num_quantizers, chunk_seconds=chunk_seconds,
+                         framing=framing.value, engine=engine.value, ray_address=ray_address,
+                         ray_cpu_actors=ray_cpu_actors)
+    _run(input_path, out_dir, settings, shard_size, shard_mb, limit, strict, part, recordings)
+
+
+codes.__doc__ += _RUN_HELP
+
+
+def _check_table(title: str, checks, rtol: float, atol: float, max_real: int, features=("encoder", "latent")):
+    table = Table(title=title)
+    cols = ["file", "sec", "frames"] + [f"rel max|Δ| {t}" for t in features] + ["codes ≠ (tie / real)", "first bad frame", "result"]
+    for col in cols:
+        table.add_column(col, justify="left" if col == "file" else "right", overflow="fold")
+    failed = 0
+    for c in checks:
+        name = Text(c.key + (" (chunked)" if c.chunked else ""))
+        if c.error is not None or c.note is not None:
+            failed += c.error is not None
+            status = Text("error", "bold red") if c.error is not None else Text(
+                "unreadable" if c.note.startswith("unreadable") else "skipped", "yellow")
+            table.add_row(name, f"{c.duration:.2f}", "-", *["-"] * len(features), "-", "-", status)
+            continue
+        ok = c.passed(rtol, atol, max_real)
+        failed += not ok
+        firsts = [v for v in c.first_diverging.values() if v is not None]
+        table.add_row(name, f"{c.duration:.2f}", str(c.frames), *[f"{c.relative(t):.1e}" for t in features if t in c.diff]
+                      or ["-"] * len(features), f"{c.ties} / {c.real} of {c.code_total}" if c.code_total else "-",
+                      str(min(firsts)) if firsts else "-", Text("ok", "green") if ok else Text("FAIL", "bold red"))
+    return table, failed
+
+
+def _mismatch_report(out: Console, checks) -> None:
+    for c in checks:
+        for m in c.mismatches:
+            if m.cascade:
+                continue
+            kind = "tie flip" if m.tie else "REAL MISMATCH"
+            later = sum(1 for o in c.mismatches if o.frame == m.frame and o.cascade)
+            say(f"{c.key}: frame {m.frame}, codebook {m.codebook}: {kind} (reference margin {m.margin:.3g}, "
+                f"float noise bound {m.noise:.3g})" + (f"; {later} later codebooks of that frame follow it" if later else ""),
+                out=out)
+        if c.error:
+            say((c.key, "yellow"), f": {c.error}", out=out)
+        elif c.note:
+            say((c.key, "yellow"), f": {c.note}", out=out)
 
 
 @app.command()
 def verify(
-    input_dir: Annotated[str, typer.Argument(metavar="DIR", help="Directory searched recursively for audio.")],
-    model: ModelOpt = "kyutai/mimi",
+    input_path: Annotated[Optional[str], typer.Argument(metavar="[INPUT]", help="Files to encode both ways (omit with --out).")] = None,
+    out: Annotated[Optional[str], typer.Option("--out", help="Audit this OUT: re-encode a sample of its items one by one and compare with what it holds.")] = None,
+    sample: Annotated[int, typer.Option(min=1, help="With --out: items to re-encode (random, --seed).")] = 20,
+    seed: int = 0,
+    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Hub id or local directory [default: kyutai/mimi, or the model OUT was made with].")] = None,
     device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N (auto = first GPU, else cpu).")] = "auto",
     dtype: DTypeOpt = DType.fp32,
     num_quantizers: Annotated[int, typer.Option("--num-quantizers", "-q", min=1, max=32)] = 8,
     batch_size: BatchOpt = 16,
     max_batch_seconds: SecondsOpt = 120.0,
+    chunk_seconds: ChunkOpt = 30.0,
     channel: ChannelOpt = Channel.mix,
     causal_16k: CausalOpt = True,
+    framing: FramingArg = FramingOpt.transformers,
     limit: LimitOpt = 50,
-    atol: Annotated[float, typer.Option(help="Max abs feature difference allowed.")] = 1e-4,
-    max_code_mismatches: Annotated[int, typer.Option(min=0, help="Code mismatches allowed per file.")] = 0,
+    rtol: Annotated[float, typer.Option(help="Relative feature tolerance: max|Δ| <= rtol * max|reference| + atol, per file.")] = 1e-5,
+    atol: Annotated[float, typer.Option(help="Absolute floor of the feature tolerance.")] = 1e-6,
+    max_real_mismatches: Annotated[int, typer.Option(min=0, help="Real (non-tie) code mismatches allowed per file.")] = 0,
 ):
-    """Encode files batched (padded) and one by one with transformers' MimiModel; compare.
+    """Check outputs against transformers' own single-item MimiModel encode, file by file.
 
-    Prints max |batched - single| for the 25 Hz encoder output and the 12.5 Hz latent, and code
-    mismatches, per file; exits 1 if any file is over tolerance. With --dtype bf16/fp16 the batched
-    side runs in that dtype and is compared to the fp32 single-item reference (raise --atol).
+    Without --out: INPUT is encoded through the extraction engine (padded length-sorted batches,
+    long files chunked with carried state) and each file alone; the 25 Hz encoder output, the
+    12.5 Hz latent and the codes are compared.  With --out: a random sample of what OUT holds is
+    re-encoded alone (fp32) and compared with the stored arrays and attributes, whatever device,
+    dtype or batch mix made them.
+
+    A code mismatch is a [bold]tie flip[/] (reported, not a failure) when the reference's two
+    nearest codewords were closer than float noise can tell apart (margin <= 2|Δresidual| + 2x
+    rounding); any other mismatch is [bold]real[/] and fails.  Exit 1 on any failure or if
+    nothing could be compared.
+
+    [bold]Examples[/]
+
+      mimi-extract verify corpus/ --limit 100 --batch-size 32
+      mimi-extract verify --out codes/ --sample 50
+    """
+    from .verify import verify_outputs, verify_source
+
+    out_console = Console(width=max(Console().width, 120), highlight=False)
+    if (input_path is None) == (out is None):
+        _fail("give INPUT (encode it both ways) or --out OUT (audit what OUT holds), not both")
+    try:
+        if out is not None:
+            dev = resolve_devices(device)[0]
+            checks, problems = verify_outputs(out, sample, seed, dev, model, rtol, atol)
+            title = f"{out}: stored vs single-item (fp32, transformers)"
+            from .writer import read_run_info, run_dirs
+
+            info = read_run_info(run_dirs(out)[0]) or {}
+            shown = (info.get("tap", "codes"),) if info.get("tap") != "codes" else ()
+        else:
+            settings = _settings(model or "kyutai/mimi", device, dtype, batch_size, max_batch_seconds, 0, channel,
+                                 causal_16k, tap="codes", num_quantizers=num_quantizers, chunk_seconds=chunk_seconds,
+                                 framing=framing.value)
+            settings.devices = settings.devices[:1]
+            settings.num_workers = 1
+            checks, problems = verify_source(input_path, settings, limit, rtol, atol), []
+            title = f"engine ({settings.dtype}) vs single-item (fp32, transformers)"
+            shown = ("encoder", "latent")
+    except (ValueError, FileNotFoundError, RuntimeError, OSError, KeyError) as e:
+        _fail(str(e))
+    table, failed = _check_table(title, checks, rtol, atol, max_real_mismatches, shown)
+    out_console.print(table)
+    _mismatch_report(out_console, checks)
+    for p in problems:
+        say(("problem: ", "bold red"), p, out=out_console)
+    good = [c for c in checks if c.error is None and c.note is None]
+    ties = sum(c.ties for c in good)
+    real = sum(c.real for c in good)
+    total = sum(c.code_total for c in good)
+    worst = max((c.relative(t) for c in good for t in c.diff), default=0.0)
+    verdict = not failed and not problems and good
+    summary = (f"{len(good)} files compared, {sum(c.error is not None for c in checks)} errors, "
+               f"{sum(c.note is not None for c in checks)} skipped; worst relative max|Δ| {worst:.1e} "
+               f"(rtol {rtol:g}, atol {atol:g}); codes differing {ties + real}/{total}: {ties} tie flips, {real} real; ")
+    say(summary, ("PASS", "green") if verdict else (f"FAIL ({failed} files)" if failed else "FAIL (nothing compared)"
+                                                      if not good else "FAIL", "bold red"), out=out_console)
+    if not verdict:
+        raise typer.Exit(1)
+
+
+@app.command()
+def status(out_dir: Annotated[str, typer.Argument(metavar="OUT")],
+           as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False):
+    """Progress of OUT: per part of a job array, inputs, ok, errors, and what is missing.
 
     [bold]Example[/]
 
-      mimi-extract verify corpus/ --limit 100 --batch-size 32
+      mimi-extract status codes/
     """
-    from .verify import verify as run_verify
+    from .outputs import status_report
 
-    settings = _settings(model, device, dtype, batch_size, max_batch_seconds, 0, channel, causal_16k,
-                         tap="codes", num_quantizers=num_quantizers)
-    settings.devices = settings.devices[:1]
-    table = Table(title=f"batched ({settings.dtype}) vs single-item (fp32, transformers)")
-    for col in ("file", "sec", "frames", "max|Δ| encoder", "max|Δ| latent", "codes ≠", "result"):
-        table.add_column(col, justify="left" if col == "file" else "right", overflow="fold")
     try:
-        checks = run_verify(input_dir, settings, limit)
-    except (ValueError, FileNotFoundError, RuntimeError, OSError) as e:
+        report = status_report(out_dir)
+    except (FileNotFoundError, ValueError) as e:
         _fail(str(e))
-    failed = 0
-    for c in checks:
-        if c.error is not None:
-            table.add_row(c.key, f"{c.duration:.2f}", "-", "-", "-", "-", "[yellow]unreadable[/]")
-            continue
-        ok = c.passed(atol, max_code_mismatches)
-        failed += not ok
-        table.add_row(c.key, f"{c.duration:.2f}", str(c.frames), f"{c.diff_encoder:.2e}", f"{c.diff_latent:.2e}",
-                      f"{c.code_mismatches}/{c.code_total}", "[green]ok[/]" if ok else "[bold red]FAIL[/]")
-    out = Console(width=max(Console().width, 110))
-    out.print(table)
-    for c in checks:
-        if c.error is not None:
-            out.print(f"[yellow]{c.key}[/]: {c.error}", highlight=False)
-    good = [c for c in checks if c.error is None]
-    worst = max((max(c.diff_encoder, c.diff_latent) for c in good), default=0.0)
-    mism = sum(c.code_mismatches for c in good)
-    total = sum(c.code_total for c in good)
-    out.print(
-        f"{len(good)} files compared, {len(checks) - len(good)} unreadable; worst max|Δ| {worst:.2e} "
-        f"(atol {atol:g}); code mismatches {mism}/{total}; "
-        + ("[green]PASS[/]" if not failed else f"[bold red]FAIL ({failed} files)[/]")
-    )
-    if failed:
-        raise typer.Exit(1)
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return
+    out = Console(highlight=False)
+    for name, p in report["runs"].items():
+        line = f"{name}: {p['ok']} ok, {p['errors']} errors" + (
+            f" of {p['inputs']} inputs ({100 * (p['ok'] + p['errors']) / max(1, p['inputs']):.0f}% done)"
+            if p["inputs"] is not None else "") + (f", updated {p['updated']}" if p.get("updated") else "")
+        say(line, out=out)
+    for missing in report["missing_parts"]:
+        say((f"part {missing}: not started", "yellow"), out=out)
+    say(("complete", "green") if report["complete"] else ("incomplete", "yellow"),
+        f": {report['ok']} ok, {report['errors']} errors, {report['remaining']} not yet encoded", out=out)
+
+
+@app.command()
+def info(out_dir: Annotated[str, typer.Argument(metavar="OUT")],
+         as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False):
+    """What OUT holds: inputs, ok, errors by reason, hours, frames, tokens, shard sizes, settings.
+
+    [bold]Example[/]
+
+      mimi-extract info codes/ --json | jq .hours
+    """
+    from .outputs import info_report
+
+    try:
+        report = info_report(out_dir)
+    except (FileNotFoundError, ValueError) as e:
+        _fail(str(e))
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return
+    out = Console(highlight=False)
+    say(f"{report['inputs']} inputs: {report['ok']} ok, {report['errors']} errors; {report['hours']:.3f} h of audio, "
+        f"{report['frames']} frames" + (f", {report['tokens']} tokens" if report.get("tokens") is not None else ""), out=out)
+    for reason, n in report["errors_by_reason"].items():
+        say(f"  {n} x ", (reason, "yellow"), out=out)
+    say(f"{len(report['shards'])} shards, {report['bytes'] / 2**20:.1f} MiB "
+        f"({report['bytes'] / max(1, len(report['shards'])) / 2**20:.1f} MiB per shard)", out=out)
+    for key, value in report["settings"].items():
+        say(f"  {key}: {value}", out=out)
+
+
+@app.command()
+def decode(
+    out_dir: Annotated[str, typer.Argument(metavar="OUT")],
+    keys: Annotated[Optional[list[str]], typer.Argument(metavar="[KEY]...", help="Items to decode.")] = None,
+    output: Annotated[Optional[str], typer.Option("-o", "--output", help="A .wav file (one key) or a folder.")] = None,
+    all_items: Annotated[bool, typer.Option("--all", help="Every ok item of OUT (into the -o folder).")] = False,
+    model: Annotated[Optional[str], typer.Option("--model", "-m", help="[default: the model OUT was made with]")] = None,
+    device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N (auto = first GPU, else cpu).")] = "auto",
+):
+    """Codes (or features) back to 24 kHz audio with MimiModel.decode, to listen to what they keep.
+
+    Features (latent or encoder tap) go through the quantizer (all codebooks) first.
+
+    [bold]Examples[/]
+
+      mimi-extract decode codes/ sub/utt1.wav -o utt1.wav
+      mimi-extract decode codes/ --all -o listen/
+    """
+    from .outputs import decode_items
+
+    if not keys and not all_items:
+        _fail("name KEYs to decode, or --all")
+    try:
+        written = decode_items(out_dir, keys or None, output, model, resolve_devices(device)[0],
+                               on_item=lambda key, path: say(f"{key} -> {path}"))
+    except (KeyError, ValueError, FileNotFoundError, RuntimeError, OSError) as e:
+        _fail(str(e) if not isinstance(e, KeyError) else e.args[0])
+    say(("done", "green"), f": {len(written)} files")
 
 
 def version_callback(value: bool):

@@ -1,15 +1,24 @@
-"""Padding-aware, truly batched Mimi encoder built on transformers' ``MimiModel``.
+"""Padding-aware, batched and chunkable Mimi encoder built on transformers' ``MimiModel``.
 
 transformers' encoder is exact only for a batch of one: conv biases leak into the padding, strided
 convs read that padding at the boundary, the transformer gets no mask and the 2x downsample
 replicates the padding instead of the last real frame.  ``PaddedMimiEncoder`` runs the *same*
-transformers sub-modules (same weights, same RoPE, same kernels) on a right-padded batch, but:
+transformers sub-modules (same weights, same RoPE, same attention kernels, same transformer layer
+``forward``) on a right-padded batch, but:
 
 * before every conv the padded steps hold exactly what the conv would pad a lone item with
   (zeros for ``constant`` convs, the last valid step for ``replicate`` ones, i.e. the downsample);
 * after every layer the padded steps are zeroed again, so nothing but zeros is ever carried;
-* per-item lengths are tracked through each conv's own ``_get_output_length`` arithmetic;
+* per-item lengths are tracked through each conv's own output-length arithmetic;
 * the transformer gets a causal sliding-window mask built from the per-item lengths.
+
+The same pass also runs *chunk by chunk* with an explicit :class:`EncoderState` (the shape of
+moshi's streaming modules): every causal conv carries its last ``kernel - stride`` inputs as left
+context, every transformer layer carries a key/value window of the last ``sliding_window - 1``
+positions, and each row carries its RoPE position.  A row's last chunk is padded exactly as the
+unchunked reference pads the end of the file, so a long file encoded in chunks gives the unchunked
+result -- the trailing partial frame included -- in memory bounded by the chunk, not the file.
+A single-shot batch is simply one chunk with a fresh state in which every row ends.
 
 Everything is one batched op per layer: there is no loop over batch items.
 """
@@ -17,7 +26,9 @@ Everything is one batched op per layer: there is no loop over batch items.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
+import math
 import os
 from dataclasses import dataclass
 
@@ -45,6 +56,22 @@ def config_hash(config) -> str:
     return hashlib.sha256(cfg.encode()).hexdigest()[:16]
 
 
+def weights_hash(model: nn.Module) -> str:
+    """Content hash of the encoder-side weights (every tensor of the state dict that encoding reads).
+
+    Two checkpoints with one config but other weights (a fine-tune, another seed) differ here, so a
+    resumed run can refuse to mix their outputs.  Hashed as float32 on CPU, so the dtype or device a
+    run computes in does not change it."""
+    h = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        if name.startswith(("decoder", "upsample")):
+            continue  # not used to encode
+        t = tensor.detach().to("cpu", torch.float32).contiguous()
+        h.update(f"{name}:{tuple(t.shape)}:".encode())
+        h.update(t.numpy().tobytes())
+    return h.hexdigest()[:24]
+
+
 def reset_codebook_cache(model: nn.Module) -> None:
     """Codebooks cache ``embed`` lazily; drop it after moving/casting the model or editing weights."""
     for m in model.modules():
@@ -55,16 +82,22 @@ def reset_codebook_cache(model: nn.Module) -> None:
 def _from_pretrained(cls, name_or_path: str, **kwargs):
     """``cls.from_pretrained`` with an actionable error instead of a long hub traceback."""
     looks_local = name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1  # hub ids: org/name
-    if looks_local and not os.path.isdir(os.path.expanduser(name_or_path)):
+    path = os.path.expanduser(name_or_path)
+    if looks_local and not os.path.isdir(path):
         raise RuntimeError(f"model directory {name_or_path!r} does not exist")
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     try:
-        return cls.from_pretrained(os.path.expanduser(name_or_path), **kwargs)
+        return cls.from_pretrained(path, **kwargs)
     except OSError as e:
         raise RuntimeError(
             f"could not load Mimi from {name_or_path!r}: {e}\n"
             "Pass a local directory saved with `save_pretrained`, or a hub id on a machine with network."
+        ) from e
+    except Exception as e:  # safetensors/json errors on a truncated or corrupt download
+        raise RuntimeError(
+            f"could not load Mimi from {name_or_path!r}: the weights or config are damaged "
+            f"({type(e).__name__}: {e}); re-download or re-save the model"
         ) from e
 
 
@@ -100,13 +133,15 @@ def _zero_padding(x: torch.Tensor, lengths: torch.Tensor, inplace: bool = False)
 
 def _replicate_padding(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     """Fill steps >= length with each item's last valid step (what ``replicate`` pads a lone item with)."""
+    if bool((lengths >= x.shape[-1]).all()):
+        return x
     last = (lengths - 1).clamp(min=0)[:, None, None].expand(-1, x.shape[1], 1)
     return torch.where(_valid(lengths, x.shape[-1])[:, None, :], x, x.gather(-1, last))
 
 
 @dataclass
 class EncoderOutput:
-    """Per tap: padded batch tensor and exact per-item frame counts.
+    """Per tap: padded batch tensor and exact per-item frame counts (of this chunk, when chunked).
 
     ``encoder``/``latent`` are ``[B, frames, dim]``; ``codes`` is ``[B, num_quantizers, frames]``.
     """
@@ -115,21 +150,112 @@ class EncoderOutput:
     lengths: dict[str, torch.Tensor]
 
 
+@dataclass
+class EncoderState:
+    """What a chunked encode carries from one chunk to the next, one row per stream.
+
+    ``conv[i]`` is conv ``i``'s left context (its last ``kernel - stride`` inputs, [B, C_in, P]);
+    ``keys[l]``/``values[l]`` are transformer layer ``l``'s window of past positions
+    ([B, H_kv, M, head_dim], M <= sliding_window - 1), of which the last ``cached[b]`` are valid for
+    row b; ``position[b]`` is the number of 25 Hz frames row b has encoded (its RoPE offset) and
+    ``samples[b]`` the number of input samples (0: the row's stream starts with the next chunk)."""
+
+    conv: list[torch.Tensor]
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    cached: torch.Tensor
+    position: torch.Tensor
+    samples: torch.Tensor
+
+    @property
+    def batch_size(self) -> int:
+        return self.samples.shape[0]
+
+    def reset(self, rows: torch.Tensor) -> None:
+        """Start new streams in the rows where ``rows`` (bool [B]) is True (moshi's ``reset_mask``)."""
+        rows = rows.to(self.samples.device)
+        for t in self.conv:
+            t.masked_fill_(rows[:, None, None], 0)
+        for t in (self.cached, self.position, self.samples):
+            t.masked_fill_(rows, 0)
+
+    def select(self, index: torch.Tensor) -> "EncoderState":
+        """The rows ``index`` as a state of their own (a copy)."""
+        pick = lambda t: t.index_select(0, index.to(t.device))  # noqa: E731
+        return EncoderState([pick(t) for t in self.conv], [pick(t) for t in self.keys],
+                            [pick(t) for t in self.values], pick(self.cached), pick(self.position),
+                            pick(self.samples))
+
+    def assign(self, index: torch.Tensor, other: "EncoderState") -> None:
+        """Write ``other`` (rows ``index`` of this state, after a step) back into this state."""
+        index = index.to(self.samples.device)
+        for mine, theirs in zip(self.conv, other.conv):
+            mine.index_copy_(0, index, theirs)
+        m = other.keys[0].shape[2] if other.keys else 0
+        for name in ("keys", "values"):
+            mine, theirs = getattr(self, name), getattr(other, name)
+            for layer, t in enumerate(theirs):
+                if mine[layer].shape[2] < m:  # the window grew: widen every row (new slots invalid)
+                    mine[layer] = torch.nn.functional.pad(mine[layer], (0, 0, m - mine[layer].shape[2], 0))
+                if m:
+                    mine[layer][:, :, -m:].index_copy_(0, index, t)
+        for name in ("cached", "position", "samples"):
+            getattr(self, name).index_copy_(0, index, getattr(other, name))
+
+
+class _WindowCache:
+    """Key/value window for transformers' attention layers (duck-types ``Cache.update``).
+
+    Returns the cached window followed by this chunk's keys/values, and keeps the last
+    ``keep`` positions for the next chunk.  Which of them a query may see is the attention mask's
+    job (see ``PaddedMimiEncoder.attention_mask``)."""
+
+    def __init__(self, state: EncoderState, keep: int | None):
+        self.state, self.keep = state, keep
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        keys = torch.cat([self.state.keys[layer_idx], key_states], dim=2)
+        values = torch.cat([self.state.values[layer_idx], value_states], dim=2)
+        start = 0 if self.keep is None else max(0, keys.shape[2] - self.keep)
+        self.state.keys[layer_idx] = keys[:, :, start:].clone()
+        self.state.values[layer_idx] = values[:, :, start:].clone()
+        return keys, values
+
+
 class PaddedMimiEncoder(nn.Module):
-    """Batched Mimi encoding whose valid outputs equal encoding each item alone."""
+    """Batched (and optionally chunked) Mimi encoding whose valid outputs equal encoding each item alone."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
         self.model = model
         self.seanet, self.transformer, self.downsample = encoder_parts(model)
         self.quantizer = model.quantizer
-        for m in self.modules():
-            if isinstance(m, mm.MimiConv1d) and m.pad_mode not in ("constant", "replicate"):
+        self.convs = [m for m in self.seanet.modules() if isinstance(m, mm.MimiConv1d)]
+        if self.downsample is not None:
+            self.convs.append(self.downsample)
+        self._conv_index = {id(m): i for i, m in enumerate(self.convs)}
+        for m in self.convs:
+            if m.pad_mode not in ("constant", "replicate"):
                 raise NotImplementedError(f"pad_mode {m.pad_mode!r} is not supported (constant/replicate only)")
+            if not m.causal:
+                raise NotImplementedError("only causal Mimi convolutions are supported")
+        # transformers renamed the layers' cache argument (past_key_value(s) -> cache)
+        params = inspect.signature(self.transformer.layers[0].forward).parameters
+        self._cache_arg = next((a for a in ("cache", "past_key_values", "past_key_value") if a in params), None)
 
     @property
     def config(self):
         return self.model.config
+
+    @property
+    def hop(self) -> int:
+        """Input samples per output frame of the last tap (1920 at 24 kHz: one 12.5 Hz frame).
+        Chunks that do not end a stream must be a multiple of this."""
+        return math.prod(int(c.stride) for c in self.convs)
+
+    @property
+    def window(self) -> int | None:
+        return getattr(self.config, "sliding_window", None)
 
     # -- lengths ---------------------------------------------------------------------------
     def output_lengths(self, lengths: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -141,57 +267,109 @@ class PaddedMimiEncoder(nn.Module):
         latent = self.downsample._get_output_length(n).cpu() if self.downsample is not None else n
         return {"encoder": n, "latent": latent, "codes": latent}
 
-    # -- layers ----------------------------------------------------------------------------
-    def _conv(self, conv: nn.Module, x: torch.Tensor, lengths: torch.Tensor):
-        if conv.pad_mode == "replicate":
-            x = _replicate_padding(x, lengths)  # invariant elsewhere: padding already holds zeros
-        out_lengths = conv._get_output_length(lengths).to(lengths.device)
-        return _zero_padding(conv(x), out_lengths, inplace=True), out_lengths
+    # -- state -----------------------------------------------------------------------------
+    def init_state(self, batch_size: int, device=None, dtype=None) -> EncoderState:
+        """A fresh state for ``batch_size`` streams (each starts with its next chunk)."""
+        p = next(self.parameters())
+        device, dtype = device or p.device, dtype or p.dtype
+        conv = [torch.zeros(batch_size, c.in_channels, int(c.padding_total), device=device, dtype=dtype)
+                for c in self.convs]
+        cfg = self.config
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        empty = lambda: torch.zeros(batch_size, cfg.num_key_value_heads, 0, head_dim, device=device, dtype=dtype)  # noqa: E731
+        n_layers = len(self.transformer.layers)
+        zeros = lambda: torch.zeros(batch_size, dtype=torch.long, device=device)  # noqa: E731
+        return EncoderState(conv, [empty() for _ in range(n_layers)], [empty() for _ in range(n_layers)],
+                            zeros(), zeros(), zeros())
 
-    def _seanet(self, x: torch.Tensor, lengths: torch.Tensor):
+    # -- layers ----------------------------------------------------------------------------
+    def _conv(self, conv: nn.Module, x: torch.Tensor, lengths: torch.Tensor, state: EncoderState | None):
+        """One causal conv on a padded batch: left context (zeros / first step / carried state), then
+        the reference's own right padding of each row's end, then transformers' ``nn.Conv1d``."""
+        pad = int(conv.padding_total)
+        stride = int(conv.stride)
+        replicate = conv.pad_mode == "replicate"
+        if replicate:
+            x = _replicate_padding(x, lengths)  # invariant elsewhere: padding already holds zeros
+        if state is None:
+            context = x[..., :1].expand(-1, -1, pad) if replicate else x.new_zeros(x.shape[0], x.shape[1], pad)
+        else:
+            index = self._conv_index[id(conv)]
+            context = state.conv[index]
+            if replicate:  # a stream's first chunk: replicate its first step, as the reference does
+                context = torch.where((state.samples == 0)[:, None, None], x[..., :1].expand_as(context), context)
+        size = x.shape[-1]
+        extra = -size % stride  # complete the last (partial) window, as MimiConv1d's extra padding does
+        xin = torch.cat([context, x], dim=-1)
+        if state is not None:
+            state.conv[index] = xin[..., size : size + pad].clone()  # last `pad` inputs, for the next chunk
+        if extra:
+            xin = torch.nn.functional.pad(xin, (0, extra), mode="replicate" if replicate else "constant")
+        out_lengths = conv._get_output_length(lengths).to(lengths.device)
+        return _zero_padding(conv.conv(xin), out_lengths, inplace=True), out_lengths
+
+    def _seanet(self, x: torch.Tensor, lengths: torch.Tensor, state: EncoderState | None):
         for layer in self.seanet.layers:
             if isinstance(layer, mm.MimiConv1d):
-                x, lengths = self._conv(layer, x, lengths)
+                x, lengths = self._conv(layer, x, lengths, state)
             elif isinstance(layer, mm.MimiResnetBlock):
                 h = x
                 for sub in layer.block:
                     if isinstance(sub, mm.MimiConv1d):
-                        h, _ = self._conv(sub, h, lengths)
+                        h, _ = self._conv(sub, h, lengths, state)
                     else:
                         h = _zero_padding(sub(h), lengths, inplace=True)
-                residual = self._conv(layer.shortcut, x, lengths)[0] if isinstance(layer.shortcut, mm.MimiConv1d) else x
+                shortcut = layer.shortcut
+                residual = self._conv(shortcut, x, lengths, state)[0] if isinstance(shortcut, mm.MimiConv1d) else x
                 x = _zero_padding(residual + h, lengths, inplace=True)
             else:
                 x = _zero_padding(layer(x), lengths, inplace=True)
         return x, lengths
 
-    def attention_mask(self, lengths: torch.Tensor, size: int, dtype: torch.dtype) -> torch.Tensor:
-        """[B, 1, T, T] causal sliding-window mask from lengths (key j visible to query i iff
-        i - window < j <= i and j is valid).  Padded queries may see themselves, so no row is
-        fully masked (no NaN); their outputs are zeroed anyway."""
-        pos = torch.arange(size, device=lengths.device)
-        allowed = pos[None, :] <= pos[:, None]
-        window = getattr(self.config, "sliding_window", None)
-        if window is not None:
-            allowed &= pos[None, :] > pos[:, None] - window
-        key_ok = _valid(lengths, size)[:, None, :] | torch.eye(size, dtype=torch.bool, device=lengths.device)
-        allowed = allowed[None] & key_ok  # [B, T, T]
+    def attention_mask(self, lengths: torch.Tensor, size: int, dtype: torch.dtype, cached: torch.Tensor | None = None,
+                       past: int = 0) -> torch.Tensor:
+        """[B, 1, size, past + size] causal sliding-window mask over ``past`` cached positions and
+        this chunk's ``size`` positions: key j is visible to query i iff i - window < j <= i (in
+        stream positions), j is valid (one of the row's ``cached`` last past positions, or a chunk
+        position < length).  Padded queries may see themselves, so no row is fully masked (no NaN);
+        their outputs are zeroed anyway."""
+        device = lengths.device
+        query = torch.arange(size, device=device)
+        key = torch.arange(past + size, device=device) - past  # positions relative to the chunk start
+        allowed = key[None, :] <= query[:, None]
+        if self.window is not None:
+            allowed &= key[None, :] > query[:, None] - self.window
+        key_ok = key[None, :] < lengths[:, None]
+        if cached is not None:
+            key_ok &= key[None, :] >= -cached[:, None]
+        allowed = allowed[None] & (key_ok[:, None, :] | (key[None, :] == query[:, None])[None])  # [B, T, past+T]
         if self.config._attn_implementation == "eager":  # eager *adds* the mask
-            return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(
+            return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(
                 ~allowed, torch.finfo(dtype).min
             )[:, None]
         return allowed[:, None]
 
-    def _transformer(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    def _transformer(self, x: torch.Tensor, lengths: torch.Tensor, state: EncoderState | None) -> torch.Tensor:
         h = x.transpose(1, 2)  # [B, T, D]
         size = h.shape[1]
-        mask = self.attention_mask(lengths, size, h.dtype)
         position_ids = torch.arange(size, device=h.device)[None]
+        kwargs = {}
+        if state is None:
+            mask = self.attention_mask(lengths, size, h.dtype)
+        else:
+            past = state.keys[0].shape[2] if state.keys else 0
+            mask = self.attention_mask(lengths, size, h.dtype, state.cached, past)
+            position_ids = position_ids + state.position[:, None]
+            keep = self.window - 1 if self.window is not None else None
+            kwargs[self._cache_arg] = _WindowCache(state, keep)
         pos_emb = self.transformer.rotary_emb(h, position_ids)
         valid = _valid(lengths, size)[:, :, None]
         for layer in self.transformer.layers:
-            out = layer(h, attention_mask=mask, position_ids=position_ids, position_embeddings=pos_emb)
+            out = layer(h, attention_mask=mask, position_ids=position_ids, position_embeddings=pos_emb, **kwargs)
             h = torch.where(valid, out[0] if isinstance(out, tuple) else out, h.new_zeros(()))
+        if state is not None:
+            state.cached = torch.clamp(state.cached + lengths, max=state.keys[0].shape[2] if state.keys else 0)
+            state.position = state.position + lengths
         return h.transpose(1, 2)
 
     # -- public ----------------------------------------------------------------------------
@@ -202,8 +380,14 @@ class PaddedMimiEncoder(nn.Module):
         lengths: torch.Tensor,
         taps: tuple[str, ...] = ("latent",),
         num_quantizers: int | None = None,
+        state: EncoderState | None = None,
+        final: torch.Tensor | None = None,
     ) -> EncoderOutput:
-        """Encode a right-padded batch ``audio`` [B, T] or [B, 1, T] with per-item sample ``lengths``."""
+        """Encode a right-padded batch ``audio`` [B, T] or [B, 1, T] with per-item sample ``lengths``.
+
+        Without ``state`` every row is a whole item.  With ``state`` this is the next chunk of each
+        row's stream, and ``final`` (bool [B]) marks the rows whose stream ends with it; a row that
+        goes on must fill the chunk (length T), and T must be a multiple of :attr:`hop`."""
         unknown = set(taps) - set(TAPS)
         if unknown:
             raise ValueError(f"unknown taps {sorted(unknown)}; choose from {TAPS}")
@@ -212,33 +396,82 @@ class PaddedMimiEncoder(nn.Module):
         lengths = torch.as_tensor(lengths, dtype=torch.long, device=audio.device)
         if (lengths < 1).any() or (lengths > audio.shape[-1]).any():
             raise ValueError("every length must be in [1, padded length]")
+        if state is not None:
+            final = torch.as_tensor(final, dtype=torch.bool, device=audio.device)
+            going_on = ~final
+            if going_on.any() and (audio.shape[-1] % self.hop or (lengths[going_on] != audio.shape[-1]).any()):
+                raise ValueError(f"a chunk that does not end its stream must fill the batch and be a multiple "
+                                 f"of {self.hop} samples")
+            if state.batch_size != audio.shape[0]:
+                raise ValueError(f"state has {state.batch_size} rows, the chunk {audio.shape[0]}")
         x = _zero_padding(audio, lengths)
 
-        x, n25 = self._seanet(x, lengths)
-        x = self._transformer(x, n25)
+        x, n25 = self._seanet(x, lengths, state)
+        x = self._transformer(x, n25, state)
         tensors, out_lengths = {}, {"encoder": n25.cpu()}
         if "encoder" in taps:
             tensors["encoder"] = x.transpose(1, 2)
         if "latent" in taps or "codes" in taps:
             n12 = n25
             if self.downsample is not None:
-                x, n12 = self._conv(self.downsample, x, n25)
+                x, n12 = self._conv(self.downsample, x, n25, state)
             out_lengths["latent"] = out_lengths["codes"] = n12.cpu()
             if "latent" in taps:
                 tensors["latent"] = x.transpose(1, 2)
             if "codes" in taps:
                 tensors["codes"] = self.quantizer.encode(x, num_quantizers).transpose(0, 1)
+        if state is not None:
+            state.samples += lengths
         return EncoderOutput(tensors, {t: out_lengths[t] for t in taps})
+
+
+def frames_of(output: EncoderOutput, tap: str, row: int) -> torch.Tensor:
+    """Row ``row``'s valid frames of ``tap``, time first: [frames, dim] or [frames, num_quantizers]."""
+    n = int(output.lengths[tap][row])
+    t = output.tensors[tap][row]
+    return t[:, :n].T if tap == "codes" else t[:n]
+
+
+@torch.no_grad()
+def encode_chunked(encoder: PaddedMimiEncoder, items: list[torch.Tensor], chunk: int,
+                   taps: tuple[str, ...] = ("latent",), num_quantizers: int | None = None) -> list[dict]:
+    """Encode whole 1-D items as streams of ``chunk``-sample chunks, all rows in one batch.
+
+    The simplest driver of the chunked path (tests, ``verify``); the extraction engine refills rows
+    as streams end (continuous batching).  Returns per item {tap: time-first tensor}."""
+    if chunk % encoder.hop:
+        raise ValueError(f"chunk must be a multiple of {encoder.hop} samples")
+    device = next(encoder.parameters()).device
+    state = encoder.init_state(len(items))
+    pieces = [{t: [] for t in taps} for _ in items]
+    start = 0
+    while any(start < len(a) for a in items):
+        rows = [i for i, a in enumerate(items) if start < len(a)]
+        idx = torch.tensor(rows)
+        lengths = torch.tensor([min(chunk, len(items[i]) - start) for i in rows])
+        audio = torch.zeros(len(rows), int(lengths.max()), device=device)
+        for r, i in enumerate(rows):
+            audio[r, : lengths[r]] = items[i][start : start + int(lengths[r])]
+        final = torch.tensor([start + chunk >= len(items[i]) for i in rows])
+        sub = state if len(rows) == state.batch_size else state.select(idx)
+        out = encoder(audio, lengths, taps, num_quantizers, state=sub, final=final)
+        if sub is not state:
+            state.assign(idx, sub)
+        for r, i in enumerate(rows):
+            for t in taps:
+                pieces[i][t].append(frames_of(out, t, r))
+        start += chunk
+    return [{t: torch.cat(p[t]) for t in taps} for p in pieces]
 
 
 @torch.no_grad()
 def reference_single(model: nn.Module, audio: torch.Tensor, num_quantizers: int | None = None) -> dict:
     """One unpadded item through transformers' own, unmodified forward passes (the reference).
 
-    Returns ``encoder``/``latent`` as [frames, dim] and ``codes`` as [N, frames]."""
+    Returns ``encoder``/``latent`` as [frames, dim] and ``codes`` as [frames, N] (time first)."""
     seanet, transformer, downsample = encoder_parts(model)
     x = audio.reshape(1, 1, -1)
     h = transformer(seanet(x).transpose(1, 2)).last_hidden_state
     latent = downsample(h.transpose(1, 2)) if downsample is not None else h.transpose(1, 2)
     codes = model.quantizer.encode(latent, num_quantizers).transpose(0, 1)
-    return {"encoder": h[0], "latent": latent[0].T, "codes": codes[0]}
+    return {"encoder": h[0], "latent": latent[0].T, "codes": codes[0].T}

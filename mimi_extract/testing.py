@@ -71,3 +71,45 @@ def write_corpus(root: str, seed: int = 0) -> dict[str, str]:
         f.write("not audio, must be ignored\n")
     described.update({"empty.wav": "0 bytes", "corrupt.wav": "corrupt header", "zero_len.wav": "valid, 0 samples"})
     return described
+
+
+def check_consistency(out_dir: str, expected_keys=None) -> dict[str, "np.ndarray"]:
+    """Assert OUT's invariants and return {key: array} of every ok item.
+
+    One ok row per key at most; every ok row's dataset exists in its committed shard with the
+    row's frame count; every dataset in a committed shard has an ok row; no key is stored twice;
+    no ``.tmp`` file is left.  With ``expected_keys``, exactly those keys have ok rows."""
+    import glob
+
+    import h5py
+
+    from .writer import read_manifest, run_dirs
+
+    rows = [r for r in read_manifest(out_dir) if r.get("status") == "ok"]
+    keys = [r["key"] for r in rows]
+    assert len(keys) == len(set(keys)), f"duplicate ok rows: {sorted(k for k in set(keys) if keys.count(k) > 1)[:5]}"
+    if expected_keys is not None:
+        assert set(keys) == set(expected_keys), (
+            f"missing {sorted(set(expected_keys) - set(keys))[:5]}, unexpected {sorted(set(keys) - set(expected_keys))[:5]}")
+    by_shard: dict[str, set] = {}
+    for r in rows:
+        by_shard.setdefault(r["shard"], set()).add(r["dataset"])
+    arrays = {}
+    stored = []
+    for d in run_dirs(out_dir):
+        for path in sorted(glob.glob(os.path.join(d, "shard-*.h5"))):
+            shard = os.path.relpath(path, out_dir)
+            with h5py.File(path, "r") as f:
+                names = set(f.keys())
+                stored += [f[n].attrs.get("key") for n in names]
+                assert names == by_shard.get(shard, set()), (
+                    f"{shard}: datasets without rows {sorted(names - by_shard.get(shard, set()))[:3]}, "
+                    f"rows without datasets {sorted(by_shard.get(shard, set()) - names)[:3]}")
+        assert not glob.glob(os.path.join(d, "*.tmp")), f"leftover tmp files in {d}"
+    assert len(stored) == len(set(stored)), "a key is stored in two shards"
+    for r in rows:
+        with h5py.File(os.path.join(out_dir, r["shard"]), "r") as f:
+            data = f[r["dataset"]][()]
+        assert data.shape[0] == r["frames"], r["key"]
+        arrays[r["key"]] = data
+    return arrays

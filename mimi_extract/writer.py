@@ -1,141 +1,426 @@
-"""HDF5 shards + JSONL manifest, crash-safe and resumable.
+"""The output directory: lock, identity, HDF5 shards + JSONL manifest, crash-safe commit, resume, read.
 
-Commit protocol for a shard: (1) write and close ``shard-N.h5.tmp``; (2) append its rows to the
-manifest and fsync; (3) rename to ``shard-N.h5``.  A kill before (2) leaves only a ``.tmp`` file,
-a kill between (2) and (3) leaves rows pointing at a missing shard: on restart both are dropped
-and those inputs are encoded again, so nothing is lost, half-written or duplicated.
+A *run directory* (OUT itself, or ``OUT/part-I-of-N`` for one part of a job array) holds:
+
+* ``lock`` -- an exclusive ``flock`` held for the whole run (the OS drops it when the process
+  dies, so kill -9 leaves no stale lock); its text names the holder (pid, host, start, command);
+* ``run.json`` -- settings and provenance: model, content hash of its weights, input root, tap,
+  framing...; a resume with anything else is refused;
+* ``shard-N.h5`` + ``manifest.jsonl`` -- one dataset per ok item, one row per input.
+
+Commit protocol for a shard.  The shard is built *in memory* (HDF5 core driver), so HDF5 never
+writes to OUT and a full disk cannot leave it in a broken state (h5py segfaults there); then:
+(1) its image is written to ``shard-N.h5.tmp`` with plain ``write`` calls and fsynced; (2) its
+rows are appended to the manifest and fsynced; (3) the tmp file is renamed to ``shard-N.h5`` and
+the directory fsynced.  A kill before (2) leaves only a ``.tmp``; a kill between (2) and (3) leaves
+rows naming a missing shard: on resume both are dropped and re-encoded.  Resume also opens every
+committed shard and checks that it holds exactly the datasets its rows name, with their frame
+counts; a shard that does not (truncated, zeroed, edited) is moved to ``OUT/quarantine/`` and its
+items are encoded again.  Every write error (ENOSPC, EIO, EDQUOT) becomes an :class:`OutputError`.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import glob
 import json
 import os
 import re
+import socket
+import sys
+import time
+import uuid
 
 import h5py
 import numpy as np
 
 MANIFEST = "manifest.jsonl"
 RUN_INFO = "run.json"
+LOCK = "lock"
+QUARANTINE = "quarantine"
 _SHARD_RE = re.compile(r"shard-(\d{5,})\.h5(\.tmp)?$")
+_PART_RE = re.compile(r"part-(\d+)-of-(\d+)$")
 
 
-def read_manifest(out_dir: str) -> list[dict]:
-    """All rows; a torn last line (killed mid-write) is ignored."""
-    path = os.path.join(out_dir, MANIFEST)
-    rows = []
-    if os.path.exists(path):
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError:
-                    continue
-    return rows
+class OutputError(Exception):
+    """Writing to OUT failed (disk full, I/O error, permissions) or OUT is unusable."""
+
+
+class LockedError(OutputError):
+    """Another process holds the run directory."""
+
+
+def _write_error(e: OSError, path: str) -> OutputError:
+    reason = "no space left on device" if e.errno == errno.ENOSPC else (
+        "disk quota exceeded" if e.errno == errno.EDQUOT else (e.strerror or str(e)).lower())
+    return OutputError(f"{reason} while writing {path}")
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_file(path: str, data: bytes) -> None:
+    """Write ``data`` to ``path`` and fsync, with a clean error (and no partial file) on failure."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view[: 1 << 26]):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        try:
+            os.remove(path)
+        except OSError:
+            pass
+        raise _write_error(e, path) from e
 
 
 def _write_atomic(path: str, text: str) -> None:
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(path + ".tmp", path)
+    _write_file(path + ".tmp", text.encode("utf-8"))
+    try:
+        os.replace(path + ".tmp", path)
+        _fsync_dir(os.path.dirname(path) or ".")
+    except OSError as e:
+        raise _write_error(e, path) from e
 
 
-def check_run_info(out_dir: str, info: dict) -> None:
-    """Refuse to mix outputs of different settings (tap, model, quantizers...) in one OUT dir."""
-    os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, RUN_INFO)
+def ensure_dir(path: str) -> None:
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise OutputError(f"OUT {path!r} exists and is not a directory")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise OutputError(f"cannot create OUT directory {path!r}: {e.strerror or e}") from e
+
+
+# -- lock ----------------------------------------------------------------------------------
+class RunLock:
+    """Exclusive lock on a run directory for the life of the process (``flock``: released by the
+    OS however the process ends).  A second run fails at once, naming the holder."""
+
+    def __init__(self, run_dir: str):
+        self.path = os.path.join(run_dir, LOCK)
+        try:
+            self.file = open(self.path, "a+", encoding="utf-8")
+        except OSError as e:
+            raise OutputError(f"cannot create the lock file {self.path}: {e.strerror or e}") from e
+        try:
+            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.file.seek(0)
+            holder = self.file.read().strip()
+            self.file.close()
+            try:
+                h = json.loads(holder)
+                who = f"pid {h['pid']} on {h['host']}, started {h['started']} ({h['command']})"
+            except (ValueError, KeyError, TypeError):
+                who = "another process"
+            raise LockedError(f"{run_dir} is in use by {who}; wait for it to finish or use another OUT") from None
+        except OSError as e:
+            self.file.close()
+            raise OutputError(f"cannot lock {self.path}: {e.strerror or e} (does this file system support "
+                              "locks? use a local OUT or one --part per machine)") from e
+        info = {"pid": os.getpid(), "host": socket.gethostname(),
+                "started": time.strftime("%Y-%m-%d %H:%M:%S %z"), "command": " ".join(sys.argv)}
+        self.file.seek(0)
+        self.file.truncate()
+        self.file.write(json.dumps(info) + "\n")
+        self.file.flush()
+
+    def release(self) -> None:
+        if not self.file.closed:
+            fcntl.flock(self.file, fcntl.LOCK_UN)
+            self.file.close()
+
+
+# -- run directories and manifests ---------------------------------------------------------
+def run_dirs(out_dir: str) -> list[str]:
+    """The run directories of OUT: OUT itself, or its ``part-I-of-N`` folders."""
+    parts = sorted(d for d in glob.glob(os.path.join(out_dir, "part-*-of-*")) if _PART_RE.search(d))
+    if os.path.exists(os.path.join(out_dir, RUN_INFO)) or not parts:
+        return [out_dir] + parts
+    return parts
+
+
+def read_rows(run_dir: str) -> list[dict]:
+    """All rows of one run directory's manifest; a torn line (killed mid-write) is ignored."""
+    path = os.path.join(run_dir, MANIFEST)
+    rows = []
     if os.path.exists(path):
-        with open(path, encoding="utf-8") as f:
-            old = json.load(f)
-        diff = {k: (old.get(k), v) for k, v in info.items() if old.get(k) != v}
-        if diff:
-            changes = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in diff.items())
-            raise ValueError(f"{out_dir} holds a run with other settings ({changes}); use a new OUT directory")
-    else:
-        _write_atomic(path, json.dumps(info, indent=2, sort_keys=True))
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if isinstance(row, dict) and "key" in row:
+                    rows.append(row)
+    return rows
 
 
-def recover(out_dir: str) -> dict[str, dict]:
-    """Make OUT consistent after any interruption; return committed ``ok`` rows by key.
+def read_manifest(out_dir: str) -> list[dict]:
+    """Rows of every run directory of OUT (all parts), ``shard`` relative to OUT."""
+    rows = []
+    for d in run_dirs(out_dir):
+        prefix = os.path.relpath(d, out_dir)
+        for row in read_rows(d):
+            if prefix != "." and row.get("shard"):
+                row["shard"] = f"{prefix}/{row['shard']}"
+            rows.append(row)
+    return rows
 
-    Error rows are dropped so those inputs are retried; the manifest is rewritten atomically."""
-    for tmp in glob.glob(os.path.join(out_dir, "shard-*.h5.tmp")):
+
+def read_run_info(run_dir: str) -> dict | None:
+    path = os.path.join(run_dir, RUN_INFO)
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+_EXPLAIN = {
+    "weights": "the model's weights differ (same config, other checkpoint)",
+    "input": "another input (directory or list)",
+}
+
+
+def check_run_info(run_dir: str, info: dict) -> None:
+    """Refuse to mix outputs of different settings, weights or inputs in one run directory."""
+    old = read_run_info(run_dir)
+    if old is None:
+        _write_atomic(os.path.join(run_dir, RUN_INFO), json.dumps(info, indent=2, sort_keys=True))
+        return
+    diff = {k: (old.get(k), v) for k, v in info.items() if k not in ("tool_version",) and old.get(k) != v}
+    if diff:
+        changes = "; ".join(
+            f"{k}: {a!r} -> {b!r}" + (f" ({_EXPLAIN[k]})" if k in _EXPLAIN else "") for k, (a, b) in diff.items())
+        raise OutputError(f"{run_dir} holds a run with other settings ({changes}); resume with the original "
+                          "settings or use a new OUT directory")
+
+
+def _unique_path(path: str) -> str:
+    base, n = path, 1
+    while os.path.exists(path):
+        path, n = f"{base}.{n}", n + 1
+    return path
+
+
+def _check_shard(path: str, rows: list[dict]) -> str | None:
+    """None if the shard holds exactly the datasets its rows name with their frame counts."""
+    try:
+        with h5py.File(path, "r") as f:
+            names = set(f.keys())
+            wanted = {r.get("dataset") or r["key"]: r for r in rows}
+            if names != set(wanted):
+                extra, missing = len(names - set(wanted)), len(set(wanted) - names)
+                return f"{missing} datasets missing, {extra} without a manifest row"
+            for name, row in wanted.items():
+                if f[name].shape[0] != row.get("frames"):
+                    return f"{name}: {f[name].shape[0]} frames, manifest says {row.get('frames')}"
+    except Exception as e:  # truncated, zeroed or not HDF5 at all
+        return f"unreadable ({type(e).__name__}: {e})"
+    return None
+
+
+def recover(run_dir: str) -> tuple[dict[str, dict], list[str]]:
+    """Make a run directory consistent after any interruption; return (committed ok rows by key,
+    messages about what was repaired).  Error rows are dropped so those inputs are retried."""
+    notes = []
+    for tmp in glob.glob(os.path.join(run_dir, "*.tmp")):
         os.remove(tmp)
+    by_shard: dict[str, list[dict]] = {}
+    seen: set[str] = set()
+    rows = read_rows(run_dir)
+    for row in rows:
+        if row.get("status") != "ok" or not row.get("shard"):
+            continue
+        if not os.path.exists(os.path.join(run_dir, row["shard"])):
+            continue  # killed between manifest append and rename: re-encode
+        by_shard.setdefault(row["shard"], []).append(row)
     done = {}
-    for row in read_manifest(out_dir):
-        if row.get("status") == "ok" and os.path.exists(os.path.join(out_dir, row["shard"])):
-            done[row["key"]] = row
-    if os.path.exists(os.path.join(out_dir, MANIFEST)):
-        _write_atomic(os.path.join(out_dir, MANIFEST), "".join(json.dumps(r) + "\n" for r in done.values()))
-    return done
+    bad_shards = {}
+    for shard, shard_rows in by_shard.items():
+        keys = [r["key"] for r in shard_rows]
+        problem = _check_shard(os.path.join(run_dir, shard), shard_rows)
+        if problem is None and (len(set(keys)) != len(keys) or seen & set(keys)):
+            problem = "holds items that another shard also holds"
+        if problem:
+            bad_shards[shard] = problem
+            continue
+        seen.update(keys)
+        done.update({r["key"]: r for r in shard_rows})
+    for name in sorted(os.listdir(run_dir)):  # committed shards that no row names
+        if _SHARD_RE.match(name) and not name.endswith(".tmp") and name not in by_shard:
+            bad_shards[name] = "no manifest row names it"
+    for shard, problem in sorted(bad_shards.items()):
+        qdir = os.path.join(run_dir, QUARANTINE)
+        os.makedirs(qdir, exist_ok=True)
+        dest = _unique_path(os.path.join(qdir, shard))
+        os.replace(os.path.join(run_dir, shard), dest)
+        n = len(by_shard.get(shard, []))
+        notes.append(f"moved damaged shard {shard} to {os.path.relpath(dest, run_dir)} ({problem}); "
+                     f"its {n} items will be encoded again")
+    if bad_shards:
+        _fsync_dir(run_dir)
+    if os.path.exists(os.path.join(run_dir, MANIFEST)):
+        _write_atomic(os.path.join(run_dir, MANIFEST), "".join(json.dumps(r) + "\n" for r in done.values()))
+    return done, notes
 
 
-def next_shard_index(out_dir: str) -> int:
-    used = [int(m.group(1)) for f in os.listdir(out_dir) if (m := _SHARD_RE.match(f))]
-    used += [int(m.group(1)) for r in read_manifest(out_dir) if (m := _SHARD_RE.match(r.get("shard") or ""))]
+def next_shard_index(run_dir: str) -> int:
+    used = [int(m.group(1)) for f in os.listdir(run_dir) if (m := _SHARD_RE.match(f))]
+    used += [int(m.group(1)) for r in read_rows(run_dir) if (m := _SHARD_RE.match(r.get("shard") or ""))]
     return max(used, default=-1) + 1
 
 
+# -- writing -------------------------------------------------------------------------------
 class ShardWriter:
-    """Streams utterances into size-capped shards and the manifest (one row per input)."""
+    """Streams utterances into size-capped shards and the manifest (one row per input).
 
-    def __init__(self, out_dir: str, file_attrs: dict, max_items: int = 1000, max_bytes: int = 1 << 30):
-        self.out_dir = out_dir
+    Only the lock holder writes; pieces of a streamed item are held until its last piece arrives,
+    so a shard only ever holds whole items, and an interrupted run commits exactly those."""
+
+    def __init__(self, run_dir: str, file_attrs: dict, max_items: int = 1000, max_bytes: int = 256 << 20):
+        self.run_dir = run_dir
         self.file_attrs = file_attrs
         self.max_items, self.max_bytes = max_items, max_bytes
-        self.index = next_shard_index(out_dir)
+        self.index = next_shard_index(run_dir)
         self._h5 = None
         self._rows: list[dict] = []
         self._bytes = 0
-        self._manifest = open(os.path.join(out_dir, MANIFEST), "a", encoding="utf-8")
+        self._streams: dict[str, list[np.ndarray]] = {}
+        self.written: set[str] = set()  # keys written by this run (a retried unit cannot add a second copy)
+        path = os.path.join(run_dir, MANIFEST)
+        try:
+            self._manifest = open(path, "a", encoding="utf-8")
+        except OSError as e:
+            raise _write_error(e, path) from e
+        self.commits = 0
 
     @property
     def shard_name(self) -> str:
         return f"shard-{self.index:05d}.h5"
 
+    def add_piece(self, key: str, data: np.ndarray, first: bool, final: bool, row: dict, attrs: dict) -> None:
+        """One piece (time-first frames) of an item's output; the item is stored with its last piece."""
+        if key in self.written:
+            return
+        if first or key not in self._streams:
+            self._streams[key] = []
+        self._streams[key].append(data)
+        if final:
+            pieces = self._streams.pop(key)
+            whole = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+            shape = {"frames": int(whole.shape[0]), **({"dims": int(whole.shape[1])} if whole.ndim > 1 else {})}
+            self.add(key, whole, {**row, **shape}, attrs)
+
+    def drop_stream(self, key: str) -> None:
+        self._streams.pop(key, None)
+
+    @property
+    def open_streams(self) -> int:
+        return len(self._streams)
+
     def add(self, key: str, data: np.ndarray, row: dict, attrs: dict | None = None) -> None:
         """Store one utterance; its manifest row is committed together with the shard."""
+        if key in self.written:
+            return
+        if self._h5 is not None and self._bytes + data.nbytes > self.max_bytes and self._rows:
+            self.commit()
         if self._h5 is None:
-            self._h5 = h5py.File(os.path.join(self.out_dir, self.shard_name + ".tmp"), "w")
+            self._h5 = h5py.File(f"mem-{uuid.uuid4().hex}.h5", "w", driver="core", backing_store=False)
             self._h5.attrs.update(self.file_attrs)
-        ds = self._h5.create_dataset(key, data=data)
+        name = row["dataset"]
+        ds = self._h5.create_dataset(name, data=data)
         ds.attrs.update(attrs or {})
+        ds.attrs["key"] = key
         self._rows.append({**row, "key": key, "shard": self.shard_name, "status": "ok", "error": None})
+        self.written.add(key)
         self._bytes += data.nbytes
         if len(self._rows) >= self.max_items or self._bytes >= self.max_bytes:
             self.commit()
 
     def add_error(self, row: dict, message: str) -> None:
+        if row["key"] in self.written:
+            return
         self._append([{**row, "shard": None, "status": "error", "error": message}])
 
     def _append(self, rows: list[dict]) -> None:
-        self._manifest.write("".join(json.dumps(r) + "\n" for r in rows))
-        self._manifest.flush()
-        os.fsync(self._manifest.fileno())
+        try:
+            self._manifest.write("".join(json.dumps(r) + "\n" for r in rows))
+            self._manifest.flush()
+            os.fsync(self._manifest.fileno())
+        except OSError as e:
+            raise _write_error(e, os.path.join(self.run_dir, MANIFEST)) from e
 
     def commit(self) -> None:
-        """Close the open shard and make it (and its rows) durable."""
+        """Write the open shard and make it (and its rows) durable."""
         if self._h5 is None:
             return
+        self._h5.flush()
+        image = self._h5.id.get_file_image()
         self._h5.close()
         self._h5 = None
+        final = os.path.join(self.run_dir, self.shard_name)
+        _write_file(final + ".tmp", image)
         self._append(self._rows)
-        os.replace(os.path.join(self.out_dir, self.shard_name + ".tmp"), os.path.join(self.out_dir, self.shard_name))
+        try:
+            os.replace(final + ".tmp", final)
+            _fsync_dir(self.run_dir)
+        except OSError as e:
+            raise _write_error(e, final) from e
         self._rows, self._bytes = [], 0
         self.index += 1
+        self.commits += 1
+
+    def abort(self) -> None:
+        """Discard what is not committed (an unrecoverable write error)."""
+        if self._h5 is not None:
+            self._h5.close()
+            self._h5 = None
+            for key in (r["key"] for r in self._rows):
+                self.written.discard(key)
+            self._rows = []
+        self._streams.clear()
 
     def close(self) -> None:
-        self.commit()
-        self._manifest.close()
+        self._streams.clear()  # unfinished streams are encoded again on resume
+        try:
+            self.commit()
+        finally:
+            self._manifest.close()
+
+
+# -- reading -------------------------------------------------------------------------------
+def _time_first(f: h5py.File, data: np.ndarray) -> np.ndarray:
+    layout = f.attrs.get("layout", "")
+    return data.T if layout == "[num_quantizers, frames]" else data  # outputs of mimi-extract 0.1
 
 
 def read(out_dir: str, key: str) -> np.ndarray:
-    """Load one utterance's features ``[frames, dim]`` or codes ``[N, frames]`` by its key."""
+    """Load one utterance's output by key, time first: features ``[frames, dim]``, codes
+    ``[frames, num_quantizers]`` (``.T`` gives transformers' ``[num_quantizers, frames]``)."""
     rows = [r for r in read_manifest(out_dir) if r.get("key") == key and r.get("status") == "ok"]
     if not rows:
-        raise KeyError(f"{key!r} has no ok row in {os.path.join(out_dir, MANIFEST)}")
-    with h5py.File(os.path.join(out_dir, rows[-1]["shard"]), "r") as f:
-        return f[key][()]
+        raise KeyError(f"{key!r} has no ok row in the manifest of {out_dir}")
+    row = rows[-1]
+    with h5py.File(os.path.join(out_dir, row["shard"]), "r") as f:
+        return _time_first(f, f[row.get("dataset") or key][()])
+
+
+def shard_attrs(out_dir: str, shard: str) -> dict:
+    with h5py.File(os.path.join(out_dir, shard), "r") as f:
+        return dict(f.attrs)
+
+
+__all__ = ["OutputError", "LockedError", "RunLock", "ShardWriter", "read", "read_manifest", "recover", "run_dirs",
+           "check_run_info", "read_run_info", "ensure_dir"]

@@ -1,4 +1,6 @@
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -6,6 +8,8 @@ import torch
 from mimi_extract.testing import random_model, write_corpus
 
 torch.set_num_threads(2)
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def tolerance(reference: torch.Tensor) -> float:
@@ -44,4 +48,9 @@ def ragged(lengths, seed=0, garbage=None):
     return items, batch
 
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+def cli_process(*args, **kwargs) -> subprocess.Popen:
+    """The real CLI in a subprocess (python -m mimi_extract), for kill/signal tests."""
+    env = {**os.environ, "PYTHONPATH": ROOT, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
+           "OMP_NUM_THREADS": "1", **kwargs.pop("env", {})}
+    return subprocess.Popen([sys.executable, "-m", "mimi_extract", *map(str, args)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kwargs)

@@ -7,7 +7,7 @@ import pytest
 import soundfile as sf
 import torch
 
-from mimi_extract.audio import AudioError, causal_lookahead, causal_resample, load
+from mimi_extract.audio import AudioError, AudioReader, Framing, causal_lookahead, causal_resample, load
 
 
 def test_causal_resample_ignores_future_input():
@@ -63,3 +63,64 @@ def test_load_bad_files(tmp_path):
     for name, message in [("empty.wav", "cannot decode"), ("junk.flac", "cannot decode"), ("nan.wav", "NaN")]:
         with pytest.raises(AudioError, match=message):
             load(str(tmp_path / name))
+
+
+def _write(tmp_path, name, data, rate):
+    path = str(tmp_path / name)
+    sf.write(path, data.astype(np.float32), rate, subtype="FLOAT")
+    return path
+
+
+@pytest.mark.parametrize("rate", [24_000, 16_000, 44_100, 8_000])
+def test_streamed_reader_equals_whole_and_torchaudio(tmp_path, rate):
+    """AudioReader in chunks == whole-file decode == torchaudio's resample (what the reference reads)."""
+    import torchaudio.functional as taf
+
+    rng = np.random.default_rng(rate)
+    n = rate * 5 + 17
+    data = 0.3 * rng.standard_normal((n, 2))
+    path = _write(tmp_path, "x.wav", data, rate)
+    whole = load(path)
+    mono = torch.from_numpy(data.astype(np.float32).mean(1))
+    if rate == 24_000:
+        expected = mono
+    elif rate == 16_000:
+        expected = taf.resample(torch.nn.functional.pad(mono, (causal_lookahead(rate, 24_000), 0)), rate, 24_000)
+        expected = expected[: math.ceil(n * 1.5)]
+    else:
+        expected = taf.resample(mono, rate, 24_000)
+    assert whole.shape == expected.shape
+    assert (whole - expected).abs().max() < 1e-5
+    for chunk in (1920, 1920 * 9, 7):
+        reader, parts, final = AudioReader(path), [], False
+        while not final:
+            piece, final = reader.next_chunk(chunk)
+            assert final or len(piece) == chunk
+            parts.append(piece)
+        assert torch.cat(parts).shape == whole.shape and (torch.cat(parts) - whole).abs().max() < 1e-6
+
+
+def test_framings(tmp_path):
+    import torchaudio.functional as taf
+
+    rng = np.random.default_rng(1)
+    for n in (16_000 * 2 + 1, 16_000 * 2 + 3):  # 1.5 n ends in .5: Python's round goes to even
+        data = 0.3 * rng.standard_normal(n)
+        path = _write(tmp_path, f"m{n}.wav", data, 16_000)
+        got = load(path, framing=Framing("muvap"))
+        recipe = taf.resample(torch.nn.functional.pad(torch.from_numpy(data.astype(np.float32)), (16, 0)), 16_000, 24_000)
+        recipe = recipe[: round(n * 1.5)]
+        recipe = torch.nn.functional.pad(recipe, (0, -len(recipe) % 960))
+        assert got.shape == recipe.shape and (got - recipe).abs().max() < 1e-5
+    path = _write(tmp_path, "p.wav", 0.3 * rng.standard_normal(24_000 + 5), 24_000)
+    plain, moshi = load(path), load(path, framing=Framing("moshi"))
+    assert len(moshi) == 1920 * 13 and torch.equal(moshi[: len(plain)], plain) and not moshi[len(plain):].any()
+    assert Framing("moshi").input_length(24_005, 24_000) == len(moshi)
+    assert Framing("muvap").input_length(32_003, 16_000) == 48_960
+
+
+def test_segment_read(tmp_path):
+    data = np.arange(48_000, dtype=np.float32) / 48_000
+    path = _write(tmp_path, "seg.wav", data, 24_000)
+    seg = load(path, start=1000, frames=500)
+    assert torch.equal(seg, torch.from_numpy(data[1000:1500]))

@@ -14,7 +14,8 @@ from mimi_extract import read, read_manifest
 from mimi_extract.audio import load
 from mimi_extract.cli import app
 from mimi_extract.encoder import reference_single
-from mimi_extract.runner import Settings, extract
+from mimi_extract.runner import extract
+from mimi_extract.settings import Settings
 
 BAD = {"empty.wav": "empty file", "corrupt.wav": "corrupt", "zero_len.wav": "zero-length"}
 
@@ -26,7 +27,8 @@ def cli(*args):
 
 
 def common(model_dir):
-    return ["--model", model_dir, "--device", "cpu", "--num-workers", "0", "--batch-size", "8"]  # CPU default is 1
+    # in-process (one CPU worker) and batched: the CPU defaults are one process per core, batch 1
+    return ["--model", model_dir, "--device", "cpu", "--cpu-workers", "1", "--num-workers", "1", "--batch-size", "8"]
 
 
 def check_outputs(out, root, model, tap, num_quantizers=8, channel="mix"):
@@ -42,7 +44,7 @@ def check_outputs(out, root, model, tap, num_quantizers=8, channel="mix"):
         else:
             assert got.shape == tuple(ref[tap].shape), row["key"]
             assert abs(got - ref[tap].numpy()).max() <= tolerance(ref[tap]), row["key"]
-        assert row["frames"] == ref["codes"].shape[1] if tap != "encoder" else ref["encoder"].shape[0]
+        assert row["frames"] == (ref["codes"].shape[0] if tap != "encoder" else ref["encoder"].shape[0])
     return rows
 
 
@@ -50,7 +52,7 @@ def all_dataset_keys(out):
     keys = []
     for shard in sorted(glob.glob(os.path.join(out, "shard-*.h5"))):
         with h5py.File(shard, "r") as f:
-            f.visititems(lambda name, obj: keys.append(name) if isinstance(obj, h5py.Dataset) else None)
+            f.visititems(lambda name, obj: keys.append(obj.attrs["key"]) if isinstance(obj, h5py.Dataset) else None)
     return keys
 
 
@@ -104,13 +106,13 @@ def test_resume_after_interruption(corpus, tiny_model, tiny_model_dir, tmp_path)
     settings = Settings(model=tiny_model_dir, tap="codes", num_quantizers=8, batch_size=2, num_workers=0)
     seen = []
 
-    def killed_after_two_batches(n, seconds, errors):
-        seen.append(n)
-        if len(seen) == 2:
+    def killed_after_two_items(n, seconds, errors):
+        seen.extend([1] * (n - errors))
+        if len(seen) >= 2:
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        extract(root, out, settings, shard_size=1, on_batch=killed_after_two_batches)
+        extract(root, out, settings, shard_size=1, on_progress=killed_after_two_items)
     partial = [r for r in read_manifest(out) if r["status"] == "ok"]
     assert 0 < len(partial) < 7
     # what a hard kill can leave behind: a half-written shard, rows of a shard that was never
@@ -158,8 +160,8 @@ def test_verify_command(corpus, tiny_model_dir):
     root, _ = corpus
     result = cli("verify", root, "--model", tiny_model_dir, "--device", "cpu")
     assert result.exit_code == 0, result.output
-    assert "PASS" in result.text and "0/984" in result.text
-    strict = cli("verify", root, "--model", tiny_model_dir, "--device", "cpu", "--atol", 0)
+    assert "PASS" in result.text and "codes differing 0/984: 0 tie flips, 0 real" in result.text
+    strict = cli("verify", root, "--model", tiny_model_dir, "--device", "cpu", "--rtol", 0, "--atol", 0)
     assert strict.exit_code == 1 and "FAIL" in strict.text  # fp32 rounding differs: the check can fail
 
 
@@ -178,8 +180,14 @@ def test_help(command):
     assert result.exit_code == 0 and "Example" in result.text
 
 
-def test_out_of_memory_splits_batch(corpus, tiny_model, tiny_model_dir, tmp_path, monkeypatch):
-    """A batch that does not fit is halved and retried; nothing is lost and results stay exact."""
+@pytest.mark.parametrize("error", [
+    torch.cuda.OutOfMemoryError("simulated"),
+    RuntimeError("[enforce fail at alloc_cpu.cpp:117] . DefaultCPUAllocator: can't allocate memory: "
+                 "you tried to allocate 8100000000 bytes. Error code 12 (Cannot allocate memory)"),
+])
+def test_out_of_memory_splits_batch(corpus, tiny_model, tiny_model_dir, tmp_path, monkeypatch, error):
+    """A batch that does not fit (on any device) is halved and retried; nothing is lost and results
+    stay exact.  Today only CUDA's error is caught: the CPU allocator's aborts the run."""
     from mimi_extract.encoder import PaddedMimiEncoder
 
     real_forward = PaddedMimiEncoder.forward
@@ -188,7 +196,7 @@ def test_out_of_memory_splits_batch(corpus, tiny_model, tiny_model_dir, tmp_path
     def small_memory(self, audio, *args, **kwargs):
         tried.append(audio.shape[0])
         if audio.shape[0] > 2:
-            raise torch.cuda.OutOfMemoryError("simulated")
+            raise error
         encoded.append(audio.shape[0])
         return real_forward(self, audio, *args, **kwargs)
 
@@ -199,3 +207,23 @@ def test_out_of_memory_splits_batch(corpus, tiny_model, tiny_model_dir, tmp_path
     summary = extract(root, out, settings)
     assert tried[0] == 7 and sum(encoded) == 7 and max(encoded) <= 2 and summary["ok"] == 7
     check_outputs(out, root, tiny_model, "codes")
+
+
+def test_out_of_memory_alone_is_an_error_row(corpus, tiny_model_dir, tmp_path, monkeypatch):
+    """An item that does not fit even alone gets an error row; the run goes on and completes."""
+    from mimi_extract.encoder import PaddedMimiEncoder
+
+    real_forward = PaddedMimiEncoder.forward
+
+    def no_memory_for_sine(self, audio, lengths, *args, **kwargs):
+        if int(lengths.max()) == 48_123:  # sine_440.wav
+            raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 8100000000 bytes")
+        return real_forward(self, audio, lengths, *args, **kwargs)
+
+    monkeypatch.setattr(PaddedMimiEncoder, "forward", no_memory_for_sine)
+    root, _ = corpus
+    out = str(tmp_path / "oom1")
+    summary = extract(root, out, Settings(model=tiny_model_dir, tap="codes", num_workers=0))
+    assert summary["ok"] == 6
+    (row,) = [r for r in read_manifest(out) if r["path"] == "sine_440.wav"]
+    assert row["status"] == "error" and "out of memory even alone" in row["error"]

@@ -8,7 +8,7 @@ from transformers import MimiConfig
 from transformers.models.mimi import modeling_mimi as mm
 
 from conftest import ragged, tolerance
-from mimi_extract.encoder import PaddedMimiEncoder, reference_single
+from mimi_extract.encoder import PaddedMimiEncoder, encode_chunked, frames_of, reference_single
 from mimi_extract.testing import random_model, tiny_config
 
 FRAME = 1920  # samples per 12.5 Hz frame at 24 kHz
@@ -27,8 +27,7 @@ def assert_matches_single(model, lengths, seed=0, garbage=None, num_quantizers=8
             assert n == ref[tap].shape[0], f"item {i} {tap}: {n} frames, single-item has {ref[tap].shape[0]}"
             diff = (out.tensors[tap][i, :n] - ref[tap]).abs().max().item()
             assert diff <= tolerance(ref[tap]), f"item {i} {tap}: max abs diff {diff}"
-        n = int(out.lengths["codes"][i])
-        assert torch.equal(out.tensors["codes"][i, :, :n], ref["codes"]), f"item {i}: codes differ"
+        assert torch.equal(frames_of(out, "codes", i), ref["codes"]), f"item {i}: codes differ"
 
 
 def test_reference_is_transformers_encode(tiny_model):
@@ -37,7 +36,7 @@ def test_reference_is_transformers_encode(tiny_model):
     ref = reference_single(tiny_model, audio, 8)
     with torch.no_grad():
         codes = tiny_model.encode(audio.reshape(1, 1, -1), num_quantizers=8).audio_codes[0]
-    assert torch.equal(ref["codes"], codes)
+    assert torch.equal(ref["codes"].T, codes)  # reference_single is time first
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -72,7 +71,7 @@ def test_naive_transformers_batch_diverges(tiny_model):
         naive = tiny_model.encode(batch[:, None], num_quantizers=8).audio_codes
     mismatches = 0
     for i, audio in enumerate(items):
-        ref = reference_single(tiny_model, audio, 8)["codes"]
+        ref = reference_single(tiny_model, audio, 8)["codes"].T
         mismatches += int((naive[i, :, : ref.shape[1]] != ref).sum())
     assert mismatches > 0
 
@@ -96,7 +95,7 @@ def test_no_per_item_loop(tiny_model):
     hooks = [
         m.register_forward_hook(lambda mod, i, o, name=name: calls.__setitem__(name, calls.get(name, 0) + 1))
         for name, m in tiny_model.named_modules()
-        if isinstance(m, (mm.MimiConv1d, mm.MimiTransformerLayer, mm.MimiVectorQuantization))
+        if isinstance(m, (torch.nn.Conv1d, mm.MimiTransformerLayer, mm.MimiVectorQuantization))
     ]
     try:
         _, batch = ragged(LENGTHS)
@@ -115,8 +114,7 @@ def test_num_quantizers(tiny_model, n):
     out = PaddedMimiEncoder(tiny_model)(batch, torch.tensor(LENGTHS[:3]), ("codes",), n)
     assert out.tensors["codes"].shape[1] == n
     for i, audio in enumerate(items):
-        ref = reference_single(tiny_model, audio, n)["codes"]
-        assert torch.equal(out.tensors["codes"][i, :, : ref.shape[1]], ref)
+        assert torch.equal(frames_of(out, "codes", i), reference_single(tiny_model, audio, n)["codes"])
 
 
 def test_matches_streaming_encode_on_common_frames(tiny_model):
@@ -134,7 +132,7 @@ def test_matches_streaming_encode_on_common_frames(tiny_model):
                                      padding_cache=first.padding_cache, **{cache: getattr(first, cache)})
             streamed = torch.cat([first.audio_codes[0], rest.audio_codes[0]], -1)
             assert streamed.shape[-1] == lengths[i] // FRAME
-            assert torch.equal(streamed, out.tensors["codes"][i, :, : streamed.shape[-1]])
+            assert torch.equal(streamed.T, frames_of(out, "codes", i)[: streamed.shape[-1]])
 
 
 def test_full_size_default_config():
@@ -148,3 +146,59 @@ def test_rejects_bad_lengths(tiny_model):
         PaddedMimiEncoder(tiny_model)(torch.zeros(2, 100), torch.tensor([100, 0]))
     with pytest.raises(ValueError):
         PaddedMimiEncoder(tiny_model)(torch.zeros(1, 100), torch.tensor([101]))
+
+
+# -- chunked (streaming) encode --------------------------------------------------------------
+def assert_chunked_matches(model, lengths, chunk, seed=0, num_quantizers=8):
+    """Chunked encode (carried state, all rows in one batch) equals the unchunked single-item
+    reference: same frame count including the trailing partial frame, same codes, features
+    within float rounding."""
+    items, _ = ragged(lengths, seed)
+    outs = encode_chunked(PaddedMimiEncoder(model), items, chunk, ("encoder", "latent", "codes"), num_quantizers)
+    for i, audio in enumerate(items):
+        ref = reference_single(model, audio, num_quantizers)
+        for tap in ("encoder", "latent"):
+            assert outs[i][tap].shape == ref[tap].shape, f"item {i} {tap}: {outs[i][tap].shape} vs {ref[tap].shape}"
+            diff = (outs[i][tap] - ref[tap]).abs().max().item()
+            assert diff <= tolerance(ref[tap]), f"item {i} {tap}: max abs diff {diff} (chunk {chunk})"
+        assert torch.equal(outs[i]["codes"], ref["codes"]), f"item {i}: codes differ (chunk {chunk})"
+
+
+@pytest.mark.parametrize("frames_per_chunk", [1, 2, 5, 11])
+def test_chunked_equals_unchunked(tiny_model, frames_per_chunk):
+    """Far past the tiny model's 6-frame window; lengths end off frame multiples (the trailing
+    partial frame), one item is shorter than a chunk, one is a single sample."""
+    assert_chunked_matches(tiny_model, [FRAME * 40 + 7, FRAME * 13 - 1, 1, 100, FRAME * 25, FRAME * 3 + 960],
+                           FRAME * frames_per_chunk)
+
+
+def test_chunked_eager_attention():
+    config = tiny_config()
+    config._attn_implementation = "eager"
+    assert_chunked_matches(random_model(config, seed=1), [FRAME * 20 + 333, FRAME * 9], FRAME * 3)
+
+
+def test_chunked_full_size_past_the_window():
+    """kyutai/mimi's architecture: window 250 frames = 10 s.  A 12.4 s file in 7-frame (0.56 s)
+    chunks crosses the window edge, where moshi's 250-entry ring buffer drops a key; here the
+    window holds 249 past positions plus the query, as transformers' mask does."""
+    model = random_model(MimiConfig(), seed=0)
+    assert_chunked_matches(model, [24_000 * 12 + 9_777, FRAME * 130], FRAME * 7, num_quantizers=32)
+
+
+def test_chunk_rules_and_reset(tiny_model):
+    enc = PaddedMimiEncoder(tiny_model)
+    state = enc.init_state(2)
+    with pytest.raises(ValueError, match="multiple"):
+        enc(torch.zeros(2, FRAME + 5), torch.tensor([FRAME + 5, FRAME + 5]), state=state, final=torch.tensor([False, True]))
+    # a row reset mid-run starts a new stream: same result as a fresh state
+    items, _ = ragged([FRAME * 4, FRAME * 4], seed=4)
+    audio = torch.stack(items)
+    first = enc(audio[:, : FRAME * 2], torch.tensor([FRAME * 2] * 2), ("codes",), 8, state, torch.tensor([False, False]))
+    state.reset(torch.tensor([False, True]))
+    second = enc(torch.stack([audio[0, FRAME * 2 :], audio[1, : FRAME * 2]]), torch.tensor([FRAME * 2] * 2),
+                 ("codes",), 8, state, torch.tensor([True, True]))
+    ref0 = reference_single(tiny_model, items[0], 8)["codes"]
+    ref1 = reference_single(tiny_model, items[1][: FRAME * 2], 8)["codes"]
+    assert torch.equal(torch.cat([frames_of(first, "codes", 0), frames_of(second, "codes", 0)]), ref0)
+    assert torch.equal(frames_of(second, "codes", 1), ref1)

@@ -1,0 +1,545 @@
+"""Execution engines: how planned work units become encoded pieces, on one device or many.
+
+:class:`DeviceRunner` is the engine on one device.  A *feeder* thread composes each step ahead of
+the encoder: it keeps up to ``batch_size`` rows, each a stream (an item being read chunk by chunk
+through :class:`~mimi_extract.audio.AudioReader`), refills a row as soon as its stream ends
+(continuous batching), decodes in a small thread pool, and stays under the padded-seconds budget.
+The encoder thread runs the exact :class:`~mimi_extract.encoder.PaddedMimiEncoder` on each step
+with the rows' :class:`~mimi_extract.encoder.EncoderState`, and emits a :class:`Piece` per row.
+A step whose rows all start and end in it (short files) takes the single-shot path.
+
+Engines share one interface, ``run(units, stop) -> iterator of Piece``:
+
+* :class:`InProcessEngine` -- one device in this process (the caller's thread writes);
+* :class:`ProcessEngine` -- one spawned process per device (GPUs, or single-threaded CPU workers),
+  units handed out on request (an idle worker takes the next one), a dead worker's units handed
+  to the others, workers that exit when their parent dies;
+* ``ray_engine.RayEngine`` -- the same on a Ray cluster.
+
+The writer ignores a piece for an item it already stored, so a unit handed out twice (after a
+worker died) can never store an item twice.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import queue as queue_mod
+import signal
+import threading
+import time
+import traceback
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from .audio import SAMPLE_RATE, AudioError, AudioReader
+from .encoder import PaddedMimiEncoder, frames_of, load_model, prepare
+from .plan import WorkUnit
+from .settings import DTYPES, Settings, threads_per_worker
+from .sources import Item
+
+
+@dataclass
+class Piece:
+    """Frames of one item from one step (time first), or the item's error."""
+
+    item: Item
+    data: np.ndarray | None
+    first: bool
+    final: bool
+    seconds: float  # encoder-input seconds this piece covers (progress)
+    error: str | None = None
+
+
+@dataclass
+class Stats:
+    """Where a device's wall time went: the encoder busy, waiting for input, waiting to hand out."""
+
+    wall: float = 0.0
+    busy: float = 0.0
+    wait_input: float = 0.0
+    wait_output: float = 0.0
+    steps: int = 0
+    real: int = 0  # samples
+    padded: int = 0  # samples computed (rows x step length)
+
+    def add(self, other: "Stats") -> None:
+        for name in self.__dataclass_fields__:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+    @property
+    def idle_fraction(self) -> float:
+        return (self.wait_input + self.wait_output) / self.wall if self.wall else 0.0
+
+    @property
+    def padding_fraction(self) -> float:
+        return 1 - self.real / self.padded if self.padded else 0.0
+
+
+def is_out_of_memory(e: BaseException) -> bool:
+    """Out of memory on any device: CUDA's error, the CPU allocator's, or Python's."""
+    if isinstance(e, (MemoryError, getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError))):
+        return True
+    message = str(e).lower()
+    return isinstance(e, RuntimeError) and any(s in message for s in (
+        "out of memory", "can't allocate memory", "not enough memory", "failed to allocate"))
+
+
+def build_encoder(settings: Settings, device: str, model=None) -> PaddedMimiEncoder:
+    if settings.dtype != "fp32" and not device.startswith("cuda"):
+        raise ValueError(f"--dtype {settings.dtype} is for GPUs; use fp32 on {device}")
+    if device.startswith("cuda"):
+        if settings.dtype == "fp32":
+            # keep fp32 really fp32: TF32 matmuls/convs would break equality with the reference
+            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cudnn.benchmark = True  # step shapes are bucketed, so autotuning is reused
+    dtype = DTYPES[settings.dtype]
+    model = prepare(model, device, dtype) if model is not None else load_model(settings.model, device, dtype)
+    return PaddedMimiEncoder(model)
+
+
+@dataclass
+class _Stream:
+    item: Item
+    reader: AudioReader
+    slot: int
+    emitted: int = 0  # samples handed to the encoder
+
+
+@dataclass
+class _Step:
+    audio: torch.Tensor  # [R, T]
+    lengths: torch.Tensor
+    final: torch.Tensor
+    fresh: torch.Tensor  # rows whose stream starts with this step
+    slots: torch.Tensor
+    items: list[Item]
+    errors: list[Piece] = field(default_factory=list)
+
+    @classmethod
+    def only_errors(cls, errors: list[Piece]) -> "_Step":
+        empty = torch.zeros(0)
+        return cls(torch.zeros(0, 0), empty, empty, empty, empty, [], errors)
+
+    def rows(self, index: list[int]) -> "_Step":
+        """The sub-step of rows ``index`` (out-of-memory splitting); trimmed when all of them end."""
+        sel = torch.tensor(index)
+        lengths, final = self.lengths[sel], self.final[sel]
+        size = self.audio.shape[-1] if not bool(final.all()) else int(lengths.max())
+        return _Step(self.audio[sel, :size], lengths, final, self.fresh[sel], self.slots[sel],
+                     [self.items[i] for i in index])
+
+
+_DONE = object()
+LATER = object()  # next_unit(block=False): nothing to hand out right now
+
+
+class _AnyEvent:
+    def __init__(self, *events):
+        self.events = events
+
+    def is_set(self) -> bool:
+        return any(e.is_set() for e in self.events)
+
+
+class DeviceRunner:
+    """Continuous-batching encode on one device; see the module docstring."""
+
+    def __init__(self, settings: Settings, device: str, model=None, taps: tuple[str, ...] | None = None):
+        self.settings = settings
+        self.taps = taps or (settings.tap,)
+        self.multi = taps is not None  # pieces carry {tap: frames} (verify) instead of one array
+        self.device = device
+        self.encoder = build_encoder(settings, device, model)
+        self.chunk = settings.chunk_samples(self.encoder.hop)
+        self.rows = settings.rows
+        self.budget = max(int(settings.max_batch_seconds * SAMPLE_RATE), self.chunk)
+        self.state = None
+        self.failed: set[str] = set()  # streams that failed in the encoder (the feeder drops them)
+        self.stats = Stats()
+        self._bucket = 4 * self.encoder.hop if device.startswith("cuda") else 1
+
+    # -- feeder ----------------------------------------------------------------------------
+    def _open(self, item: Item) -> AudioReader:
+        return AudioReader(item.path, item.channel, self.settings.framing_rule, item.start, item.frames)
+
+    def _read(self, stream: _Stream):
+        try:
+            return stream.reader.next_chunk(self.chunk)
+        except AudioError as e:
+            return e
+
+    def _start(self, item: Item):
+        try:
+            reader = self._open(item)
+        except AudioError as e:
+            return e
+        stream = _Stream(item, reader, -1)
+        result = self._read(stream)
+        if isinstance(result, AudioError):
+            reader.close()
+        return stream, result
+
+    def _feed(self, next_unit, steps: queue_mod.Queue, stop) -> None:
+        pending: deque[Item] = deque()
+        active: dict[int, _Stream] = {}
+        free = list(range(self.rows))[::-1]
+        units_done = False
+        pool = ThreadPoolExecutor(max(1, self.settings.num_workers), thread_name_prefix="decode")
+
+        def put(item) -> bool:
+            while not stop.is_set():
+                try:
+                    steps.put(item, timeout=0.2)
+                    return True
+                except queue_mod.Full:
+                    continue
+            return False
+
+        try:
+            while not stop.is_set():
+                errors: list[Piece] = []
+                for slot in [s for s, st in active.items() if st.item.key in self.failed]:
+                    active.pop(slot).reader.close()
+                    free.append(slot)
+                rows: list[tuple[_Stream, torch.Tensor, bool, bool]] = []
+                streams = list(active.values())
+                for stream, result in zip(streams, pool.map(self._read, streams)):
+                    if isinstance(result, AudioError):
+                        left = (stream.item.samples - stream.emitted) / SAMPLE_RATE
+                        errors.append(Piece(stream.item, None, False, True, max(0.0, left), str(result)))
+                        active.pop(stream.slot).reader.close()
+                        free.append(stream.slot)
+                    else:
+                        rows.append((stream, *result, False))
+                size = max((len(c) for _, c, _, _ in rows), default=0)
+                chosen: list[Item] = []
+                while len(chosen) < len(free) and len(rows) + len(chosen) < self.rows:
+                    if not pending:
+                        if units_done:
+                            break
+                        unit = next_unit(block=not rows and not chosen)  # never stall running streams
+                        if unit is None:
+                            units_done = True
+                            break
+                        if unit is LATER:
+                            break
+                        pending.extend(unit.items)
+                        continue
+                    first = min(self.chunk, pending[0].samples)
+                    n = len(rows) + len(chosen) + 1
+                    if n > 1 and n * max(size, first) > self.budget:
+                        break
+                    size = max(size, first)
+                    chosen.append(pending.popleft())
+                for item, result in zip(chosen, pool.map(self._start, chosen)):
+                    if not isinstance(result, AudioError):
+                        stream, chunk = result
+                        result = chunk if isinstance(chunk, AudioError) else result
+                    if isinstance(result, AudioError):
+                        errors.append(Piece(item, None, True, True, item.samples / SAMPLE_RATE, str(result)))
+                        continue
+                    stream.slot = free.pop()
+                    active[stream.slot] = stream
+                    rows.append((stream, chunk[0], chunk[1], True))
+                if not rows:
+                    if errors and not put(_Step.only_errors(errors)):
+                        return
+                    if units_done and not pending and not active:
+                        break
+                    continue
+                size = max(len(c) for _, c, _, _ in rows)
+                if all(fin and fresh for _, _, fin, fresh in rows) and self._bucket > 1:
+                    size = min(-(-size // self._bucket) * self._bucket, max(size, self.chunk))
+                pin = self.device.startswith("cuda")
+                audio = torch.zeros(len(rows), size, pin_memory=pin)
+                for r, (_, c, _, _) in enumerate(rows):
+                    audio[r, : len(c)] = c
+                step = _Step(audio, torch.tensor([len(c) for _, c, _, _ in rows]),
+                             torch.tensor([fin for _, _, fin, _ in rows]),
+                             torch.tensor([fresh for _, _, _, fresh in rows]),
+                             torch.tensor([s.slot for s, _, _, _ in rows]), [s.item for s, _, _, _ in rows], errors)
+                for stream, c, fin, _ in rows:
+                    stream.emitted += len(c)
+                    if fin:
+                        active.pop(stream.slot).reader.close()
+                        free.append(stream.slot)
+                if not put(step):
+                    return
+        except BaseException as e:  # surfaced in the encoder thread
+            put(e)
+        finally:
+            for stream in active.values():
+                stream.reader.close()
+            pool.shutdown(wait=False, cancel_futures=True)
+            try:  # the encoder loop drains until it sees this
+                steps.put(_DONE, timeout=10)
+            except queue_mod.Full:
+                pass
+
+    # -- encoder ---------------------------------------------------------------------------
+    def _forward(self, step: _Step):
+        s = self.settings
+        audio = step.audio.to(self.encoder.model.device, DTYPES[s.dtype], non_blocking=True)
+        if bool(step.fresh.all()) and bool(step.final.all()):
+            return self.encoder(audio, step.lengths, self.taps, s.num_quantizers)
+        if self.state is None:
+            self.state = self.encoder.init_state(self.rows)
+        starting = torch.zeros(self.rows, dtype=torch.bool)
+        starting[step.slots[step.fresh]] = True
+        self.state.reset(starting)
+        sub = self.state.select(step.slots)
+        out = self.encoder(audio, step.lengths, self.taps, s.num_quantizers, state=sub, final=step.final)
+        self.state.assign(step.slots, sub)  # only after success: an out-of-memory retry starts clean
+        return out
+
+    def _encode(self, step: _Step) -> list[Piece]:
+        try:
+            out = self._forward(step)
+        except Exception as e:
+            if not is_out_of_memory(e):
+                raise
+            if self.device.startswith("cuda"):
+                torch.cuda.empty_cache()
+            if len(step.items) == 1:
+                item = step.items[0]
+                self.failed.add(item.key)
+                return [Piece(item, None, False, True, 0.0, "out of memory even alone; lower --chunk-seconds "
+                              "or --max-batch-seconds, or use a device with more memory")]
+            half = len(step.items) // 2
+            return self._encode(step.rows(list(range(half)))) + self._encode(step.rows(list(range(half, len(step.items)))))
+        s = self.settings
+        pieces = []
+        for r, item in enumerate(step.items):
+            if self.multi:
+                data = {t: frames_of(out, t, r).to("cpu") for t in self.taps}
+            else:
+                data = frames_of(out, s.tap, r)
+                data = data.to("cpu").numpy().astype(np.int16) if s.tap == "codes" else \
+                    data.float().to("cpu").numpy().astype(s.feature_dtype)
+            pieces.append(Piece(item, data, bool(step.fresh[r]), bool(step.final[r]),
+                                int(step.lengths[r]) / SAMPLE_RATE))
+        self.stats.steps += 1
+        self.stats.real += int(step.lengths.sum())
+        self.stats.padded += step.audio.numel()
+        return pieces
+
+    def run(self, next_unit, emit, stop) -> Stats:
+        """Encode every unit ``next_unit(block)`` returns (None: no more; LATER: none yet, only when
+        not ``block``), ``emit``-ting pieces in order.  ``stop`` (an Event) ends the run early."""
+        steps: queue_mod.Queue = queue_mod.Queue(maxsize=2)
+        halt = threading.Event()  # this runner's own stop (an error here must not stop the others)
+        feeder_stop = _AnyEvent(stop, halt)
+        feeder = threading.Thread(target=self._feed, args=(next_unit, steps, feeder_stop), name="feeder", daemon=True)
+        start = time.perf_counter()
+        feeder.start()
+        try:
+            while True:
+                t0 = time.perf_counter()
+                step = steps.get()
+                self.stats.wait_input += time.perf_counter() - t0
+                if step is _DONE:
+                    break
+                if isinstance(step, BaseException):
+                    raise step
+                for e in step.errors:
+                    emit(e)
+                if feeder_stop.is_set():
+                    continue  # drain: the feeder is stopping
+                if not step.items:
+                    continue
+                keep = [r for r, it in enumerate(step.items) if it.key not in self.failed]
+                if len(keep) < len(step.items):
+                    if not keep:
+                        continue
+                    step = step.rows(keep)
+                t0 = time.perf_counter()
+                pieces = self._encode(step)
+                t1 = time.perf_counter()
+                self.stats.busy += t1 - t0
+                for p in pieces:
+                    emit(p)
+                self.stats.wait_output += time.perf_counter() - t1
+        finally:
+            halt.set()
+            feeder.join(timeout=10)
+            self.stats.wall += time.perf_counter() - start
+        return self.stats
+
+
+# -- engines -------------------------------------------------------------------------------
+class InProcessEngine:
+    """One device in this process: the encoder runs in a thread, the caller's thread writes."""
+
+    def __init__(self, settings: Settings, model=None):
+        self.settings, self.model = settings, model
+        self.stats = Stats()
+
+    def run(self, units: list[WorkUnit], stop: threading.Event):
+        torch.set_num_threads(threads_per_worker(self.settings))
+        out: queue_mod.Queue = queue_mod.Queue(maxsize=64)
+        todo = iter(units)
+        error: list[BaseException] = []
+
+        def work():
+            try:
+                runner = DeviceRunner(self.settings, self.settings.devices[0], self.model)
+                self.model = None
+                runner.run(lambda block=True: next(todo, None), out.put, stop)
+                self.stats.add(runner.stats)
+            except BaseException as e:
+                error.append(e)
+            finally:
+                out.put(_DONE)
+
+        thread = threading.Thread(target=work, name="encoder", daemon=True)
+        thread.start()
+        while True:
+            piece = out.get()
+            if piece is _DONE:
+                break
+            yield piece
+        thread.join()
+        if error:
+            raise error[0]
+
+
+def die_with_parent() -> None:
+    """Make this process exit when its parent dies, however it dies (Linux: PR_SET_PDEATHSIG;
+    elsewhere, and as a backstop, a thread that watches the parent pid)."""
+    parent = os.getppid()
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(1)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="parent-watch").start()
+
+
+def _process_main(settings: Settings, device: str, wid: int, requests, inbox, out_q, stop) -> None:
+    die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what an interrupt means
+    torch.set_num_threads(threads_per_worker(settings))
+    try:
+        runner = DeviceRunner(settings, device)
+        asked = [False]
+
+        def next_unit(block=True):
+            if not asked[0]:
+                requests.put(("want", wid, None))
+                asked[0] = True
+            try:
+                unit = inbox.get(timeout=None if block else 0.01)
+            except queue_mod.Empty:
+                return LATER
+            asked[0] = False
+            return unit
+
+        runner.run(next_unit, lambda p: out_q.put(("piece", wid, p)), stop)
+        out_q.put(("done", wid, runner.stats))
+    except BaseException:
+        out_q.put(("fail", wid, f"{device}: {traceback.format_exc()}"))
+
+
+class ProcessEngine:
+    """One spawned process per device; units handed out as workers ask, re-handed if one dies."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.stats = Stats()
+        self.notes: list[str] = []
+
+    def run(self, units: list[WorkUnit], stop: threading.Event):
+        ctx = torch.multiprocessing.get_context("spawn")
+        out_q = ctx.Queue(maxsize=8 * len(self.settings.devices) + 8)
+        inboxes = [ctx.Queue() for _ in self.settings.devices]
+        mp_stop = ctx.Event()
+        procs = [ctx.Process(target=_process_main, args=(self.settings, dev, wid, out_q, inboxes[wid], out_q, mp_stop),
+                             daemon=True)
+                 for wid, dev in enumerate(self.settings.devices)]
+        for p in procs:
+            p.start()
+        todo: deque[WorkUnit] = deque(units)
+        keys_left = {u.index: {it.key for it in u.items} for u in units}
+        unit_of = {it.key: u.index for u in units for it in u.items}
+        taken: dict[int, set[int]] = {w: set() for w in range(len(procs))}
+        waiting: list[int] = []
+        finished: set[int] = set()
+        failed_workers: set[int] = set()
+
+        def hand_out():
+            while waiting and (todo or not any(keys_left.values()) or stop.is_set()):
+                wid = waiting.pop(0)
+                if todo and not stop.is_set():
+                    unit = todo.popleft()
+                    taken[wid].add(unit.index)
+                    inboxes[wid].put(unit)
+                else:
+                    inboxes[wid].put(None)
+
+        try:
+            while len(finished | failed_workers) < len(procs):
+                if stop.is_set():
+                    mp_stop.set()
+                    hand_out()
+                try:
+                    kind, wid, payload = out_q.get(timeout=0.5)
+                except queue_mod.Empty:
+                    for wid, p in enumerate(procs):
+                        if wid not in finished and wid not in failed_workers and not p.is_alive():
+                            failed_workers.add(wid)
+                            lost = [i for i in taken[wid] if keys_left[i]]
+                            todo.extendleft(u for u in reversed(units) if u.index in lost)
+                            self.notes.append(f"worker on {self.settings.devices[wid]} died (exit code {p.exitcode}); "
+                                              f"its {len(lost)} unfinished work units were handed to the others")
+                    if len(failed_workers) == len(procs):
+                        raise RuntimeError("every device worker died (killed? out of host memory?)")
+                    hand_out()
+                    continue
+                if kind == "want":
+                    waiting.append(wid)
+                    hand_out()
+                elif kind == "piece":
+                    if payload.final:
+                        left = keys_left.get(unit_of.get(payload.item.key, -1))
+                        if left is not None:
+                            left.discard(payload.item.key)
+                        hand_out()
+                    yield payload
+                elif kind == "done":
+                    finished.add(wid)
+                    self.stats.add(payload)
+                elif kind == "fail":
+                    raise RuntimeError(f"device worker failed:\n{payload}")
+        finally:
+            mp_stop.set()
+            for inbox in inboxes:
+                inbox.put(None)
+            deadline = time.time() + 30
+            for p in procs:
+                p.join(timeout=max(0.1, deadline - time.time()))
+                if p.is_alive():
+                    p.terminate()
+                    p.join(5)
+
+
+def make_engine(settings: Settings, model=None):
+    if settings.engine == "ray":
+        from .ray_engine import RayEngine
+
+        return RayEngine(settings)
+    if len(settings.devices) == 1:
+        return InProcessEngine(settings, model)
+    return ProcessEngine(settings)

@@ -1,0 +1,122 @@
+"""Reading what a run produced: ``status`` (per-part progress), ``info`` (contents and settings)
+and ``decode`` (codes or features back to audio)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections import Counter
+
+import numpy as np
+
+from .sources import dataset_name
+from .writer import _PART_RE, read, read_manifest, read_rows, read_run_info, run_dirs, shard_attrs
+
+PLAN_INFO = "plan.json"
+
+
+def _require(out_dir: str) -> list[str]:
+    dirs = [d for d in run_dirs(out_dir) if os.path.exists(os.path.join(d, "run.json"))]
+    if not dirs:
+        raise FileNotFoundError(f"{out_dir} holds no mimi-extract run (no run.json)")
+    return dirs
+
+
+def status_report(out_dir: str) -> dict:
+    """Per run directory (part): planned inputs, ok and error rows; parts not started; totals."""
+    runs = {}
+    counts = set()
+    for d in _require(out_dir):
+        plan_path = os.path.join(d, PLAN_INFO)
+        plan = json.load(open(plan_path, encoding="utf-8")) if os.path.exists(plan_path) else {}
+        rows = read_rows(d)
+        name = os.path.relpath(d, out_dir)
+        runs[name] = {"inputs": plan.get("inputs"), "ok": sum(r.get("status") == "ok" for r in rows),
+                      "errors": sum(r.get("status") == "error" for r in rows), "updated": plan.get("updated")}
+        if (m := _PART_RE.search(d)):
+            counts.add((int(m.group(1)), int(m.group(2))))
+    missing = []
+    if counts:
+        n = next(iter(counts))[1]
+        have = {i for i, _ in counts}
+        missing = [f"{i}/{n}" for i in range(n) if i not in have]
+    remaining = sum(max(0, (p["inputs"] or 0) - p["ok"] - p["errors"]) for p in runs.values())
+    ok = sum(p["ok"] for p in runs.values())
+    errors = sum(p["errors"] for p in runs.values())
+    complete = not missing and remaining == 0 and all(p["inputs"] is not None for p in runs.values())
+    return {"runs": runs, "missing_parts": missing, "ok": ok, "errors": errors, "remaining": remaining,
+            "complete": complete}
+
+
+def _reason(message: str) -> str:
+    """An error message with its specifics (quoted names, numbers in parentheses) folded, for grouping."""
+    return re.sub(r"'[^']*'|\"[^\"]*\"", "'…'", message or "unknown").strip()
+
+
+def info_report(out_dir: str) -> dict:
+    dirs = _require(out_dir)
+    rows = read_manifest(out_dir)
+    ok = [r for r in rows if r.get("status") == "ok"]
+    errors = [r for r in rows if r.get("status") == "error"]
+    info = read_run_info(dirs[0])
+    shards = sorted({r["shard"] for r in ok})
+    sizes = {s: os.path.getsize(os.path.join(out_dir, s)) for s in shards if os.path.exists(os.path.join(out_dir, s))}
+    frames = sum(r.get("frames", 0) for r in ok)
+    nq = info.get("num_quantizers") if info.get("tap") == "codes" else None
+    settings = {k: info[k] for k in sorted(info) if k not in ("part",)}
+    if len(dirs) > 1:
+        settings["parts"] = len(dirs)
+    return {
+        "inputs": len(rows), "ok": len(ok), "errors": len(errors),
+        "errors_by_reason": dict(Counter(_reason(r.get("error")) for r in errors).most_common()),
+        "hours": sum(r.get("duration", 0.0) for r in ok) / 3600, "frames": frames,
+        "tokens": frames * nq if nq else None, "shards": {s: sizes.get(s, 0) for s in shards},
+        "bytes": sum(sizes.values()), "settings": settings,
+    }
+
+
+def decode_items(out_dir: str, keys: list[str] | None, output: str | None, model: str | None = None,
+                 device: str = "cpu", on_item=None) -> list[str]:
+    """Decode stored items to 24 kHz wav files; returns the written paths."""
+    import soundfile as sf
+    import torch
+
+    from .encoder import load_model
+
+    dirs = _require(out_dir)
+    info = read_run_info(dirs[0])
+    rows = {r["key"]: r for r in read_manifest(out_dir) if r.get("status") == "ok"}
+    keys = keys or sorted(rows)
+    missing = [k for k in keys if k not in rows]
+    if missing:
+        raise KeyError(f"no ok item {missing[0]!r} in {out_dir}" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+    if output is None:
+        output = "." if len(keys) > 1 else dataset_name(keys[0]).removesuffix(".wav") + ".wav"
+    folder = len(keys) > 1 or os.path.isdir(output) or output.endswith(os.sep)
+    if folder:
+        os.makedirs(output, exist_ok=True)
+    mimi = load_model(model or info["model"], device)
+    written = []
+    with torch.no_grad():
+        for key in keys:
+            row = rows[key]
+            tap = shard_attrs(out_dir, row["shard"]).get("tap", info["tap"])
+            data = torch.from_numpy(np.ascontiguousarray(read(out_dir, key))).to(device)
+            if tap == "codes":
+                codes = data.long().T[None]
+            else:
+                latent = data.float().T[None]  # [1, D, frames]
+                if tap == "encoder":
+                    from .encoder import encoder_parts
+
+                    latent = encoder_parts(mimi)[2](latent)
+                codes = mimi.quantizer.encode(latent, mimi.config.num_quantizers).transpose(0, 1)
+            audio = mimi.decode(codes).audio_values[0, 0]
+            audio = audio[: max(1, round(row["duration"] * 24_000))].float().cpu().numpy()
+            path = os.path.join(output, dataset_name(key).removesuffix(".wav") + ".wav") if folder else output
+            sf.write(path, audio, 24_000)
+            written.append(path)
+            if on_item:
+                on_item(key, path)
+    return written

@@ -1,0 +1,111 @@
+"""Planning: which items this run encodes (``--part``) and in which work units.
+
+A *work unit* is what an engine hands to one device at a time: a length-sorted batch of short
+items (encoded in one step), or long items that are streamed chunk by chunk.  Devices take units
+from a shared queue as they become free, so a slow device simply takes fewer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from dataclasses import dataclass
+
+from .sources import Item
+
+
+@dataclass(frozen=True)
+class Part:
+    """Part ``index`` of ``count`` (0-based): the items whose key hashes to it."""
+
+    index: int = 0
+    count: int = 1
+
+    @property
+    def whole(self) -> bool:
+        return self.count == 1
+
+    @property
+    def dirname(self) -> str:
+        width = len(str(self.count - 1))
+        return f"part-{self.index:0{width}d}-of-{self.count}"
+
+    def __str__(self) -> str:
+        return f"{self.index}/{self.count}"
+
+
+def part_of(key: str, count: int) -> int:
+    """Stable part of a key: depends on the key alone, so adding inputs never moves existing ones."""
+    return int.from_bytes(hashlib.sha1(key.encode("utf-8")).digest()[:8], "big") % count
+
+
+def parse_part(spec: str | None, environ=os.environ) -> Part:
+    """``I/N`` (0-based), or ``slurm`` (from SLURM_ARRAY_TASK_ID/COUNT/MIN), or None (everything)."""
+    if spec is None:
+        return Part()
+    if spec == "slurm":
+        try:
+            task, count = int(environ["SLURM_ARRAY_TASK_ID"]), int(environ["SLURM_ARRAY_TASK_COUNT"])
+        except KeyError as e:
+            raise ValueError(f"--part slurm: {e.args[0]} is not set (run inside a Slurm job array, "
+                             "sbatch --array=0-N)") from None
+        except ValueError:
+            raise ValueError("--part slurm: SLURM_ARRAY_TASK_ID/COUNT are not integers") from None
+        index = task - int(environ.get("SLURM_ARRAY_TASK_MIN", 0))
+        spec = f"{index}/{count}"
+    m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", spec)
+    if not m:
+        raise ValueError(f"--part {spec!r}: expected I/N (0-based, e.g. 0/4) or 'slurm'")
+    index, count = int(m.group(1)), int(m.group(2))
+    if count < 1 or not 0 <= index < count:
+        raise ValueError(f"--part {spec}: need 0 <= I < N")
+    return Part(index, count)
+
+
+@dataclass
+class WorkUnit:
+    index: int
+    items: list[Item]
+    stream: bool  # long items, streamed in chunks
+
+    @property
+    def seconds(self) -> float:
+        return sum(it.duration for it in self.items)
+
+
+def plan_batches(items: list[Item], max_batch_seconds: float, batch_size: int, rate: int = 24_000) -> list[list[Item]]:
+    """Sort by length and pack greedily so that (items x longest item) stays under the budget.
+
+    An item longer than the budget gets a batch of its own."""
+    budget = max_batch_seconds * rate
+    batches: list[list[Item]] = []
+    current: list[Item] = []
+    for item in sorted(items, key=lambda it: (it.samples, it.key)):
+        if current and (len(current) >= batch_size or (len(current) + 1) * item.samples > budget):
+            batches.append(current)
+            current = []
+        current.append(item)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def plan_units(items: list[Item], chunk_samples: int, max_batch_seconds: float, batch_size: int,
+               long_group: int = 1) -> list[WorkUnit]:
+    """Long items (over one chunk) first, longest first, in groups of ``long_group`` (so the
+    run's tail is short items, not one long stream); then length-sorted batches of short items."""
+    long = sorted((it for it in items if it.samples > chunk_samples), key=lambda it: (-it.samples, it.key))
+    short = [it for it in items if it.samples <= chunk_samples]
+    units = [WorkUnit(0, long[i : i + long_group], True) for i in range(0, len(long), long_group)]
+    units += [WorkUnit(0, b, False) for b in plan_batches(short, max_batch_seconds, batch_size)]
+    for i, u in enumerate(units):
+        u.index = i
+    return units
+
+
+def padding_fraction(batches: list[list[Item]]) -> float:
+    """Share of padded (wasted) samples over batches of whole items, from header lengths."""
+    padded = sum(len(b) * max(it.samples for it in b) for b in batches)
+    real = sum(it.samples for b in batches for it in b)
+    return 1 - real / padded if padded else 0.0

@@ -1,0 +1,130 @@
+"""Input sources, probing, keys, planning and parts."""
+
+import json
+import os
+import random
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from mimi_extract.plan import Part, padding_fraction, parse_part, part_of, plan_batches, plan_units
+from mimi_extract.sources import Item, dataset_name, discover, walk_directory
+
+
+def items(lengths):
+    return [Item(f"/x/{i}.wav", f"{i}.wav", f"{i}.wav", "mix", 24_000, 0, n, n) for i, n in enumerate(lengths)]
+
+
+def test_plan_batches_budget_cap_and_coverage():
+    rng = random.Random(0)
+    todo = items([rng.randint(1000, 24_000 * 20) for _ in range(500)])
+    batches = plan_batches(todo, max_batch_seconds=60, batch_size=16)
+    assert sorted(it.key for b in batches for it in b) == sorted(it.key for it in todo)
+    for b in batches:
+        assert len(b) <= 16
+        assert len(b) == 1 or len(b) * max(it.samples for it in b) <= 60 * 24_000
+    unsorted = [todo[i : i + 16] for i in range(0, len(todo), 16)]
+    assert padding_fraction(batches) < 0.1 < padding_fraction(unsorted)
+
+
+def test_plan_units_long_first():
+    units = plan_units(items([24_000 * 100, 1000, 24_000 * 300, 2000]), chunk_samples=24_000 * 30,
+                       max_batch_seconds=10, batch_size=8)
+    assert [(u.stream, [it.key for it in u.items]) for u in units] == [
+        (True, ["2.wav"]), (True, ["0.wav"]), (False, ["1.wav", "3.wav"])]
+
+
+def test_find_and_probe(corpus):
+    root, described = corpus
+    found = discover(root)
+    assert sorted(it.rel for it in found.items + found.bad) == sorted(described)  # notes.txt ignored
+    by_rel = {it.rel: it for it in found.items + found.bad}
+    assert "empty" in by_rel["empty.wav"].error
+    assert "corrupt" in by_rel["corrupt.wav"].error
+    assert "zero-length" in by_rel["zero_len.wav"].error
+    assert by_rel["rate16k.wav"].samples == 48_000  # header length converted to 24 kHz
+    each = discover(root, "each")
+    assert {"stereo.wav#ch0", "stereo.wav#ch1"} <= {it.key for it in each.items}
+
+
+def _wav(path, seconds=0.2, rate=24_000, channels=1):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    sf.write(path, np.zeros((int(seconds * rate), channels), np.float32), rate)
+
+
+def test_symlink_loop_walked_once(tmp_path):
+    _wav(str(tmp_path / "loopdir" / "a.wav"))
+    os.symlink(".", tmp_path / "loopdir" / "self")
+    os.symlink("loopdir", tmp_path / "again")
+    warnings = []
+    entries = walk_directory(str(tmp_path), warnings)
+    assert [e.rel for e in entries] == ["loopdir/a.wav"]  # today: 41 copies under loopdir/self/self/...
+    assert len(warnings) == 2 and all("searched once" in w for w in warnings), warnings
+
+
+def test_non_utf8_name_gets_an_accurate_error(tmp_path):
+    _wav(str(tmp_path / "ok.wav"))
+    _wav(str(tmp_path / "tmp.wav"))  # soundfile itself cannot open a non-UTF-8 name: rename after writing
+    os.rename(os.path.join(os.fsencode(tmp_path), b"tmp.wav"), os.path.join(os.fsencode(tmp_path), b"caf\xe9.wav"))
+    found = discover(str(tmp_path))
+    assert [it.key for it in found.items] == ["ok.wav"]
+    (err,) = found.bad
+    assert "not valid UTF-8" in err.error and "caf\\xe9.wav" in err.rel
+    json.dumps({"path": err.rel}, ensure_ascii=False).encode("utf-8")  # the manifest row is valid UTF-8
+
+
+def test_dataset_names_are_injective():
+    keys = ["a.wav#ch0", "a.wav#ch0/b.wav", "a%2Fb", "a/b", ".hidden", "%2Ehidden", "x/../y"]
+    names = [dataset_name(k) for k in keys]
+    assert len(set(names)) == len(keys) and not any("/" in n for n in names)
+
+
+def test_list_inputs_segments_and_bad_rows(tmp_path):
+    _wav(str(tmp_path / "audio" / "long.wav"), seconds=3.0, rate=16_000, channels=2)
+    _wav(str(tmp_path / "audio" / "b.wav"))
+    rows = [
+        {"path": "audio/long.wav", "start": 0.5, "end": 1.25},
+        {"path": "audio/long.wav", "id": "seg-two", "start": 1.0, "duration": 1.0, "channel": 1},
+        {"path": "audio/b.wav"},
+        {"path": "audio/missing.wav"},
+        {"path": "audio/long.wav", "start": 2.5, "duration": 1.0},  # past the end
+        {"path": "audio/long.wav", "start": 1.0, "duration": -1},
+        {"path": "audio/b.wav", "id": "seg-two"},  # duplicate id
+    ]
+    lst = tmp_path / "list.jsonl"
+    lst.write_text("".join(json.dumps(r) + "\n" for r in rows) + "not json\n")
+    found = discover(str(lst))
+    ok = {it.key: it for it in found.items}
+    assert set(ok) == {"audio/long.wav@0.5-1.25", "seg-two", "audio/b.wav"}
+    seg = ok["audio/long.wav@0.5-1.25"]
+    assert (seg.start, seg.frames, seg.samples, seg.segment) == (8000, 12_000, 18_000, (0.5, 1.25))
+    assert ok["seg-two"].channel == 1
+    errors = sorted(it.error for it in found.bad)
+    assert any("file not found" in e for e in errors)
+    assert any("past the end" in e for e in errors)
+    assert any("not positive" in e for e in errors)
+    assert any("duplicate key 'seg-two'" in e for e in errors)
+    assert any("not a JSON object" in e for e in errors)
+    txt = tmp_path / "list.txt"
+    txt.write_text("audio/b.wav\n# a comment\n\n" + str(tmp_path / "audio" / "long.wav") + "\n")
+    assert {it.key for it in discover(str(txt)).items} == {"audio/b.wav", str(tmp_path / "audio" / "long.wav")}
+    csv = tmp_path / "list.csv"
+    csv.write_text("path,id,start,end\naudio/long.wav,c1,0,0.5\n")
+    (c1,) = discover(str(csv)).items
+    assert (c1.key, c1.frames) == ("c1", 8000)
+
+
+def test_parts_are_stable_and_cover():
+    keys = [f"spk{i}/utt{j}.wav" for i in range(30) for j in range(20)]
+    parts = [part_of(k, 3) for k in keys]
+    assert set(parts) == {0, 1, 2} and min(parts.count(p) for p in range(3)) > 150
+    more = keys + [f"new/{i}.wav" for i in range(100)]  # adding files moves no existing key
+    assert [part_of(k, 3) for k in more[: len(keys)]] == parts
+    assert parse_part("1/3") == Part(1, 3) and parse_part(None).whole
+    assert parse_part("slurm", {"SLURM_ARRAY_TASK_ID": "5", "SLURM_ARRAY_TASK_COUNT": "4", "SLURM_ARRAY_TASK_MIN": "3"}) == Part(2, 4)
+    for bad in ("3/3", "x", "-1/2"):
+        with pytest.raises(ValueError):
+            parse_part(bad)
+    with pytest.raises(ValueError, match="SLURM_ARRAY_TASK_ID is not set"):
+        parse_part("slurm", {})
