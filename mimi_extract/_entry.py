@@ -1,6 +1,7 @@
 """Console entry point, kept import-light: Ctrl-C during start-up (torch imports take seconds) ends
 with a one-line message and exit 130, not a traceback."""
 
+import os
 import sys
 
 
@@ -12,6 +13,12 @@ def run() -> int:
     except KeyboardInterrupt:
         sys.stderr.write("interrupted.\n")
         return 130
+    except SystemExit as e:
+        if e.code == 130:  # interrupted, everything committed: leave now, so that a second Ctrl-C
+            sys.stdout.flush()  # arriving during interpreter shutdown cannot change the outcome
+            sys.stderr.flush()
+            os._exit(130)
+        raise
 
 
 if __name__ == "__main__":

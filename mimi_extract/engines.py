@@ -22,20 +22,19 @@ worker died) can never store an item twice.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import queue as queue_mod
-import signal
 import threading
 import time
 import traceback
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import torch
 
+from ._boot import worker_main
 from .audio import SAMPLE_RATE, AudioError, AudioReader
 from .encoder import PaddedMimiEncoder, frames_of, load_model, prepare
 from .plan import WorkUnit
@@ -385,12 +384,13 @@ class InProcessEngine:
         out: queue_mod.Queue = queue_mod.Queue(maxsize=64)
         todo = iter(units)
         error: list[BaseException] = []
+        abandoned = threading.Event()  # the consumer left (an error while writing): stop as well
 
         def work():
             try:
                 runner = DeviceRunner(self.settings, self.settings.devices[0], self.model)
                 self.model = None
-                runner.run(lambda block=True: next(todo, None), out.put, stop)
+                runner.run(lambda block=True: next(todo, None), out.put, _AnyEvent(stop, abandoned))
                 self.stats.add(runner.stats)
             except BaseException as e:
                 error.append(e)
@@ -399,38 +399,26 @@ class InProcessEngine:
 
         thread = threading.Thread(target=work, name="encoder", daemon=True)
         thread.start()
-        while True:
-            piece = out.get()
-            if piece is _DONE:
-                break
-            yield piece
-        thread.join()
+        try:
+            while True:
+                piece = out.get()
+                if piece is _DONE:
+                    break
+                yield piece
+        finally:
+            abandoned.set()
+            while thread.is_alive():  # drain, so that a blocked put cannot keep the thread alive
+                try:
+                    out.get(timeout=0.1)
+                except queue_mod.Empty:
+                    pass
+            thread.join()
         if error:
             raise error[0]
 
 
-def die_with_parent() -> None:
-    """Make this process exit when its parent dies, however it dies (Linux: PR_SET_PDEATHSIG;
-    elsewhere, and as a backstop, a thread that watches the parent pid)."""
-    parent = os.getppid()
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
-    except (OSError, AttributeError):
-        pass
-    if os.getppid() != parent:  # the parent died before prctl took effect
-        os._exit(1)
-
-    def watch():
-        while os.getppid() == parent:
-            time.sleep(1)
-        os._exit(1)
-
-    threading.Thread(target=watch, daemon=True, name="parent-watch").start()
-
-
 def _process_main(settings: Settings, device: str, wid: int, requests, inbox, out_q, stop) -> None:
-    die_with_parent()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what an interrupt means
+    """A device worker (started by ``_boot.worker_main``, which ties it to its parent first)."""
     torch.set_num_threads(threads_per_worker(settings))
     try:
         runner = DeviceRunner(settings, device)
@@ -466,8 +454,8 @@ class ProcessEngine:
         out_q = ctx.Queue(maxsize=8 * len(self.settings.devices) + 8)
         inboxes = [ctx.Queue() for _ in self.settings.devices]
         mp_stop = ctx.Event()
-        procs = [ctx.Process(target=_process_main, args=(self.settings, dev, wid, out_q, inboxes[wid], out_q, mp_stop),
-                             daemon=True)
+        procs = [ctx.Process(target=worker_main, args=(os.getpid(), asdict(self.settings), dev, wid, out_q, inboxes[wid],
+                                                       out_q, mp_stop), daemon=True)
                  for wid, dev in enumerate(self.settings.devices)]
         for p in procs:
             p.start()
@@ -528,11 +516,15 @@ class ProcessEngine:
             for inbox in inboxes:
                 inbox.put(None)
             deadline = time.time() + 30
+            while any(p.is_alive() for p in procs) and time.time() < deadline:
+                try:  # drain: a worker blocked on a full queue must see the stop
+                    out_q.get(timeout=0.1)
+                except queue_mod.Empty:
+                    pass
             for p in procs:
-                p.join(timeout=max(0.1, deadline - time.time()))
                 if p.is_alive():
                     p.terminate()
-                    p.join(5)
+                p.join(5)
 
 
 def make_engine(settings: Settings, model=None):

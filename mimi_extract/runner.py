@@ -138,6 +138,8 @@ class _Signals:
             self.on_signal(name)
 
     def __exit__(self, *exc):
+        if self.received:  # stopping: from here on, another signal means "exit now"
+            return
         for sig, handler in self.old.items():
             signal.signal(sig, handler)
 

@@ -168,13 +168,22 @@ def read_rows(run_dir: str) -> list[dict]:
 
 
 def read_manifest(out_dir: str) -> list[dict]:
-    """Rows of every run directory of OUT (all parts), ``shard`` relative to OUT."""
+    """Committed rows of every run directory of OUT (all parts), ``shard`` relative to OUT.
+
+    Rows whose shard was never renamed into place (a run killed, or a disk filled, between the
+    manifest append and the rename) are not shown: they are not committed, and resume drops them."""
     rows = []
     for d in run_dirs(out_dir):
         prefix = os.path.relpath(d, out_dir)
+        committed: dict[str, bool] = {}
         for row in read_rows(d):
-            if prefix != "." and row.get("shard"):
-                row["shard"] = f"{prefix}/{row['shard']}"
+            if row.get("shard"):
+                if row["shard"] not in committed:
+                    committed[row["shard"]] = os.path.exists(os.path.join(d, row["shard"]))
+                if not committed[row["shard"]]:
+                    continue
+                if prefix != ".":
+                    row["shard"] = f"{prefix}/{row['shard']}"
             rows.append(row)
     return rows
 
@@ -300,8 +309,8 @@ class ShardWriter:
         self._streams: dict[str, list[np.ndarray]] = {}
         self.written: set[str] = set()  # keys written by this run (a retried unit cannot add a second copy)
         path = os.path.join(run_dir, MANIFEST)
-        try:
-            self._manifest = open(path, "a", encoding="utf-8")
+        try:  # unbuffered appends: a failed write leaves at most a torn last line, nothing pending
+            self._manifest = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         except OSError as e:
             raise _write_error(e, path) from e
         self.commits = 0
@@ -356,9 +365,10 @@ class ShardWriter:
 
     def _append(self, rows: list[dict]) -> None:
         try:
-            self._manifest.write("".join(json.dumps(r) + "\n" for r in rows))
-            self._manifest.flush()
-            os.fsync(self._manifest.fileno())
+            view = memoryview("".join(json.dumps(r) + "\n" for r in rows).encode("utf-8"))
+            while view:
+                view = view[os.write(self._manifest, view):]
+            os.fsync(self._manifest)
         except OSError as e:
             raise _write_error(e, os.path.join(self.run_dir, MANIFEST)) from e
 
@@ -372,7 +382,14 @@ class ShardWriter:
         self._h5 = None
         final = os.path.join(self.run_dir, self.shard_name)
         _write_file(final + ".tmp", image)
-        self._append(self._rows)
+        try:
+            self._append(self._rows)
+        except OutputError:
+            try:  # rows may be torn on disk: they name a shard that will never exist, and resume drops them
+                os.remove(final + ".tmp")
+            except OSError:
+                pass
+            raise
         try:
             os.replace(final + ".tmp", final)
             _fsync_dir(self.run_dir)
@@ -397,7 +414,9 @@ class ShardWriter:
         try:
             self.commit()
         finally:
-            self._manifest.close()
+            if self._manifest is not None:
+                os.close(self._manifest)
+                self._manifest = None
 
 
 # -- reading -------------------------------------------------------------------------------

@@ -1,0 +1,37 @@
+"""First code a spawned device worker runs: tie its life to the parent *before* the seconds of
+torch imports, so a parent killed during start-up cannot leave a worker behind.  Imports nothing
+heavy, and takes the settings as a plain dict (unpickling ``Settings`` would import torch)."""
+
+import ctypes
+import os
+import signal
+import threading
+import time
+
+
+def die_with_parent(parent: int) -> None:
+    """Exit when the parent (pid ``parent``, passed in: by the time a spawned child runs, the
+    parent may already be gone) dies, however it dies: Linux's PR_SET_PDEATHSIG, and as a backstop
+    a thread that watches the parent pid."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(1)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="parent-watch").start()
+
+
+def worker_main(parent: int, settings: dict, *args) -> None:
+    die_with_parent(parent)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what an interrupt means
+    from .engines import _process_main
+    from .settings import Settings
+
+    _process_main(Settings(**settings), *args)

@@ -1,0 +1,321 @@
+"""Integrity under faults: kill -9, signals, two runs, a full disk, damaged shards, swapped
+weights or inputs, odd file trees.  Each ends in a consistent OUT that resumes to exactly the
+result of an uninterrupted run (checked by ``mimi_extract.testing.check_consistency``)."""
+
+import errno
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import time
+
+import numpy as np
+import pytest
+import soundfile as sf
+from typer.testing import CliRunner
+
+from conftest import cli_process
+from mimi_extract import read_manifest
+from mimi_extract.cli import app
+from mimi_extract.runner import extract
+from mimi_extract.settings import Settings
+from mimi_extract.testing import check_consistency, random_model, tiny_config
+from mimi_extract.writer import LockedError, RunLock
+
+ONE_WORKER = ["--device", "cpu", "--cpu-workers", "1", "--num-workers", "1"]
+
+
+def cli(*args):
+    result = CliRunner().invoke(app, [str(a) for a in args])
+    result.text = " ".join(result.output.split())
+    return result
+
+
+@pytest.fixture(scope="module")
+def many(tmp_path_factory):
+    """120 short files (0.2-1.2 s, two rates): a run that lasts a few seconds on the tiny model."""
+    root = tmp_path_factory.mktemp("many")
+    rng = np.random.default_rng(0)
+    for d in range(4):
+        (root / f"d{d}").mkdir()
+    for i in range(120):
+        rate = 16_000 if i % 3 == 0 else 24_000
+        n = int(rate * (0.2 + rng.random()))
+        sf.write(str(root / f"d{i % 4}" / f"f{i:03d}.wav"), (0.2 * rng.standard_normal(n)).astype(np.float32), rate)
+    return str(root)
+
+
+@pytest.fixture(scope="module")
+def reference_run(many, tiny_model_dir, tmp_path_factory):
+    """The uninterrupted result every interrupted-and-resumed OUT must equal, array for array."""
+    out = str(tmp_path_factory.mktemp("ref") / "out")
+    summary = extract(many, out, Settings(model=tiny_model_dir, tap="codes", num_workers=1), shard_size=7)
+    assert summary["ok"] == 120
+    return check_consistency(out)
+
+
+def assert_same(out, reference):
+    arrays = check_consistency(out, reference.keys())
+    for key, ref in reference.items():
+        assert np.array_equal(arrays[key], ref), key
+
+
+def start(many, out, model_dir, *extra):
+    proc = cli_process("codes", many, out, "--model", model_dir, "--shard-size", 7, *extra, start_new_session=True)
+    lines = []
+    deadline = time.time() + 120
+    while time.time() < deadline:  # wait until start-up is over and encoding begins
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if "to encode" in line:
+            return proc, lines
+    raise AssertionError("".join(lines) or "no output")
+
+
+def finish(proc, timeout=120):
+    out, _ = proc.communicate(timeout=timeout)
+    return proc.returncode, out
+
+
+def no_processes_left(pgid, timeout=10.0) -> bool:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_kill_9_at_random_points_then_resume(many, tiny_model_dir, reference_run, tmp_path):
+    """Observation 7 too: kill -9 of a two-worker parent leaves no worker behind."""
+    out = str(tmp_path / "out")
+    rng = random.Random(0)
+    for trial, workers in enumerate(["2", "1", "2"]):
+        proc, _ = start(many, out, tiny_model_dir, "--device", "cpu", "--cpu-workers", workers, "--num-workers", "1")
+        time.sleep(rng.uniform(0.0, 2.5))
+        os.killpg(proc.pid, signal.SIGKILL) if workers == "1" else os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        assert no_processes_left(proc.pid), f"trial {trial}: worker processes survived their parent's kill -9"
+    summary = extract(many, out, Settings(model=tiny_model_dir, tap="codes", num_workers=1), shard_size=7)
+    assert summary["ok"] + summary["skipped"] == 120
+    assert_same(out, reference_run)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_commits_what_was_encoded(many, tiny_model_dir, reference_run, tmp_path, sig):
+    out = str(tmp_path / "out")
+    proc, _ = start(many, out, tiny_model_dir, *ONE_WORKER)
+    time.sleep(1.0)
+    proc.send_signal(sig)
+    code, text = finish(proc)
+    assert code == 130, text
+    assert f"interrupted ({signal.Signals(sig).name})" in text and "run the same command again to resume" in text
+    assert "Traceback" not in text
+    committed = check_consistency(out)  # as left: no tmp file, no dataset without its row
+    assert 0 < len(committed) < 120, "the signal came too late or too early to test anything"
+    for key, data in committed.items():
+        assert np.array_equal(data, reference_run[key])
+    code, text = finish(cli_process("codes", many, out, "--model", tiny_model_dir, "--shard-size", 7, *ONE_WORKER))
+    assert code == 0 and f"({len(committed)} already done)" in " ".join(text.split()), text
+    assert_same(out, reference_run)
+
+
+def test_second_signal_stops_at_once_and_startup_interrupt_is_clean(many, tiny_model_dir, reference_run, tmp_path):
+    out = str(tmp_path / "out")
+    proc, _ = start(many, out, tiny_model_dir, *ONE_WORKER)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    code, text = finish(proc)
+    assert code == 130 and "Traceback" not in text, text  # "again": stopped at once, unless it had already stopped
+    extract(many, out, Settings(model=tiny_model_dir, tap="codes", num_workers=1), shard_size=7)
+    assert_same(out, reference_run)
+    early = cli_process("codes", many, str(tmp_path / "early"), "--model", tiny_model_dir, *ONE_WORKER)
+    time.sleep(1.0)  # still importing torch
+    early.send_signal(signal.SIGINT)
+    code, text = finish(early)
+    assert code == 130 and "Traceback" not in text, text
+
+
+def test_second_run_is_refused_while_the_first_holds_out(many, tiny_model_dir, reference_run, tmp_path):
+    out = str(tmp_path / "out")
+    proc, _ = start(many, out, tiny_model_dir, *ONE_WORKER)
+    second = cli("codes", many, out, "--model", tiny_model_dir, "--shard-size", 7, *ONE_WORKER)
+    assert second.exit_code == 2, second.output
+    assert f"is in use by pid {proc.pid}" in second.text and "started" in second.text
+    code, text = finish(proc)
+    assert code == 0, text
+    assert_same(out, reference_run)
+    # the lock dies with its holder: after kill -9 the next run proceeds
+    holder = subprocess.Popen(["python3", "-c", f"import fcntl,time; f=open({os.path.join(out, 'lock')!r},'a');"
+                                                "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)"],
+                              stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    with pytest.raises(LockedError):
+        RunLock(out)
+    holder.kill()
+    holder.wait()
+    RunLock(out).release()
+
+
+def _fill_disk_run(many, out, model_dir):
+    return cli("features", many, out, "--model", model_dir, "--tap", "encoder", "--shard-size", 10, *ONE_WORKER)
+
+
+def _tmpfs(path, size="64k"):
+    os.makedirs(path, exist_ok=True)
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        return False
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", path], capture_output=True).returncode == 0
+
+
+def _resume_elsewhere(small, big, many, model_dir):
+    shutil.copytree(small, big)
+    result = _fill_disk_run(many, big, model_dir)
+    assert result.exit_code == 0, result.output
+    check_consistency(big, {r["key"] for r in read_manifest(big) if r["status"] == "ok"})
+    assert sum(r["status"] == "ok" for r in read_manifest(big)) == 120
+
+
+def test_disk_full_real_tmpfs(many, tiny_model_dir, tmp_path):
+    small = str(tmp_path / "small")
+    if not _tmpfs(small):
+        pytest.skip("cannot mount a tmpfs here (not root); test_disk_full_injected covers the same path")
+    try:
+        result = _fill_disk_run(many, small, tiny_model_dir)
+        assert result.exit_code == 2, result.output
+        assert f"no space left on device while writing {small}/" in result.text  # a shard or the manifest
+        check_consistency(small)  # what was committed before the disk filled is whole
+        _resume_elsewhere(small, str(tmp_path / "big"), many, tiny_model_dir)
+    finally:
+        subprocess.run(["umount", small])
+
+
+def test_disk_full_injected(many, tiny_model_dir, tmp_path, monkeypatch):
+    """ENOSPC from the OS after ~60 KiB, wherever the writer is (shard image, manifest, run.json)."""
+    import mimi_extract.writer as writer
+
+    budget = {"left": 60_000}
+    real_write = os.write
+
+    def write(fd, data):
+        if budget["left"] <= 0:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        budget["left"] -= len(data)
+        return real_write(fd, data)
+
+    small = str(tmp_path / "small")
+    monkeypatch.setattr(writer.os, "write", write)
+    result = _fill_disk_run(many, small, tiny_model_dir)
+    monkeypatch.setattr(writer.os, "write", real_write)
+    assert result.exit_code == 2 and "no space left on device while writing" in result.text, result.output
+    check_consistency(small)
+    _resume_elsewhere(small, str(tmp_path / "big"), many, tiny_model_dir)
+
+
+def test_damaged_shards_are_quarantined_and_redone(many, tiny_model_dir, reference_run, tmp_path):
+    out = str(tmp_path / "out")
+    extract(many, out, Settings(model=tiny_model_dir, tap="codes", num_workers=1), shard_size=7)
+    with open(os.path.join(out, "shard-00003.h5"), "r+b") as f:
+        f.truncate(0)
+    size = os.path.getsize(os.path.join(out, "shard-00005.h5"))
+    with open(os.path.join(out, "shard-00005.h5"), "r+b") as f:
+        f.write(b"\0" * size)
+    result = cli("codes", many, out, "--model", tiny_model_dir, "--shard-size", 7, *ONE_WORKER)
+    assert result.exit_code == 0, result.output
+    assert result.text.count("moved damaged shard") == 2 and "quarantine/shard-00003.h5" in result.text
+    assert "(106 already done)" in result.text  # 14 items of the two shards encoded again
+    assert sorted(os.listdir(os.path.join(out, "quarantine"))) == ["shard-00003.h5", "shard-00005.h5"]
+    assert_same(out, reference_run)
+
+
+def test_other_weights_or_other_input_refused(many, tiny_model_dir, tmp_path):
+    out = str(tmp_path / "out")
+    assert cli("codes", many, out, "--model", tiny_model_dir, "--limit", 3, *ONE_WORKER).exit_code == 0
+    other = str(tmp_path / "other-weights")
+    random_model(seed=1).save_pretrained(other)  # same config, other weights
+    result = cli("codes", many, out, "--model", other, *ONE_WORKER)
+    assert result.exit_code == 2 and "weights" in result.text and "other checkpoint" in result.text, result.output
+    twin = str(tmp_path / "twin")
+    shutil.copytree(many, twin)  # same relative names, another tree
+    result = cli("codes", twin, out, "--model", tiny_model_dir, *ONE_WORKER)
+    assert result.exit_code == 2 and "another input" in result.text, result.output
+    assert sum(r["status"] == "ok" for r in read_manifest(out)) == 3  # nothing mixed in
+
+
+def test_key_collisions_markup_and_odd_names(tmp_path, tiny_model_dir):
+    root = tmp_path / "no[/x]dir"
+    (root / "a.wav#ch0").mkdir(parents=True)
+    sf.write(str(root / "a.wav"), np.zeros((4000, 2), np.float32), 24_000)
+    for name in ("a.wav#ch0/b.wav", "[/red].wav", "[bold]x.wav"):  # '[/red].wav' is 'red].wav' in a folder '['
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        sf.write(str(root / name), 0.1 * np.ones(3000, np.float32), 24_000)
+    out = str(tmp_path / "o[bold]ut[/]")
+    result = cli("codes", root, out, "--model", tiny_model_dir, "--channel", "each", *ONE_WORKER)
+    assert result.exit_code == 0, result.output
+    assert "o[bold]ut[/]/manifest.jsonl" in result.text  # printed as is, not as markup
+    keys = set(check_consistency(out))
+    assert keys == {"a.wav#ch0", "a.wav#ch1", "a.wav#ch0/b.wav#ch0", "[/red].wav#ch0", "[bold]x.wav#ch0"}
+    verify = cli("verify", root, "--model", tiny_model_dir, "--device", "cpu")
+    assert verify.exit_code == 0 and "[bold]x.wav" in verify.text and "PASS" in verify.text, verify.output
+
+
+def test_clear_errors(tmp_path, tiny_model_dir, corpus):
+    root, _ = corpus
+    broken = str(tmp_path / "broken-model")
+    shutil.copytree(tiny_model_dir, broken)
+    weights = os.path.join(broken, "model.safetensors")
+    with open(weights, "r+b") as f:
+        f.truncate(os.path.getsize(weights) // 2)
+    cases = {
+        "damaged": ["codes", root, tmp_path / "o1", "--model", broken, *ONE_WORKER],
+        "only cpu and cuda": ["codes", root, tmp_path / "o2", "--model", tiny_model_dir, "--device", "meta"],
+        "names no device": ["codes", root, tmp_path / "o3", "--model", tiny_model_dir, "--device", ","],
+    }
+    (tmp_path / "a-file").write_text("x")
+    cases["exists and is not a directory"] = ["codes", root, tmp_path / "a-file", "--model", tiny_model_dir, *ONE_WORKER]
+    two_semantic = str(tmp_path / "two-semantic")
+    random_model(tiny_config(num_semantic_quantizers=2)).save_pretrained(two_semantic)
+    cases["must be in 2..8"] = ["codes", root, tmp_path / "o4", "--model", two_semantic, "-q", 1, *ONE_WORKER]
+    for expected, args in cases.items():
+        result = cli(*args)
+        assert result.exit_code == 2 and expected in result.text, (expected, result.output)
+        assert "Traceback" not in result.output
+    unreadable = tmp_path / "unreadable"
+    unreadable.mkdir()
+    (unreadable / "x.wav").write_bytes(b"RIFF garbage")
+    result = cli("verify", unreadable, "--model", tiny_model_dir, "--device", "cpu")
+    assert result.exit_code == 1 and "FAIL (nothing compared)" in result.text, result.output
+
+
+def test_run_json_records_identity(tiny_model_dir, corpus, tmp_path):
+    root, _ = corpus
+    out = tmp_path / "out"
+    assert cli("codes", root, out, "--model", tiny_model_dir, *ONE_WORKER).exit_code == 0
+    info = json.loads((out / "run.json").read_text())
+    assert len(info["weights"]) == 24 and info["input"] == os.path.realpath(root) and info["framing"] == "transformers"
+
+
+def test_second_signal_handler_exits_at_once(monkeypatch):
+    import threading
+
+    from mimi_extract import runner
+
+    exits = []
+    monkeypatch.setattr(runner.os, "_exit", lambda code: exits.append(code))
+    stop = threading.Event()
+    with runner._Signals(stop) as signals:
+        signals._handle(signal.SIGTERM, None)
+        assert stop.is_set() and signals.received == "SIGTERM" and not exits
+        signals._handle(signal.SIGINT, None)
+        assert exits == [130]
+    assert signal.getsignal(signal.SIGINT) == signals._handle  # stays: a later signal also exits at once
+    for sig, handler in signals.old.items():
+        signal.signal(sig, handler)
