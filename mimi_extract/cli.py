@@ -78,9 +78,9 @@ ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Hub id or local di
 DeviceOpt = Annotated[str, typer.Option(help="auto (all GPUs, else cpu), cpu, cuda, cuda:N, or a list: cuda:0,cuda:1.")]
 CpuWorkersOpt = Annotated[Optional[int], typer.Option(min=1, help="Encoder processes on CPU [default: one per core, single-threaded].")]
 DTypeOpt = Annotated[DType, typer.Option(help="Compute dtype; bf16/fp16 only on GPU. fp32 is the exact path.")]
-BatchOpt = Annotated[Optional[int], typer.Option(min=1, help="Maximum rows per step [default: 64 on GPU, 1 on CPU, where batching is slower].")]
-SecondsOpt = Annotated[float, typer.Option(min=0.1, help="Padded audio seconds per step (rows x longest).")]
-ChunkOpt = Annotated[float, typer.Option(min=0.08, help="Files longer than this are streamed in chunks of this many seconds (bounded memory, exact).")]
+BatchOpt = Annotated[Optional[int], typer.Option(min=1, help="Maximum rows (files or streams) per step [default: 64 on GPU, 8 on CPU].")]
+SecondsOpt = Annotated[Optional[float], typer.Option(min=0.1, help="Padded audio seconds per step, rows x longest [default: 300 on GPU, 4 on CPU: cache-sized, measured fastest].")]
+ChunkOpt = Annotated[Optional[float], typer.Option(min=0.08, help="Files longer than this are streamed in chunks of this many seconds: exact, memory bounded by the chunk [default: 30 on GPU, 4 on CPU].")]
 WorkersOpt = Annotated[int, typer.Option(min=0, help="Decoding threads per device.")]
 ChannelOpt = Annotated[Channel, typer.Option(help="Multichannel files: mix = mean of channels, first, each = one entry per channel (key#chN).")]
 CausalOpt = Annotated[bool, typer.Option("--causal-16k/--no-causal-16k", help="16 kHz input: causal resampler (no output sample depends on future input) instead of torchaudio's.")]
@@ -143,7 +143,7 @@ def _run(input_path, out_dir, settings: Settings, shard_size, shard_mb, limit, s
         on = ", ".join(f"{s['devices'].count(d)}x {d}" if s["devices"].count(d) > 1 else d for d in devices)
         say(f"{s['inputs']} inputs ({s['skipped']} already done), {s['unreadable']} unreadable, {s['todo']} to encode: "
             f"{_hours(s['seconds'])} in {s['units']} work units ({s['streamed']} long files streamed), "
-            f"padding {100 * s['padding']:.1f}% on {on}" + (f" [{settings.engine}]" if settings.engine != "local" else ""))
+            f"padding {100 * s['padding']:.1f}% on " + (s["engine"] or on))
         state["total"] = s["seconds"]
         state["task"] = progress.add_task("encoding", total=max(s["seconds"], 1e-9), audio=_hours(0),
                                           total_audio=_hours(s["seconds"]), items=0, speed=0.0, errors=0)
@@ -209,8 +209,8 @@ def features(
     cpu_workers: CpuWorkersOpt = None,
     dtype: DTypeOpt = DType.fp32,
     batch_size: BatchOpt = None,
-    max_batch_seconds: SecondsOpt = 300.0,
-    chunk_seconds: ChunkOpt = 30.0,
+    max_batch_seconds: SecondsOpt = None,
+    chunk_seconds: ChunkOpt = None,
     num_workers: WorkersOpt = 2,
     channel: ChannelOpt = Channel.mix,
     causal_16k: CausalOpt = True,
@@ -254,8 +254,8 @@ def codes(
     cpu_workers: CpuWorkersOpt = None,
     dtype: DTypeOpt = DType.fp32,
     batch_size: BatchOpt = None,
-    max_batch_seconds: SecondsOpt = 300.0,
-    chunk_seconds: ChunkOpt = 30.0,
+    max_batch_seconds: SecondsOpt = None,
+    chunk_seconds: ChunkOpt = None,
     num_workers: WorkersOpt = 2,
     channel: ChannelOpt = Channel.mix,
     causal_16k: CausalOpt = True,

@@ -65,6 +65,7 @@ class Stats:
     steps: int = 0
     real: int = 0  # samples
     padded: int = 0  # samples computed (rows x step length)
+    joined: int = 0  # streams that started in a row freed mid-run, beside streams going on (continuous batching)
 
     def add(self, other: "Stats") -> None:
         for name in self.__dataclass_fields__:
@@ -157,7 +158,7 @@ class DeviceRunner:
         self.encoder = build_encoder(settings, device, model)
         self.chunk = settings.chunk_samples(self.encoder.hop)
         self.rows = settings.rows
-        self.budget = max(int(settings.max_batch_seconds * SAMPLE_RATE), self.chunk)
+        self.budget = max(int(settings.step_seconds * SAMPLE_RATE), self.chunk)
         self.state = None
         self.failed: set[str] = set()  # streams that failed in the encoder (the feeder drops them)
         self.stats = Stats()
@@ -324,6 +325,8 @@ class DeviceRunner:
             pieces.append(Piece(item, data, bool(step.fresh[r]), bool(step.final[r]),
                                 int(step.lengths[r]) / SAMPLE_RATE))
         self.stats.steps += 1
+        if not bool(step.fresh.all()):
+            self.stats.joined += int(step.fresh.sum())
         self.stats.real += int(step.lengths.sum())
         self.stats.padded += step.audio.numel()
         return pieces

@@ -45,14 +45,20 @@ def cut_dict(row: dict, run_dir: str, field: str, frame_shift: float) -> dict:
     array = {"storage_type": "numpy_hdf5", "storage_path": shard, "storage_key": row["dataset"],
              "shape": [frames] + ([dims] if dims else [])}
     recording_id = row["path"]
+    if row.get("channel") is not None:
+        channel, kind = row["channel"], "MonoCut"
+    elif len(channels) > 1:  # a mix of every channel
+        channel, kind = channels, "MultiCut"
+    else:
+        channel, kind = 0, "MonoCut"
     return {
         "id": row["key"], "start": start, "duration": round(frames * frame_shift, 6),
-        "channel": row["channel"] if row.get("channel") is not None else 0, "supervisions": [],
+        "channel": channel, "supervisions": [],
         "recording": {"id": recording_id, "sources": [{"type": "file", "channels": channels, "source": src["path"]}],
                       "sampling_rate": rate, "num_samples": src["frames"], "duration": src["frames"] / rate,
                       "channel_ids": channels},
         "custom": {field: {"array": array, "temporal_dim": 0, "frame_shift": frame_shift, "start": start}},
-        "type": "MonoCut",
+        "type": kind,
     }
 
 

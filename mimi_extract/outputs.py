@@ -76,6 +76,20 @@ def info_report(out_dir: str) -> dict:
     }
 
 
+def _samples_24k(row: dict, info: dict) -> int:
+    """The item's length at 24 kHz (before the framing's padding), from its exact source length."""
+    from .audio import Framing
+
+    rate = row["sample_rate"]
+    if row.get("end") is not None:
+        frames = round((row["end"] - row["start"]) * rate)
+    elif row.get("source"):
+        frames = row["source"]["frames"]
+    else:
+        frames = round(row["duration"] * rate)
+    return max(1, Framing(info.get("framing", "transformers"), info.get("causal_16k", True)).resampled_length(frames, rate))
+
+
 def decode_items(out_dir: str, keys: list[str] | None, output: str | None, model: str | None = None,
                  device: str = "cpu", on_item=None) -> list[str]:
     """Decode stored items to 24 kHz wav files; returns the written paths."""
@@ -113,9 +127,9 @@ def decode_items(out_dir: str, keys: list[str] | None, output: str | None, model
                     latent = encoder_parts(mimi)[2](latent)
                 codes = mimi.quantizer.encode(latent, mimi.config.num_quantizers).transpose(0, 1)
             audio = mimi.decode(codes).audio_values[0, 0]
-            audio = audio[: max(1, round(row["duration"] * 24_000))].float().cpu().numpy()
+            audio = audio[: _samples_24k(row, info)].float().cpu().numpy()
             path = os.path.join(output, dataset_name(key).removesuffix(".wav") + ".wav") if folder else output
-            sf.write(path, audio, 24_000)
+            sf.write(path, audio, 24_000, subtype="FLOAT")
             written.append(path)
             if on_item:
                 on_item(key, path)

@@ -180,16 +180,19 @@ def _extract_locked(source, run_dir, settings, shard_size, shard_mb, limit, part
 
     todo = [it for it in items if it.key not in done]
     bad = [it for it in bad if it.key not in done]
-    chunk = settings.chunk_samples()
-    units = plan_units(todo, chunk, settings.max_batch_seconds, settings.rows,
-                       long_group=max(1, settings.rows) if settings.engine == "ray" else 1)
+    engine = make_engine(settings, model)
+    del model
+    planned = getattr(engine, "plan_settings", settings)  # a Ray cluster's actors decide the unit sizes
+    units = plan_units(todo, planned.chunk_samples(), planned.step_seconds, planned.rows,
+                       long_group=planned.rows if settings.engine == "ray" else 1)
     short = [u.items for u in units if not u.stream]
     summary = {
         "run_dir": run_dir, "inputs": len(items) + len(bad), "skipped": len(done), "todo": len(todo),
         "unreadable": len(bad), "units": len(units), "streamed": sum(len(u.items) for u in units if u.stream),
         "seconds": sum(it.samples for it in todo) / SAMPLE_RATE, "padding": padding_fraction(short),
         "ok": 0, "errors": 0, "notes": notes, "warnings": found.warnings, "frame_rate": frame_rate(settings.tap, config),
-        "devices": settings.devices, "stats": Stats(), "engine_notes": [],
+        "devices": planned.devices, "stats": Stats(), "engine_notes": [],
+        "engine": engine.describe() if hasattr(engine, "describe") else None,
     }
     if on_plan:
         on_plan(summary)
@@ -198,8 +201,6 @@ def _extract_locked(source, run_dir, settings, shard_size, shard_mb, limit, part
     writer = ShardWriter(run_dir, file_attrs(settings, config, identity), shard_size, int(shard_mb * 2**20))
     attrs_of = lambda it: {"duration": it.duration, "source_sample_rate": it.sample_rate,  # noqa: E731
                            **({"start": it.segment[0], "end": it.segment[1]} if it.segment else {})}
-    engine = make_engine(settings, model)
-    del model
     pieces = None
     try:
         for it in bad:
@@ -207,6 +208,7 @@ def _extract_locked(source, run_dir, settings, shard_size, shard_mb, limit, part
         summary["errors"] += len(bad)
         if on_progress:
             on_progress(len(bad), sum(it.samples for it in bad) / SAMPLE_RATE, len(bad))
+        started = time.perf_counter()
         pieces = engine.run(units, stop)
         for piece in pieces:
             item = piece.item
@@ -230,7 +232,12 @@ def _extract_locked(source, run_dir, settings, shard_size, shard_mb, limit, part
             pass
         raise
     summary["engine_notes"] = getattr(engine, "notes", [])
-    summary["stats"] = engine.stats
+    summary["stats"] = stats = engine.stats
+    _write_atomic(os.path.join(run_dir, "stats.json"), json.dumps({  # this run's timing, for bench and users
+        "wall": stats.wall, "busy": stats.busy, "wait_input": stats.wait_input, "wait_output": stats.wait_output,
+        "idle_fraction": stats.idle_fraction, "steps": stats.steps, "padding": stats.padding_fraction,
+        "elapsed": time.perf_counter() - started, "workers": len(settings.devices), "seconds": summary["seconds"], "ok": summary["ok"],
+        "interrupted": stop.is_set()}, indent=2))
     if not stop.is_set():
         from .lhotse_io import write_cuts
 

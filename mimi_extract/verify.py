@@ -184,7 +184,7 @@ def verify_source(source: str, settings: Settings, limit: int | None = 50, rtol:
         return checks
     runner = DeviceRunner(settings, device, reference if settings.dtype == "fp32" else None,
                           taps=("encoder", "latent", "codes"))
-    units = plan_units(found.items, runner.chunk, settings.max_batch_seconds, settings.rows)
+    units = plan_units(found.items, runner.chunk, settings.step_seconds, settings.rows)
     todo = iter(units)
     results: dict[str, dict] = {}
     errors: dict[str, str] = {}

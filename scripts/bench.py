@@ -1,94 +1,139 @@
-"""Throughput: per-item encode vs naive padded batch vs mimi-extract's batched path.
+"""Throughput, side by side in one run on one corpus (these machines are shared: compare ratios).
 
-    python scripts/bench.py                      # full-size Mimi architecture, random weights
-    python scripts/bench.py --model kyutai/mimi  # real weights (needs network or a local dir)
+    python scripts/bench.py                          # full-size Mimi architecture, random weights, CPU
     python scripts/bench.py --device cuda --files 512 --max-seconds 20
+    python scripts/bench.py --model kyutai/mimi      # real weights (network or a local dir)
 
-All three encode the same generated corpus (random lengths) to codes; speed is audio seconds per
-wall second, model time only (decoding is excluded).  "naive" is transformers' MimiModel.encode on
-batches in arrival order, zero-padded; its code mismatches vs per-item show why it is not used.
+Reports: the machine's measured sgemm GFLOPS (all cores), the encoder's FLOPs per audio second
+(counted with torch.utils.flop_counter, not assumed), hence the compute bound in audio seconds per
+second; a per-item loop of transformers' ``MimiModel.encode`` (decode each file, encode it: what a
+hand-written script does, on the same cores); and ``mimi-extract codes`` end to end as a user runs
+it (a fresh process: start-up, decoding, encoding, HDF5 writing), plus the share of its wall time
+its encoders sat idle waiting for input or output.  Codes of both paths are compared.
 """
 
 import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
 import time
 
+import numpy as np
+import soundfile as sf
 import torch
-from tqdm import tqdm
 from transformers import MimiConfig
 
-from mimi_extract.discover import Item, padding_fraction, plan_batches
-from mimi_extract.encoder import PaddedMimiEncoder, load_model, prepare
+from mimi_extract import read
+from mimi_extract.audio import load
+from mimi_extract.encoder import PaddedMimiEncoder, load_model
+from mimi_extract.settings import cpu_cores
 from mimi_extract.testing import random_model, tiny_config
 
 p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 p.add_argument("--model", default="random-default", help="random-default | random-tiny | hub id | local dir")
 p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-p.add_argument("--files", type=int, default=48)
+p.add_argument("--files", type=int, default=40)
 p.add_argument("--min-seconds", type=float, default=1.0)
 p.add_argument("--max-seconds", type=float, default=8.0)
-p.add_argument("--batch-size", type=int, default=16)
 p.add_argument("--num-quantizers", type=int, default=8)
 p.add_argument("--seed", type=int, default=0)
+p.add_argument("--tool-args", default="", help="extra arguments for mimi-extract codes, e.g. '--cpu-workers 1'")
+p.add_argument("--json", help="also write the results here")
 args = p.parse_args()
-
-if args.model.startswith("random-"):
-    config = MimiConfig() if args.model == "random-default" else tiny_config()
-    model = prepare(random_model(config, args.seed), args.device)
-else:
-    model = load_model(args.model, args.device)
-encoder = PaddedMimiEncoder(model)
-q = args.num_quantizers
-
-g = torch.Generator().manual_seed(args.seed)
-seconds = args.min_seconds + (args.max_seconds - args.min_seconds) * torch.rand(args.files, generator=g)
-wavs = [0.1 * torch.randn(int(s * 24_000), generator=g) for s in seconds]
-items = [Item("", str(i), str(i), samples=len(w)) for i, w in enumerate(wavs)]
-total = sum(len(w) for w in wavs) / 24_000
+cuda = args.device.startswith("cuda")
+threads = cpu_cores()
+torch.set_num_threads(threads)
+work = tempfile.mkdtemp(prefix="mimi-bench-")
 
 
 def sync():
-    if args.device.startswith("cuda"):
+    if cuda:
         torch.cuda.synchronize()
 
 
-def pad(batch):
-    audio = torch.nn.utils.rnn.pad_sequence([wavs[int(it.key)] for it in batch], batch_first=True)
-    return audio.to(args.device), torch.tensor([it.samples for it in batch])
+# -- model and corpus ---------------------------------------------------------------------------
+if args.model.startswith("random-"):
+    model_dir = os.path.join(work, "model")
+    random_model(MimiConfig() if args.model == "random-default" else tiny_config(), args.seed).save_pretrained(model_dir)
+else:
+    model_dir = args.model
+model = load_model(model_dir, args.device)
+rng = np.random.default_rng(args.seed)
+corpus = os.path.join(work, "corpus")
+os.makedirs(corpus)
+lengths = rng.uniform(args.min_seconds, args.max_seconds, args.files)
+for i, s in enumerate(lengths):
+    sf.write(os.path.join(corpus, f"f{i:04d}.wav"), (0.1 * rng.standard_normal(int(s * 24_000))).astype(np.float32), 24_000)
+total = float(sum(int(s * 24_000) for s in lengths)) / 24_000
 
-
-def timed(name, fn, batches):
-    fn(batches[0])  # warm-up
-    sync()
-    start = time.perf_counter()
-    outs = [fn(b) for b in tqdm(batches, desc=name, leave=False)]
-    sync()
-    return time.perf_counter() - start, outs
-
-
+# -- machine and model ----------------------------------------------------------------------------
 with torch.no_grad():
-    single = [[it] for it in items]
-    arrival = [items[i : i + args.batch_size] for i in range(0, len(items), args.batch_size)]
-    planned = plan_batches(items, max_batch_seconds=args.batch_size * args.max_seconds, batch_size=args.batch_size)
-    t_single, ref = timed("per-item", lambda b: model.encode(pad(b)[0][:, None], num_quantizers=q).audio_codes, single)
-    t_naive, naive = timed("naive", lambda b: model.encode(pad(b)[0][:, None], num_quantizers=q).audio_codes, arrival)
-    t_ours, ours = timed("mimi-extract", lambda b: encoder(*pad(b), ("codes",), q), planned)
+    a = torch.randn(2048, 2048, device=args.device)
+    best = float("inf")
+    for _ in range(5):
+        sync()
+        t = time.perf_counter()
+        for _ in range(4):
+            a @ a
+        sync()
+        best = min(best, (time.perf_counter() - t) / 4)
+    gflops = 2 * 2048**3 / best / 1e9
+    from torch.utils.flop_counter import FlopCounterMode
 
-    ref_codes = {it.key: r[0] for it, r in zip(items, ref)}
-    naive_bad = sum(
-        int((c[:, : ref_codes[it.key].shape[1]] != ref_codes[it.key]).sum())
-        for b, codes in zip(arrival, naive) for it, c in zip(b, codes)
-    )
-    ours_bad = sum(
-        int((o.tensors["codes"][i, :, : o.lengths["codes"][i]] != ref_codes[it.key]).sum())
-        for b, o in zip(planned, ours) for i, it in enumerate(b)
-    )
+    probe = torch.zeros(1, 24_000 * 4, device=args.device)
+    counter = FlopCounterMode(display=False)
+    with counter:
+        PaddedMimiEncoder(model)(probe, torch.tensor([probe.shape[1]]), ("codes",), args.num_quantizers)
+    flops_per_second = counter.get_total_flops() / 4
+bound = gflops * 1e9 / flops_per_second
 
-name = f"{args.model} on {args.device}" + (f" ({torch.get_num_threads()} threads)" if args.device == "cpu" else "")
+# -- per-item transformers loop ------------------------------------------------------------------
+files = sorted(os.listdir(corpus))
+with torch.no_grad():
+    model.encode(load(os.path.join(corpus, files[0])).to(args.device).reshape(1, 1, -1), num_quantizers=args.num_quantizers)
+    sync()
+    t = time.perf_counter()
+    loop_codes = {}
+    for f in files:
+        x = load(os.path.join(corpus, f)).to(args.device).reshape(1, 1, -1)
+        loop_codes[f] = model.encode(x, num_quantizers=args.num_quantizers).audio_codes[0].T.cpu().numpy()
+    sync()
+    t_loop = time.perf_counter() - t
+del model
+if cuda:
+    torch.cuda.empty_cache()
+
+# -- the tool, end to end ----------------------------------------------------------------------------
+out = os.path.join(work, "out")
+cmd = [sys.executable, "-m", "mimi_extract", "codes", corpus, out, "--model", model_dir, "--device", args.device,
+       "-q", str(args.num_quantizers), *args.tool_args.split()]
+t = time.perf_counter()
+run = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+t_tool = time.perf_counter() - t
+if run.returncode:
+    sys.exit(f"mimi-extract failed:\n{run.stdout}\n{run.stderr}")
+stats = json.load(open(os.path.join(out, "stats.json")))
+mismatch = sum(int((read(out, f) != loop_codes[f]).sum()) for f in files)
+
+name = f"{args.model} on {args.device}" + (f" ({threads} cores)" if not cuda else "")
+rows = {
+    "per-item MimiModel.encode loop": total / t_loop,
+    "mimi-extract codes, end to end": total / t_tool,
+    "mimi-extract, encoding phase": total / stats["elapsed"],
+}
 print(f"\n{args.files} files, {total:.0f} s of audio, {args.min_seconds:g}-{args.max_seconds:g} s each, {name}")
-print(f"{'path':<22}{'batches':>8}{'padding':>9}{'audio s / s':>13}{'speedup':>9}{'code mismatches':>17}")
-for label, t, nb, padf, bad in [
-    ("per-item encode", t_single, len(single), 0.0, 0),
-    ("naive padded batch", t_naive, len(arrival), padding_fraction(arrival), naive_bad),
-    ("mimi-extract batched", t_ours, len(planned), padding_fraction(planned), ours_bad),
-]:
-    print(f"{label:<22}{nb:>8}{100 * padf:>8.1f}%{total / t:>13.1f}{t_single / t:>8.2f}x{bad:>17}")
+print(f"machine: sgemm {gflops:.0f} GFLOPS; model: {flops_per_second / 1e9:.2f} GFLOP per audio second "
+      f"-> compute bound {bound:.1f} audio s/s")
+print(f"{'path':<34}{'audio s/s':>10}{'vs loop':>9}{'of bound':>10}")
+for label, speed in rows.items():
+    print(f"{label:<34}{speed:>10.2f}{speed / rows['per-item MimiModel.encode loop']:>8.2f}x{speed / bound:>10.2f}")
+print(f"tool: {stats['workers']} workers, encoder idle {100 * stats['idle_fraction']:.1f}% of its {stats['wall']:.1f} s "
+      f"(waiting for input {stats['wait_input']:.1f} s, output {stats['wait_output']:.1f} s, summed over workers), "
+      f"padding {100 * stats['padding']:.1f}%; start-up and planning {t_tool - stats['elapsed']:.1f} s; "
+      f"code mismatches vs the loop: {mismatch}")
+if args.json:
+    json.dump({"gflops": gflops, "flops_per_second": flops_per_second, "bound": bound, "speeds": rows, "stats": stats,
+               "tool_seconds": t_tool, "loop_seconds": t_loop, "audio_seconds": total, "mismatch": mismatch},
+              open(args.json, "w"), indent=2)

@@ -1,0 +1,110 @@
+"""lhotse out (a CutSet pointing into the shards) and in (recordings, supervisions, cuts), for real."""
+
+import os
+from decimal import ROUND_HALF_UP, Decimal
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+
+lhotse = pytest.importorskip("lhotse")
+
+from mimi_extract import read, read_cuts  # noqa: E402
+from mimi_extract.audio import load  # noqa: E402
+from mimi_extract.encoder import reference_single  # noqa: E402
+from mimi_extract.plan import Part  # noqa: E402
+from mimi_extract.runner import extract  # noqa: E402
+from mimi_extract.settings import Settings  # noqa: E402
+from mimi_extract.testing import check_consistency  # noqa: E402
+
+
+def rhu(x: float) -> int:  # lhotse's rounding of seconds to frames
+    return int(Decimal(round(x, 8)).quantize(0, rounding=ROUND_HALF_UP))
+
+
+def test_cutset_loads_exactly_what_read_returns(corpus, tiny_model_dir, tmp_path):
+    root, _ = corpus
+    out = str(tmp_path / "out")
+    extract(root, out, Settings(model=tiny_model_dir, tap="codes", num_workers=0))
+    cuts = lhotse.CutSet.from_file(os.path.join(out, "cuts.jsonl.gz"))
+    assert len(cuts) == 7
+    for cut in cuts:
+        stored = read(out, cut.id)
+        got = cut.load_custom("mimi_codes")
+        assert got.dtype == stored.dtype and np.array_equal(got, stored), cut.id  # trailing partial frame included
+        assert cut.custom["mimi_codes"].frame_shift == 0.08
+        for offset, duration in ((0.0, 0.4), (0.13, 0.5), (0.28, 0.36), (0.5, None)):
+            if offset >= cut.duration:
+                continue
+            part = cut.truncate(offset=offset, duration=duration)
+            lo, n = rhu(offset / 0.08), rhu(part.duration / 0.08)
+            assert np.array_equal(part.load_custom("mimi_codes"), stored[lo : lo + n]), (cut.id, offset, duration)
+    stereo = next(c for c in cuts if c.id == "stereo.wav")
+    assert isinstance(stereo, lhotse.MultiCut) and stereo.load_audio().shape[0] == 2  # the mix of both channels
+    assert isinstance(next(c for c in cuts if c.id == "sine_440.wav"), lhotse.MonoCut)
+
+
+def test_cutset_features_and_encoder_tap(corpus, tiny_model_dir, tmp_path):
+    root, _ = corpus
+    out = str(tmp_path / "enc")
+    extract(root, out, Settings(model=tiny_model_dir, tap="encoder", num_workers=0))
+    cut = next(c for c in lhotse.CutSet.from_file(os.path.join(out, "cuts.jsonl.gz")) if c.id == "sine_440.wav")
+    assert cut.custom["mimi_encoder"].frame_shift == 0.04
+    assert np.array_equal(cut.load_custom("mimi_encoder"), read(out, "sine_440.wav"))
+    assert np.array_equal(cut.truncate(offset=0.52, duration=0.4).load_custom("mimi_encoder"),
+                          read(out, "sine_440.wav")[13:23])
+
+
+def test_lhotse_manifests_as_inputs(tmp_path, tiny_model, tiny_model_dir):
+    rng = np.random.default_rng(0)
+    sf.write(str(tmp_path / "long16k.wav"), (0.2 * rng.standard_normal((16_000 * 6, 2))).astype(np.float32), 16_000,
+             subtype="FLOAT")
+    sf.write(str(tmp_path / "mono24k.flac"), (0.2 * rng.standard_normal(24_000 * 3)).astype(np.float32), 24_000)
+    recs = lhotse.RecordingSet.from_recordings(
+        lhotse.Recording.from_file(str(tmp_path / n)) for n in ("long16k.wav", "mono24k.flac"))
+    sups = lhotse.SupervisionSet.from_segments([
+        lhotse.SupervisionSegment("s1", "long16k", start=1.23456789, duration=2.5, channel=0),
+        lhotse.SupervisionSegment("s2", "long16k", start=0.5, duration=3.33, channel=1),
+        lhotse.SupervisionSegment("s3", "mono24k", start=0.25, duration=1.0, channel=0),
+        lhotse.SupervisionSegment("bad", "long16k", start=5.5, duration=2.0, channel=0),  # past the end
+    ])
+    good = lhotse.SupervisionSet.from_segments([s for s in sups if s.id != "bad"])
+    cuts = lhotse.CutSet.from_manifests(recs, good).trim_to_supervisions(keep_overlapping=False)
+    for name, manifest in (("recs", recs), ("sups", sups), ("cuts", cuts)):
+        manifest.to_file(str(tmp_path / f"{name}.jsonl.gz"))
+    for name, expected in (("recs", {"long16k#ch0", "long16k#ch1", "mono24k"}), ("sups", {"s1", "s2", "s3"}),
+                           ("cuts", None)):
+        out = str(tmp_path / f"out-{name}")
+        kwargs = {"recordings": str(tmp_path / "recs.jsonl.gz")} if name == "sups" else {}
+        summary = extract(str(tmp_path / f"{name}.jsonl.gz"), out, Settings(model=tiny_model_dir, tap="codes", num_workers=0),
+                          **kwargs)
+        arrays = check_consistency(out)
+        if expected is not None:
+            assert set(arrays) == expected, arrays.keys()
+        if name == "sups":
+            assert summary["errors"] == 1  # the segment past the end of its recording: an error row
+        for key, stored in arrays.items():
+            cut = next(iter(lhotse.CutSet.from_file(os.path.join(out, "cuts.jsonl.gz")).filter(lambda c: c.id == key)))
+            assert np.array_equal(cut.load_custom("mimi_codes"), stored)
+        if name == "cuts":
+            cut = next(iter(lhotse.load_manifest(str(tmp_path / "cuts.jsonl.gz"))))
+            ch = cut.channel if isinstance(cut.channel, int) else cut.channel[0]
+            # only the segment is decoded: the same samples lhotse reads, then encoded alone
+            start, frames = round(cut.start * 16_000), round(cut.duration * 16_000)
+            ours = load(str(tmp_path / "long16k.wav"), ch, start=start, frames=frames)
+            ref = reference_single(tiny_model, ours, 8)["codes"].numpy()
+            key = next(k for k in arrays if k == cut.id or k.startswith(cut.id))
+            assert np.array_equal(arrays[key], ref)
+            raw = torch.from_numpy(sf.read(str(tmp_path / "long16k.wav"), start=start, frames=frames, dtype="float32")[0][:, ch])
+            assert np.array_equal(cut.load_audio()[0], raw.numpy())
+
+
+def test_one_cutset_per_part_and_union(corpus, tiny_model_dir, tmp_path):
+    root, _ = corpus
+    out = str(tmp_path / "parts")
+    for i in range(2):
+        extract(root, out, Settings(model=tiny_model_dir, tap="codes", num_workers=0), part=Part(i, 2))
+    assert all(os.path.exists(os.path.join(out, Part(i, 2).dirname, "cuts.jsonl.gz")) for i in range(2))
+    cuts = read_cuts(out)
+    assert sorted(c.id for c in cuts) == sorted(check_consistency(out))

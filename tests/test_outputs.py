@@ -1,0 +1,101 @@
+"""moshi and MuVAP framing (inside padded batches), decode and info."""
+
+import json
+import os
+
+import numpy as np
+import soundfile as sf
+import torch
+from typer.testing import CliRunner
+
+from conftest import tolerance
+from mimi_extract import read, read_manifest
+from mimi_extract.cli import app
+from mimi_extract.encoder import reference_single
+from mimi_extract.runner import extract
+from mimi_extract.settings import Settings
+
+FRAME = 1920
+
+
+def cli(*args):
+    result = CliRunner().invoke(app, [str(a) for a in args])
+    result.text = " ".join(result.output.split())
+    return result
+
+
+def corpus_at(root, rate, lengths, seed=0):
+    os.makedirs(root, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    data = {}
+    for i, n in enumerate(lengths):
+        x = (0.2 * rng.standard_normal(n)).astype(np.float32)
+        sf.write(os.path.join(root, f"f{i}.wav"), x, rate, subtype="FLOAT")
+        data[f"f{i}.wav"] = x
+    return data
+
+
+def test_moshi_framing_equals_encode_of_zero_padded_input(tmp_path, tiny_model, tiny_model_dir):
+    data = corpus_at(str(tmp_path / "c"), 24_000, [FRAME * 5 + 1, FRAME * 3, FRAME * 7 - 100, 333, FRAME * 2 + 960])
+    out = str(tmp_path / "out")
+    extract(str(tmp_path / "c"), out, Settings(model=tiny_model_dir, tap="codes", batch_size=8, max_batch_seconds=60,
+                                                framing="moshi", num_workers=0))
+    for key, x in data.items():
+        padded = torch.nn.functional.pad(torch.from_numpy(x), (0, -len(x) % FRAME))
+        with torch.no_grad():
+            expected = tiny_model.encode(padded.reshape(1, 1, -1), num_quantizers=8).audio_codes[0].T.numpy()
+        assert np.array_equal(read(out, key), expected), key
+    assert json.load(open(os.path.join(out, "run.json")))["framing"] == "moshi"
+
+
+def test_muvap_framing_is_the_recipe(tmp_path, tiny_model, tiny_model_dir):
+    import torchaudio.functional as taf
+
+    data = corpus_at(str(tmp_path / "c"), 16_000, [16_000 * 2 + 1, 16_000 * 3 + 3, 1000, 16_000 + 640])
+    out = str(tmp_path / "out")
+    extract(str(tmp_path / "c"), out, Settings(model=tiny_model_dir, tap="encoder", batch_size=8, max_batch_seconds=60,
+                                                framing="muvap", num_workers=0))
+    for key, x in data.items():
+        n = len(x)
+        y = taf.resample(torch.nn.functional.pad(torch.from_numpy(x), (16, 0)), 16_000, 24_000)[: round(n * 1.5)]
+        y = torch.nn.functional.pad(y, (0, -len(y) % 960))
+        ref = reference_single(tiny_model, y, 8)["encoder"]
+        got = torch.from_numpy(read(out, key))
+        assert got.shape == ref.shape and (got - ref).abs().max() <= tolerance(ref), key
+
+
+def test_decode_and_info(corpus, tiny_model, tiny_model_dir, tmp_path):
+    root, _ = corpus
+    out = str(tmp_path / "out")
+    extract(root, out, Settings(model=tiny_model_dir, tap="codes", num_workers=0))
+    wav = str(tmp_path / "sine.wav")
+    result = cli("decode", out, "sine_440.wav", "-o", wav, "--device", "cpu")
+    assert result.exit_code == 0, result.output
+    audio, rate = sf.read(wav, dtype="float32")
+    with torch.no_grad():
+        expected = tiny_model.decode(torch.from_numpy(read(out, "sine_440.wav")).long().T[None]).audio_values[0, 0]
+    assert rate == 24_000 and len(audio) == 48_123 and np.allclose(audio, expected[:48_123].numpy(), atol=1e-5)
+    folder = str(tmp_path / "all")
+    assert cli("decode", out, "--all", "-o", folder, "--device", "cpu").exit_code == 0
+    assert len(os.listdir(folder)) == 7 and "sub%2Fdeeper%2Fchirp.flac.wav" in os.listdir(folder)
+    assert "no ok item" in cli("decode", out, "nope.wav", "--device", "cpu").text
+
+    report = json.loads(cli("info", out, "--json").output)
+    ok = [r for r in read_manifest(out) if r["status"] == "ok"]
+    assert report["inputs"] == 10 and report["ok"] == 7 and report["errors"] == 3
+    assert report["frames"] == sum(r["frames"] for r in ok) and report["tokens"] == 8 * report["frames"]
+    assert abs(report["hours"] * 3600 - sum(r["duration"] for r in ok)) < 1e-6
+    assert sum(report["errors_by_reason"].values()) == 3 and report["settings"]["tap"] == "codes"
+    assert report["bytes"] == sum(os.path.getsize(os.path.join(out, s)) for s in report["shards"])
+    text = cli("info", out)
+    assert text.exit_code == 0 and "7 ok, 3 errors" in text.text
+
+
+def test_decode_features(corpus, tiny_model_dir, tmp_path):
+    root, _ = corpus
+    for tap in ("latent", "encoder"):
+        out = str(tmp_path / tap)
+        extract(root, out, Settings(model=tiny_model_dir, tap=tap, num_workers=0))
+        wav = str(tmp_path / f"{tap}.wav")
+        assert cli("decode", out, "sine_440.wav", "-o", wav, "--device", "cpu").exit_code == 0
+        assert len(sf.read(wav)[0]) == 48_123

@@ -1,0 +1,108 @@
+"""Job-array parts on one shared OUT: each part alone, the union equal to one full run."""
+
+import json
+import os
+import shutil
+import signal
+import time
+
+import numpy as np
+import pytest
+import soundfile as sf
+from typer.testing import CliRunner
+
+from conftest import cli_process
+from mimi_extract import read, read_manifest
+from mimi_extract.cli import app
+from mimi_extract.plan import Part, part_of
+from mimi_extract.runner import extract
+from mimi_extract.settings import Settings
+from mimi_extract.testing import check_consistency
+
+ONE_WORKER = ["--device", "cpu", "--cpu-workers", "1", "--num-workers", "1"]
+
+
+def cli(*args, env=None):
+    result = CliRunner().invoke(app, [str(a) for a in args], env=env)
+    result.text = " ".join(result.output.split())
+    return result
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("files")
+    rng = np.random.default_rng(3)
+    for i in range(36):
+        sf.write(str(root / f"u{i:02d}.wav"), (0.2 * rng.standard_normal(int(24_000 * (0.2 + rng.random())))).astype(np.float32),
+                 24_000)
+    return root
+
+
+def settings(model_dir):
+    return Settings(model=model_dir, tap="codes", num_workers=1)
+
+
+def test_parts_equal_one_full_run(files, tiny_model_dir, tmp_path):
+    full = str(tmp_path / "full")
+    extract(str(files), full, settings(tiny_model_dir))
+    whole = check_consistency(full)
+    out = str(tmp_path / "parts")
+    for i in range(3):
+        summary = extract(str(files), out, settings(tiny_model_dir), part=Part(i, 3))
+        assert summary["run_dir"] == os.path.join(out, Part(i, 3).dirname)
+        # length-sorted batching happens inside each part: only that part's keys
+        assert {r["key"] for r in read_manifest(summary["run_dir"])} == {k for k in whole if part_of(k, 3) == i}
+    union = check_consistency(out, whole.keys())
+    assert all(np.array_equal(union[k], whole[k]) for k in whole)
+    assert all(np.array_equal(read(out, k), whole[k]) for k in list(whole)[:5])
+    status = cli("status", out)
+    assert status.exit_code == 0 and "complete: 36 ok, 0 errors, 0 not yet encoded" in status.text, status.output
+    report = json.loads(cli("status", out, "--json").output)
+    assert sorted(report["runs"]) == [Part(i, 3).dirname for i in range(3)] and report["complete"]
+
+
+def test_part_killed_and_rerun_alone(files, tiny_model_dir, tmp_path):
+    out = str(tmp_path / "out")
+    extract(str(files), out, settings(tiny_model_dir), part=Part(0, 3))
+    proc = cli_process("codes", files, out, "--model", tiny_model_dir, "--part", "1/3", "--shard-size", 2, *ONE_WORKER)
+    for line in proc.stdout:
+        if "to encode" in line:
+            break
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    status = cli("status", out)
+    assert "part 2/3: not started" in status.text and "incomplete" in status.text, status.output
+    assert cli("codes", files, out, "--model", tiny_model_dir, "--part", "1/3", *ONE_WORKER).exit_code == 0
+    env = {"SLURM_ARRAY_TASK_ID": "2", "SLURM_ARRAY_TASK_COUNT": "3"}
+    result = cli("codes", files, out, "--model", tiny_model_dir, "--part", "slurm", *ONE_WORKER, env=env)
+    assert result.exit_code == 0, result.output
+    check_consistency(out, {f"u{i:02d}.wav" for i in range(36)})
+    assert "complete" in cli("status", out).text
+
+
+def test_added_files_keep_their_parts(files, tiny_model_dir, tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(files, src)
+    out = str(tmp_path / "out")
+    for i in range(2):
+        extract(str(src), out, settings(tiny_model_dir), part=Part(i, 2))
+    before = {r["key"]: r["shard"].split("/")[0] for r in read_manifest(out)}
+    for i in range(8):
+        sf.write(str(src / f"new{i}.wav"), np.zeros(4000, np.float32), 24_000)
+    runs = [extract(str(src), out, settings(tiny_model_dir), part=Part(i, 2)) for i in range(2)]
+    assert sum(r["ok"] for r in runs) == 8 and sum(r["skipped"] for r in runs) == 36  # only the new files
+    after = {r["key"]: r["shard"].split("/")[0] for r in read_manifest(out)}
+    assert all(after[k] == v for k, v in before.items())
+    check_consistency(out, set(before) | {f"new{i}.wav" for i in range(8)})
+
+
+def test_layouts_are_not_mixed(files, tiny_model_dir, tmp_path):
+    out = tmp_path / "out"
+    assert cli("codes", files, out, "--model", tiny_model_dir, "--part", "0/2", "--limit", 2, *ONE_WORKER).exit_code == 0
+    other_n = cli("codes", files, out, "--model", tiny_model_dir, "--part", "0/3", *ONE_WORKER)
+    assert other_n.exit_code == 2 and "N=2, not N=3" in other_n.text
+    whole = cli("codes", files, out, "--model", tiny_model_dir, *ONE_WORKER)
+    assert whole.exit_code == 2 and "holds parts of a job array" in whole.text
+    bad = cli("codes", files, tmp_path / "o2", "--model", tiny_model_dir, "--part", "slurm", *ONE_WORKER, env={})
+    assert bad.exit_code == 2 and "SLURM_ARRAY_TASK_ID is not set" in bad.text

@@ -1,0 +1,74 @@
+"""--engine ray on a real local Ray cluster (CPU actors), started by the engine itself."""
+
+import os
+import signal
+import subprocess
+import threading
+import time
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+pytest.importorskip("ray")
+
+from mimi_extract.runner import extract  # noqa: E402
+from mimi_extract.settings import Settings  # noqa: E402
+from mimi_extract.testing import check_consistency  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def corpus60(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ray-corpus")
+    rng = np.random.default_rng(5)
+    for i in range(60):
+        n = int(24_000 * (0.3 + 1.5 * rng.random()))
+        sf.write(str(root / f"r{i:02d}.wav"), (0.2 * rng.standard_normal(n)).astype(np.float32), 24_000)
+    sf.write(str(root / "long.wav"), (0.1 * rng.standard_normal(24_000 * 9)).astype(np.float32), 24_000)  # streamed
+    return str(root)
+
+
+@pytest.fixture(scope="module")
+def in_process(corpus60, tiny_model_dir, tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("ray-ref") / "out")
+    extract(corpus60, out, Settings(model=tiny_model_dir, tap="codes", num_workers=1, chunk_seconds=2))
+    return check_consistency(out)
+
+
+def ray_settings(model_dir):
+    return Settings(model=model_dir, tap="codes", num_workers=1, chunk_seconds=2, engine="ray", ray_cpu_actors=2)
+
+
+def test_ray_engine_equals_in_process(corpus60, tiny_model_dir, in_process, tmp_path):
+    out = str(tmp_path / "out")
+    summary = extract(corpus60, out, ray_settings(tiny_model_dir))
+    assert summary["ok"] == 61 and summary["engine"] == "2 Ray actors on CPU (1 threads each)"
+    got = check_consistency(out, in_process.keys())
+    assert all(np.array_equal(got[k], in_process[k]) for k in in_process)
+
+
+def test_ray_actor_killed_mid_run(corpus60, tiny_model_dir, in_process, tmp_path):
+    out = str(tmp_path / "out")
+    done, killed = [], []
+
+    def progress(items, seconds, errors):
+        done.append(items)
+
+    def killer():
+        deadline = time.time() + 120
+        while sum(done) < 10 and time.time() < deadline:
+            time.sleep(0.05)
+        pids = subprocess.run(["pgrep", "-f", "ray::RayEncoder"], capture_output=True, text=True).stdout.split()
+        if pids:
+            os.kill(int(pids[0]), signal.SIGKILL)
+            killed.append(int(pids[0]))
+
+    thread = threading.Thread(target=killer)
+    thread.start()
+    summary = extract(corpus60, out, ray_settings(tiny_model_dir), shard_size=5, on_progress=progress)
+    thread.join()
+    assert killed, "no actor to kill"
+    assert sum(done) == 61, done  # every item reported once, though one actor died mid-run
+    assert any("died" in n for n in summary["engine_notes"]), summary["engine_notes"]
+    got = check_consistency(out, in_process.keys())  # nothing lost, nothing twice
+    assert all(np.array_equal(got[k], in_process[k]) for k in in_process)
