@@ -20,7 +20,8 @@ from rich.text import Text
 
 from . import __version__
 from .plan import parse_part
-from .settings import Settings, resolve_devices
+from .audio import CHANNEL_MODES, FRAMINGS
+from .settings import DTYPES, ENGINES, Settings, resolve_devices
 
 app = typer.Typer(
     add_completion=False,
@@ -37,37 +38,17 @@ def say(*parts: str | tuple[str, str], out: Console | None = None) -> None:
     (out or console).print(Text.assemble(*parts), soft_wrap=True)
 
 
-class Tap(str, Enum):
-    encoder = "encoder"
-    latent = "latent"
+def _choices(name: str, values) -> type[Enum]:
+    """A str Enum of the values a module defines, so the CLI's choices cannot drift from them."""
+    return Enum(name, {v: v for v in values}, type=str)
 
 
-class Channel(str, Enum):
-    mix = "mix"
-    first = "first"
-    each = "each"
-
-
-class DType(str, Enum):
-    fp32 = "fp32"
-    bf16 = "bf16"
-    fp16 = "fp16"
-
-
-class FeatureDType(str, Enum):
-    float32 = "float32"
-    float16 = "float16"
-
-
-class FramingOpt(str, Enum):
-    transformers = "transformers"
-    moshi = "moshi"
-    muvap = "muvap"
-
-
-class EngineOpt(str, Enum):
-    local = "local"
-    ray = "ray"
+Tap = _choices("Tap", ("encoder", "latent"))  # codes have their own command
+Channel = _choices("Channel", CHANNEL_MODES)
+DType = _choices("DType", DTYPES)
+FeatureDType = _choices("FeatureDType", ("float32", "float16"))
+FramingOpt = _choices("FramingOpt", FRAMINGS)
+EngineOpt = _choices("EngineOpt", ENGINES)
 
 
 InputArg = Annotated[str, typer.Argument(metavar="INPUT", help="A directory (searched recursively), a list "
@@ -111,7 +92,7 @@ def _settings(model, device, dtype, batch_size, max_batch_seconds, num_workers, 
         devices = resolve_devices(device, cpu_workers)
     except (ValueError, RuntimeError) as e:
         _fail(str(e))
-    if dtype is not DType.fp32 and not all(d.startswith("cuda") for d in devices):
+    if dtype is not DType["fp32"] and not all(d.startswith("cuda") for d in devices):
         _fail(f"--dtype {dtype.value} needs GPUs (devices: {', '.join(sorted(set(devices)))}); use fp32 on CPU")
     return Settings(model=model, devices=devices, dtype=dtype.value, batch_size=batch_size,
                     max_batch_seconds=max_batch_seconds, num_workers=num_workers, channel=channel.value,
@@ -191,36 +172,34 @@ def _run(input_path, out_dir, settings: Settings, shard_size, shard_mb, limit, s
             raise typer.Exit(1)
 
 
-_RUN_HELP = """
-
-    Re-running the same command resumes: items already 'ok' in the manifest are skipped; a second
-    run on the same OUT is refused while the first holds it.  Ctrl-C (or SIGTERM) commits what was
-    completely encoded; a second Ctrl-C stops at once (OUT stays consistent)."""
+_RUN_HELP = ("\n\n    Re-running the same command resumes: items already 'ok' in the manifest are skipped; a "
+             "second run on the same OUT is refused while the first holds it. Ctrl-C (or SIGTERM) commits "
+             "what was completely encoded; a second Ctrl-C stops at once (OUT stays consistent).")
 
 
 @app.command()
 def features(
     input_path: InputArg,
     out_dir: OutArg,
-    tap: Annotated[Tap, typer.Option(help="encoder = 25 Hz before the downsample; latent = 12.5 Hz, pre-quantizer.")] = Tap.latent,
-    feature_dtype: Annotated[FeatureDType, typer.Option(help="Storage dtype of the features.")] = FeatureDType.float32,
+    tap: Annotated[Tap, typer.Option(help="encoder = 25 Hz before the downsample; latent = 12.5 Hz, pre-quantizer.")] = Tap["latent"],
+    feature_dtype: Annotated[FeatureDType, typer.Option(help="Storage dtype of the features.")] = FeatureDType["float32"],
     model: ModelOpt = "kyutai/mimi",
     device: DeviceOpt = "auto",
     cpu_workers: CpuWorkersOpt = None,
-    dtype: DTypeOpt = DType.fp32,
+    dtype: DTypeOpt = DType["fp32"],
     batch_size: BatchOpt = None,
     max_batch_seconds: SecondsOpt = None,
     chunk_seconds: ChunkOpt = None,
     num_workers: WorkersOpt = 2,
-    channel: ChannelOpt = Channel.mix,
+    channel: ChannelOpt = Channel["mix"],
     causal_16k: CausalOpt = True,
-    framing: FramingArg = FramingOpt.transformers,
+    framing: FramingArg = FramingOpt["transformers"],
     shard_size: ShardOpt = 1000,
     shard_mb: ShardMBOpt = 256,
     limit: LimitOpt = None,
     strict: StrictOpt = False,
     part: PartOpt = None,
-    engine: EngineArg = EngineOpt.local,
+    engine: EngineArg = EngineOpt["local"],
     ray_address: RayAddressOpt = None,
     ray_cpu_actors: RayCpuOpt = None,
     recordings: RecordingsOpt = None,
@@ -252,20 +231,20 @@ def codes(
     model: ModelOpt = "kyutai/mimi",
     device: DeviceOpt = "auto",
     cpu_workers: CpuWorkersOpt = None,
-    dtype: DTypeOpt = DType.fp32,
+    dtype: DTypeOpt = DType["fp32"],
     batch_size: BatchOpt = None,
     max_batch_seconds: SecondsOpt = None,
     chunk_seconds: ChunkOpt = None,
     num_workers: WorkersOpt = 2,
-    channel: ChannelOpt = Channel.mix,
+    channel: ChannelOpt = Channel["mix"],
     causal_16k: CausalOpt = True,
-    framing: FramingArg = FramingOpt.transformers,
+    framing: FramingArg = FramingOpt["transformers"],
     shard_size: ShardOpt = 1000,
     shard_mb: ShardMBOpt = 256,
     limit: LimitOpt = None,
     strict: StrictOpt = False,
     part: PartOpt = None,
-    engine: EngineArg = EngineOpt.local,
+    engine: EngineArg = EngineOpt["local"],
     ray_address: RayAddressOpt = None,
     ray_cpu_actors: RayCpuOpt = None,
     recordings: RecordingsOpt = None,
@@ -336,14 +315,14 @@ def verify(
     seed: int = 0,
     model: Annotated[Optional[str], typer.Option("--model", "-m", help="Hub id or local directory [default: kyutai/mimi, or the model OUT was made with].")] = None,
     device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N (auto = first GPU, else cpu).")] = "auto",
-    dtype: DTypeOpt = DType.fp32,
+    dtype: DTypeOpt = DType["fp32"],
     num_quantizers: Annotated[int, typer.Option("--num-quantizers", "-q", min=1, max=32)] = 8,
     batch_size: BatchOpt = 16,
     max_batch_seconds: SecondsOpt = 120.0,
     chunk_seconds: ChunkOpt = 30.0,
-    channel: ChannelOpt = Channel.mix,
+    channel: ChannelOpt = Channel["mix"],
     causal_16k: CausalOpt = True,
-    framing: FramingArg = FramingOpt.transformers,
+    framing: FramingArg = FramingOpt["transformers"],
     limit: LimitOpt = 50,
     rtol: Annotated[float, typer.Option(help="Relative feature tolerance: max|Δ| <= rtol * max|reference| + atol, per file.")] = 1e-5,
     atol: Annotated[float, typer.Option(help="Absolute floor of the feature tolerance.")] = 1e-6,
@@ -412,6 +391,18 @@ def verify(
         raise typer.Exit(1)
 
 
+def _report(make, out_dir: str, as_json: bool) -> dict | None:
+    """``make(out_dir)``, or a clean error; with ``--json`` it is printed and None returned."""
+    try:
+        report = make(out_dir)
+    except (FileNotFoundError, ValueError) as e:
+        _fail(str(e))
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return None
+    return report
+
+
 @app.command()
 def status(out_dir: Annotated[str, typer.Argument(metavar="OUT")],
            as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False):
@@ -423,12 +414,8 @@ def status(out_dir: Annotated[str, typer.Argument(metavar="OUT")],
     """
     from .outputs import status_report
 
-    try:
-        report = status_report(out_dir)
-    except (FileNotFoundError, ValueError) as e:
-        _fail(str(e))
-    if as_json:
-        print(json.dumps(report, indent=2))
+    report = _report(status_report, out_dir, as_json)
+    if report is None:
         return
     out = Console(highlight=False)
     for name, p in report["runs"].items():
@@ -453,12 +440,8 @@ def info(out_dir: Annotated[str, typer.Argument(metavar="OUT")],
     """
     from .outputs import info_report
 
-    try:
-        report = info_report(out_dir)
-    except (FileNotFoundError, ValueError) as e:
-        _fail(str(e))
-    if as_json:
-        print(json.dumps(report, indent=2))
+    report = _report(info_report, out_dir, as_json)
+    if report is None:
         return
     out = Console(highlight=False)
     say(f"{report['inputs']} inputs: {report['ok']} ok, {report['errors']} errors; {report['hours']:.3f} h of audio, "

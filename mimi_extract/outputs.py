@@ -32,6 +32,7 @@ def status_report(out_dir: str) -> dict:
         plan = json.load(open(plan_path, encoding="utf-8")) if os.path.exists(plan_path) else {}
         rows = read_rows(d)
         name = os.path.relpath(d, out_dir)
+        name = "whole run" if name == "." else name
         runs[name] = {"inputs": plan.get("inputs"), "ok": sum(r.get("status") == "ok" for r in rows),
                       "errors": sum(r.get("status") == "error" for r in rows), "updated": plan.get("updated")}
         if (m := _PART_RE.search(d)):

@@ -131,10 +131,14 @@ class RunLock:
                               "locks? use a local OUT or one --part per machine)") from e
         info = {"pid": os.getpid(), "host": socket.gethostname(),
                 "started": time.strftime("%Y-%m-%d %H:%M:%S %z"), "command": " ".join(sys.argv)}
-        self.file.seek(0)
-        self.file.truncate()
-        self.file.write(json.dumps(info) + "\n")
-        self.file.flush()
+        try:
+            self.file.seek(0)
+            self.file.truncate()
+            self.file.write(json.dumps(info) + "\n")
+            self.file.flush()
+        except OSError as e:
+            self.release()
+            raise _write_error(e, self.path) from e
 
     def release(self) -> None:
         if not self.file.closed:
@@ -323,8 +327,10 @@ class ShardWriter:
         """One piece (time-first frames) of an item's output; the item is stored with its last piece."""
         if key in self.written:
             return
-        if first or key not in self._streams:
+        if first:
             self._streams[key] = []
+        elif key not in self._streams:  # the rest of a stream whose start was dropped: cannot be whole
+            return
         self._streams[key].append(data)
         if final:
             pieces = self._streams.pop(key)

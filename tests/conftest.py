@@ -48,6 +48,17 @@ def ragged(lengths, seed=0, garbage=None):
     return items, batch
 
 
+def cli(*args, env=None):
+    """The CLI in-process; ``text`` is the output with rich's line wrapping (long paths) undone."""
+    from typer.testing import CliRunner
+
+    from mimi_extract.cli import app
+
+    result = CliRunner().invoke(app, [str(a) for a in args], env=env)
+    result.text = " ".join(result.output.split())
+    return result
+
+
 def cli_process(*args, **kwargs) -> subprocess.Popen:
     """The real CLI in a subprocess (python -m mimi_extract), for kill/signal tests."""
     env = {**os.environ, "PYTHONPATH": ROOT, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1",

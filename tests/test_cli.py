@@ -7,12 +7,10 @@ import os
 import h5py
 import pytest
 import torch
-from typer.testing import CliRunner
 
-from conftest import tolerance
+from conftest import cli, tolerance
 from mimi_extract import read, read_manifest
 from mimi_extract.audio import load
-from mimi_extract.cli import app
 from mimi_extract.encoder import reference_single
 from mimi_extract.runner import extract
 from mimi_extract.settings import Settings
@@ -20,10 +18,6 @@ from mimi_extract.settings import Settings
 BAD = {"empty.wav": "empty file", "corrupt.wav": "corrupt", "zero_len.wav": "zero-length"}
 
 
-def cli(*args):
-    result = CliRunner().invoke(app, [str(a) for a in args])
-    result.text = " ".join(result.output.split())  # rich wraps long lines (paths) at the terminal width
-    return result
 
 
 def common(model_dir):
@@ -203,7 +197,7 @@ def test_out_of_memory_splits_batch(corpus, tiny_model, tiny_model_dir, tmp_path
     monkeypatch.setattr(PaddedMimiEncoder, "forward", small_memory)
     root, _ = corpus
     out = str(tmp_path / "oom")
-    settings = Settings(model=tiny_model_dir, tap="codes", batch_size=8, num_workers=0)
+    settings = Settings(model=tiny_model_dir, tap="codes", batch_size=8, max_batch_seconds=60, num_workers=0)
     summary = extract(root, out, settings)
     assert tried[0] == 7 and sum(encoded) == 7 and max(encoded) <= 2 and summary["ok"] == 7
     check_outputs(out, root, tiny_model, "codes")

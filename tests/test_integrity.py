@@ -14,11 +14,9 @@ import time
 import numpy as np
 import pytest
 import soundfile as sf
-from typer.testing import CliRunner
 
-from conftest import cli_process
+from conftest import cli, cli_process
 from mimi_extract import read_manifest
-from mimi_extract.cli import app
 from mimi_extract.runner import extract
 from mimi_extract.settings import Settings
 from mimi_extract.testing import check_consistency, random_model, tiny_config
@@ -27,10 +25,6 @@ from mimi_extract.writer import LockedError, RunLock
 ONE_WORKER = ["--device", "cpu", "--cpu-workers", "1", "--num-workers", "1"]
 
 
-def cli(*args):
-    result = CliRunner().invoke(app, [str(a) for a in args])
-    result.text = " ".join(result.output.split())
-    return result
 
 
 @pytest.fixture(scope="module")

@@ -6,11 +6,9 @@ import os
 import numpy as np
 import soundfile as sf
 import torch
-from typer.testing import CliRunner
 
-from conftest import tolerance
+from conftest import cli, tolerance
 from mimi_extract import read, read_manifest
-from mimi_extract.cli import app
 from mimi_extract.encoder import reference_single
 from mimi_extract.runner import extract
 from mimi_extract.settings import Settings
@@ -18,10 +16,6 @@ from mimi_extract.settings import Settings
 FRAME = 1920
 
 
-def cli(*args):
-    result = CliRunner().invoke(app, [str(a) for a in args])
-    result.text = " ".join(result.output.split())
-    return result
 
 
 def corpus_at(root, rate, lengths, seed=0):

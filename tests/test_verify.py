@@ -7,10 +7,9 @@ import h5py
 import numpy as np
 import soundfile as sf
 import torch
-from typer.testing import CliRunner
 
+from conftest import cli
 from mimi_extract import read_manifest
-from mimi_extract.cli import app
 from mimi_extract.encoder import reference_single, reset_codebook_cache
 from mimi_extract.runner import extract
 from mimi_extract.settings import Settings
@@ -20,10 +19,6 @@ from mimi_extract.verify import classify_codes, rvq_trace
 FRAME = 1920
 
 
-def cli(*args):
-    result = CliRunner().invoke(app, [str(a) for a in args])
-    result.text = " ".join(result.output.split())
-    return result
 
 
 def near_tie_model(audio, frame=3, relative_gap=1e-6):
