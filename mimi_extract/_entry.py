@@ -10,9 +10,10 @@ def run() -> int:
         from .cli import app
 
         return app(prog_name="mimi-extract", standalone_mode=True)
-    except KeyboardInterrupt:
-        sys.stderr.write("interrupted.\n")
-        return 130
+    except KeyboardInterrupt:  # during start-up (torch imports): nothing held, nothing written; an
+        sys.stderr.write("interrupted.\n")  # interpreter shutdown after an interrupted import is not reliable
+        sys.stderr.flush()
+        os._exit(130)
     except SystemExit as e:
         if e.code == 130:  # interrupted, everything committed: leave now, so that a second Ctrl-C
             sys.stdout.flush()  # arriving during interpreter shutdown cannot change the outcome

@@ -122,21 +122,25 @@ def _valid(lengths: torch.Tensor, size: int) -> torch.Tensor:
 
 
 def _zero_padding(x: torch.Tensor, lengths: torch.Tensor, inplace: bool = False) -> torch.Tensor:
-    """Zero steps >= length of a [B, C, T] tensor (``masked_fill`` also overwrites NaN/inf).
+    """Zero steps >= length of a time-major [B, T, C] tensor (``masked_fill`` also overwrites NaN/inf).
 
     A batch without padding is returned as is: a lone item pays nothing for the masking."""
-    if bool((lengths >= x.shape[-1]).all()):
+    if bool((lengths >= x.shape[1]).all()):
         return x
-    invalid = ~_valid(lengths, x.shape[-1])[:, None, :]
+    if x.shape[0] == 1:
+        x = x if inplace else x.clone()
+        x[:, int(lengths[0]):] = 0  # one row: touch only its tail (shape buckets leave a short one)
+        return x
+    invalid = ~_valid(lengths, x.shape[1])[:, :, None]
     return x.masked_fill_(invalid, 0) if inplace else x.masked_fill(invalid, 0)
 
 
 def _replicate_padding(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     """Fill steps >= length with each item's last valid step (what ``replicate`` pads a lone item with)."""
-    if bool((lengths >= x.shape[-1]).all()):
+    if bool((lengths >= x.shape[1]).all()):
         return x
-    last = (lengths - 1).clamp(min=0)[:, None, None].expand(-1, x.shape[1], 1)
-    return torch.where(_valid(lengths, x.shape[-1])[:, None, :], x, x.gather(-1, last))
+    last = (lengths - 1).clamp(min=0)[:, None, None].expand(-1, 1, x.shape[2])
+    return torch.where(_valid(lengths, x.shape[1])[:, :, None], x, x.gather(1, last))
 
 
 @dataclass
@@ -154,7 +158,7 @@ class EncoderOutput:
 class EncoderState:
     """What a chunked encode carries from one chunk to the next, one row per stream.
 
-    ``conv[i]`` is conv ``i``'s left context (its last ``kernel - stride`` inputs, [B, C_in, P]);
+    ``conv[i]`` is conv ``i``'s left context (its last ``kernel - stride`` inputs, [B, P, C_in]);
     ``keys[l]``/``values[l]`` are transformer layer ``l``'s window of past positions
     ([B, H_kv, M, head_dim], M <= sliding_window - 1), of which the last ``cached[b]`` are valid for
     row b; ``position[b]`` is the number of 25 Hz frames row b has encoded (its RoPE offset) and
@@ -234,6 +238,7 @@ class PaddedMimiEncoder(nn.Module):
         if self.downsample is not None:
             self.convs.append(self.downsample)
         self._conv_index = {id(m): i for i, m in enumerate(self.convs)}
+        self._weights: dict[int, tuple] = {}
         for m in self.convs:
             if m.pad_mode not in ("constant", "replicate"):
                 raise NotImplementedError(f"pad_mode {m.pad_mode!r} is not supported (constant/replicate only)")
@@ -272,7 +277,7 @@ class PaddedMimiEncoder(nn.Module):
         """A fresh state for ``batch_size`` streams (each starts with its next chunk)."""
         p = next(self.parameters())
         device, dtype = device or p.device, dtype or p.dtype
-        conv = [torch.zeros(batch_size, c.in_channels, int(c.padding_total), device=device, dtype=dtype)
+        conv = [torch.zeros(batch_size, int(c.padding_total), c.in_channels, device=device, dtype=dtype)
                 for c in self.convs]
         cfg = self.config
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -283,30 +288,87 @@ class PaddedMimiEncoder(nn.Module):
                             zeros(), zeros(), zeros())
 
     # -- layers ----------------------------------------------------------------------------
+    def _weight(self, conv: nn.Module) -> torch.Tensor:
+        """``conv``'s weight as a [C_out, C_in, 1, K] channels-last 2-D kernel (cached per device/dtype)."""
+        w = conv.conv.weight
+        key = (id(conv), w.device, w.dtype, w._version)
+        if self._weights.get(id(conv), (None,))[0] != key:
+            self._weights[id(conv)] = (key, w[:, :, None, :].contiguous(memory_format=torch.channels_last))
+        return self._weights[id(conv)][1]
+
     def _conv(self, conv: nn.Module, x: torch.Tensor, lengths: torch.Tensor, state: EncoderState | None):
-        """One causal conv on a padded batch: left context (zeros / first step / carried state), then
-        the reference's own right padding of each row's end, then transformers' ``nn.Conv1d``."""
+        """One causal conv on a padded time-major batch [B, T, C_in], as the reference computes it:
+        left context (zeros, the first step for ``replicate``, or the carried state), the
+        reference's right padding of each row's end, transformers' weights.
+
+        It runs channels-last (time-major data is NHWC to oneDNN and cuDNN: measured 1.4x faster
+        than channel-major convs on CPU, and no transposes anywhere), lets the conv pad zeros itself
+        rather than copying the input into a padded buffer, and recomputes only the few leading
+        outputs that see a carried context; 1x1 convs are one matrix product."""
         pad = int(conv.padding_total)
         stride = int(conv.stride)
+        dilation = conv.conv.dilation[0]
+        if conv.pad_mode == "replicate" or -x.shape[1] % stride > pad:  # (Mimi: only the downsample)
+            return self._conv_explicit(conv, x, lengths, state)
+        size = x.shape[1]
+        n = -(-size // stride)  # outputs: ceil(T / S), MimiConv1d's extra padding completing the last window
+        weight, bias = self._weight(conv), conv.conv.bias
+        if pad == 0 and stride == 1:
+            flat = x.reshape(-1, x.shape[2])
+            w2 = weight[:, :, 0, 0]
+            out = (torch.addmm(bias, flat, w2.T) if bias is not None else flat @ w2.T).view(x.shape[0], size, -1)
+        else:
+            def run(inp, padding):
+                y = torch.nn.functional.conv2d(inp[:, None].permute(0, 3, 1, 2), weight, bias, stride=(1, stride),
+                                               padding=(0, padding), dilation=(1, dilation), groups=conv.conv.groups)
+                return y.permute(0, 2, 3, 1)[:, 0]  # channels-last memory: [B, n, C_out] contiguous
+
+            # zeros on both sides; the right side needs at most `pad` (its extra is < stride <= pad)
+            out = run(x, pad)[:, :n]
+            if state is not None:
+                index = self._conv_index[id(conv)]
+                head = -(-pad // stride)  # outputs whose window reaches into the left context
+                need = head * stride + int(conv.kernel_size) - pad  # samples of x their windows cover
+                lead = [state.conv[index], x[:, :need]]
+                if size < need:  # a stream's short last chunk: the reference's zeros after its end
+                    lead.append(x.new_zeros(x.shape[0], need - size, x.shape[2]))
+                lead = torch.cat(lead, dim=1)
+                out = out.clone() if out.shape[1] != n else out
+                head = min(head, n)
+                out[:, :head] = run(lead, 0)[:, :head]
+                state.conv[index] = torch.cat([state.conv[index], x], dim=1)[:, -pad:].clone() if size < pad \
+                    else x[:, size - pad :].clone()
+        out_lengths = conv._get_output_length(lengths).to(lengths.device)
+        return _zero_padding(out.contiguous(), out_lengths, inplace=True), out_lengths
+
+    def _conv_explicit(self, conv: nn.Module, x: torch.Tensor, lengths: torch.Tensor, state: EncoderState | None):
+        """The same conv with its padding built explicitly: the replicate-padded downsample (small,
+        at 25 Hz), and any conv whose end padding would exceed its kernel - stride."""
+        pad, stride = int(conv.padding_total), int(conv.stride)
         replicate = conv.pad_mode == "replicate"
         if replicate:
-            x = _replicate_padding(x, lengths)  # invariant elsewhere: padding already holds zeros
+            x = _replicate_padding(x, lengths)
         if state is None:
-            context = x[..., :1].expand(-1, -1, pad) if replicate else x.new_zeros(x.shape[0], x.shape[1], pad)
+            context = x[:, :1].expand(-1, pad, -1) if replicate else x.new_zeros(x.shape[0], pad, x.shape[2])
         else:
             index = self._conv_index[id(conv)]
             context = state.conv[index]
-            if replicate:  # a stream's first chunk: replicate its first step, as the reference does
-                context = torch.where((state.samples == 0)[:, None, None], x[..., :1].expand_as(context), context)
-        size = x.shape[-1]
-        extra = -size % stride  # complete the last (partial) window, as MimiConv1d's extra padding does
-        xin = torch.cat([context, x], dim=-1)
+            if replicate:  # a stream's first chunk: replicate its first step
+                first = (state.samples == 0)[:, None, None]
+                context = torch.where(first, x[:, :1].expand_as(context), context)
+        size = x.shape[1]
+        xin = torch.cat([context, x], dim=1)
         if state is not None:
-            state.conv[index] = xin[..., size : size + pad].clone()  # last `pad` inputs, for the next chunk
+            state.conv[index] = xin[:, size : size + pad].clone()
+        extra = -size % stride
         if extra:
-            xin = torch.nn.functional.pad(xin, (0, extra), mode="replicate" if replicate else "constant")
+            tail = xin[:, -1:].expand(-1, extra, -1) if replicate else xin.new_zeros(xin.shape[0], extra, xin.shape[2])
+            xin = torch.cat([xin, tail], dim=1)
+        out = torch.nn.functional.conv2d(xin[:, None].permute(0, 3, 1, 2), self._weight(conv), conv.conv.bias,
+                                         stride=(1, stride), dilation=(1, conv.conv.dilation[0]),
+                                         groups=conv.conv.groups).permute(0, 2, 3, 1)[:, 0]
         out_lengths = conv._get_output_length(lengths).to(lengths.device)
-        return _zero_padding(conv.conv(xin), out_lengths, inplace=True), out_lengths
+        return _zero_padding(out.contiguous(), out_lengths, inplace=True), out_lengths
 
     def _seanet(self, x: torch.Tensor, lengths: torch.Tensor, state: EncoderState | None):
         for layer in self.seanet.layers:
@@ -317,13 +379,17 @@ class PaddedMimiEncoder(nn.Module):
                 for sub in layer.block:
                     if isinstance(sub, mm.MimiConv1d):
                         h, _ = self._conv(sub, h, lengths, state)
+                    elif isinstance(sub, nn.ELU) and h is not x:  # in place, but never on the residual
+                        h = _zero_padding(torch.nn.functional.elu_(h, sub.alpha), lengths, inplace=True)
                     else:
                         h = _zero_padding(sub(h), lengths, inplace=True)
                 shortcut = layer.shortcut
                 residual = self._conv(shortcut, x, lengths, state)[0] if isinstance(shortcut, mm.MimiConv1d) else x
-                x = _zero_padding(residual + h, lengths, inplace=True)
+                x = _zero_padding(h.add_(residual), lengths, inplace=True)
+            elif isinstance(layer, nn.ELU):  # x is the previous block's fresh output: in place is safe
+                x = _zero_padding(torch.nn.functional.elu_(x, layer.alpha), lengths, inplace=True)
             else:
-                x = _zero_padding(layer(x), lengths, inplace=True)
+                x = _zero_padding(layer(x.transpose(1, 2)).transpose(1, 2), lengths, inplace=True)
         return x, lengths
 
     def attention_mask(self, lengths: torch.Tensor, size: int, dtype: torch.dtype, cached: torch.Tensor | None = None,
@@ -349,8 +415,8 @@ class PaddedMimiEncoder(nn.Module):
             )[:, None]
         return allowed[:, None]
 
-    def _transformer(self, x: torch.Tensor, lengths: torch.Tensor, state: EncoderState | None) -> torch.Tensor:
-        h = x.transpose(1, 2)  # [B, T, D]
+    def _transformer(self, h: torch.Tensor, lengths: torch.Tensor, state: EncoderState | None) -> torch.Tensor:
+        """transformers' own layers on [B, T, D], with the length mask and the carried window."""
         size = h.shape[1]
         position_ids = torch.arange(size, device=h.device)[None]
         kwargs = {}
@@ -370,7 +436,7 @@ class PaddedMimiEncoder(nn.Module):
         if state is not None:
             state.cached = torch.clamp(state.cached + lengths, max=state.keys[0].shape[2] if state.keys else 0)
             state.position = state.position + lengths
-        return h.transpose(1, 2)
+        return h
 
     # -- public ----------------------------------------------------------------------------
     @torch.no_grad()
@@ -391,15 +457,16 @@ class PaddedMimiEncoder(nn.Module):
         unknown = set(taps) - set(TAPS)
         if unknown:
             raise ValueError(f"unknown taps {sorted(unknown)}; choose from {TAPS}")
-        if audio.dim() == 2:
-            audio = audio[:, None]
+        if audio.dim() == 3:
+            audio = audio[:, 0]
+        audio = audio[:, :, None]  # time-major [B, T, 1]
         lengths = torch.as_tensor(lengths, dtype=torch.long, device=audio.device)
-        if (lengths < 1).any() or (lengths > audio.shape[-1]).any():
+        if (lengths < 1).any() or (lengths > audio.shape[1]).any():
             raise ValueError("every length must be in [1, padded length]")
         if state is not None:
             final = torch.as_tensor(final, dtype=torch.bool, device=audio.device)
             going_on = ~final
-            if going_on.any() and (audio.shape[-1] % self.hop or (lengths[going_on] != audio.shape[-1]).any()):
+            if going_on.any() and (audio.shape[1] % self.hop or (lengths[going_on] != audio.shape[1]).any()):
                 raise ValueError(f"a chunk that does not end its stream must fill the batch and be a multiple "
                                  f"of {self.hop} samples")
             if state.batch_size != audio.shape[0]:
@@ -410,16 +477,16 @@ class PaddedMimiEncoder(nn.Module):
         x = self._transformer(x, n25, state)
         tensors, out_lengths = {}, {"encoder": n25.cpu()}
         if "encoder" in taps:
-            tensors["encoder"] = x.transpose(1, 2)
+            tensors["encoder"] = x
         if "latent" in taps or "codes" in taps:
             n12 = n25
             if self.downsample is not None:
                 x, n12 = self._conv(self.downsample, x, n25, state)
             out_lengths["latent"] = out_lengths["codes"] = n12.cpu()
             if "latent" in taps:
-                tensors["latent"] = x.transpose(1, 2)
+                tensors["latent"] = x
             if "codes" in taps:
-                tensors["codes"] = self.quantizer.encode(x, num_quantizers).transpose(0, 1)
+                tensors["codes"] = self.quantizer.encode(x.transpose(1, 2), num_quantizers).transpose(0, 1)
         if state is not None:
             state.samples += lengths
         return EncoderOutput(tensors, {t: out_lengths[t] for t in taps})

@@ -78,15 +78,16 @@ if args.mode == "rss":
             folder = recording(minutes)
             out = tempfile.mkdtemp(dir=args.work)
             help_text = subprocess.run([sys.executable, "-m", "mimi_extract", "codes", "--help"], capture_output=True,
-                                       text=True, env={**os.environ, "PYTHONPATH": args.code}).stdout
+                                       text=True, cwd=args.work, env={**os.environ, "PYTHONPATH": args.code}).stdout
             one = ["--cpu-workers", "1"] if "cpu-workers" in help_text else []
             cmd = [sys.executable, "-m", "mimi_extract", "codes", folder, out, "--model", model_dir(kind), "--device",
                    "cpu", *one]
             wrapper = ("import resource, subprocess, sys, time; t = time.time(); "
                        "rc = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode; "
                        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, time.time() - t, rc)")
-            res = subprocess.run([sys.executable, "-c", wrapper, *cmd], capture_output=True, text=True,
+            res = subprocess.run([sys.executable, "-c", wrapper, *cmd], capture_output=True, text=True, cwd=args.work,
                                  env={**os.environ, "PYTHONPATH": args.code, "HF_HUB_OFFLINE": "1"})
+            # (cwd: `python -m` puts the working directory first on sys.path, ahead of PYTHONPATH)
             kb, wall, rc = res.stdout.split()
             print(f"{kind:<6}{minutes:>8g}{int(kb) / 2**20:>13.2f}{float(wall):>9.0f}{rc:>4}", flush=True)
             results.append({"model": kind, "minutes": minutes, "rss_gb": int(kb) / 2**20, "wall": float(wall), "rc": int(rc)})

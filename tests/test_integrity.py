@@ -70,6 +70,17 @@ def start(many, out, model_dir, *extra):
     raise AssertionError("".join(lines) or "no output")
 
 
+def wait_for_rows(out, n, timeout=60.0):
+    """Until OUT's manifest has ``n`` rows (so a signal lands mid-run, whatever the machine's speed)."""
+    path = os.path.join(out, "manifest.jsonl")
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if os.path.exists(path) and sum(1 for _ in open(path)) >= n:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"{n} rows never appeared")
+
+
 def finish(proc, timeout=120):
     out, _ = proc.communicate(timeout=timeout)
     return proc.returncode, out
@@ -105,7 +116,7 @@ def test_kill_9_at_random_points_then_resume(many, tiny_model_dir, reference_run
 def test_signal_commits_what_was_encoded(many, tiny_model_dir, reference_run, tmp_path, sig):
     out = str(tmp_path / "out")
     proc, _ = start(many, out, tiny_model_dir, *ONE_WORKER)
-    time.sleep(1.0)
+    wait_for_rows(out, 14)  # two shards committed
     proc.send_signal(sig)
     code, text = finish(proc)
     assert code == 130, text
@@ -123,7 +134,7 @@ def test_signal_commits_what_was_encoded(many, tiny_model_dir, reference_run, tm
 def test_second_signal_stops_at_once_and_startup_interrupt_is_clean(many, tiny_model_dir, reference_run, tmp_path):
     out = str(tmp_path / "out")
     proc, _ = start(many, out, tiny_model_dir, *ONE_WORKER)
-    time.sleep(0.5)
+    wait_for_rows(out, 7)
     proc.send_signal(signal.SIGINT)
     time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
