@@ -380,12 +380,18 @@ class DeviceRunner:
 class InProcessEngine:
     """One device in this process: the encoder runs in a thread, the caller's thread writes."""
 
-    def __init__(self, settings: Settings, model=None):
-        self.settings, self.model = settings, model
+    def __init__(self, settings: Settings):
+        self.settings = settings
         self.stats = Stats()
 
-    def run(self, units: list[WorkUnit], stop: threading.Event):
+    def close(self) -> None:
+        pass
+
+    def run(self, units: list[WorkUnit], stop: threading.Event, model=None):
+        """``model``: the weights the caller already loaded, used rather than loading them again."""
         torch.set_num_threads(threads_per_worker(self.settings))
+        given = [model]  # handed to the runner, not held here (on GPU the CPU copy is then freed)
+        del model
         out: queue_mod.Queue = queue_mod.Queue(maxsize=64)
         todo = iter(units)
         error: list[BaseException] = []
@@ -393,8 +399,7 @@ class InProcessEngine:
 
         def work():
             try:
-                runner = DeviceRunner(self.settings, self.settings.devices[0], self.model)
-                self.model = None
+                runner = DeviceRunner(self.settings, self.settings.devices[0], given.pop())
                 runner.run(lambda block=True: next(todo, None), out.put, _AnyEvent(stop, abandoned))
                 self.stats.add(runner.stats)
             except BaseException as e:
@@ -453,17 +458,46 @@ class ProcessEngine:
         self.settings = settings
         self.stats = Stats()
         self.notes: list[str] = []
+        self.procs: list = []
 
-    def run(self, units: list[WorkUnit], stop: threading.Event):
+    def start(self) -> None:
+        """Spawn the workers (``make_engine`` does, before the runner's own start-up): each spends
+        seconds importing torch and loading the weights, overlapped with the runner's identity check,
+        discovery and planning."""
+        if self.procs:
+            return
         ctx = torch.multiprocessing.get_context("spawn")
-        out_q = ctx.Queue(maxsize=8 * len(self.settings.devices) + 8)
-        inboxes = [ctx.Queue() for _ in self.settings.devices]
-        mp_stop = ctx.Event()
-        procs = [ctx.Process(target=worker_main, args=(os.getpid(), asdict(self.settings), dev, wid, out_q, inboxes[wid],
-                                                       out_q, mp_stop), daemon=True)
-                 for wid, dev in enumerate(self.settings.devices)]
-        for p in procs:
+        self.out_q = ctx.Queue(maxsize=8 * len(self.settings.devices) + 8)
+        self.inboxes = [ctx.Queue() for _ in self.settings.devices]
+        self.mp_stop = ctx.Event()
+        self.procs = [ctx.Process(target=worker_main, args=(os.getpid(), asdict(self.settings), dev, wid, self.out_q,
+                                                            self.inboxes[wid], self.out_q, self.mp_stop), daemon=True)
+                      for wid, dev in enumerate(self.settings.devices)]
+        for p in self.procs:
             p.start()
+
+    def close(self) -> None:
+        """Stop the workers (idempotent; also for workers started but never given a unit)."""
+        if not self.procs:
+            return
+        self.mp_stop.set()
+        for inbox in self.inboxes:
+            inbox.put(None)
+        deadline = time.time() + 30
+        while any(p.is_alive() for p in self.procs) and time.time() < deadline:
+            try:  # drain: a worker blocked on a full queue must see the stop
+                self.out_q.get(timeout=0.1)
+            except queue_mod.Empty:
+                pass
+        for p in self.procs:
+            if p.is_alive():
+                p.terminate()
+            p.join(5)
+        self.procs = []
+
+    def run(self, units: list[WorkUnit], stop: threading.Event, model=None):
+        self.start()
+        procs, inboxes, out_q, mp_stop = self.procs, self.inboxes, self.out_q, self.mp_stop
         todo: deque[WorkUnit] = deque(units)
         keys_left = {u.index: {it.key for it in u.items} for u in units}
         unit_of = {it.key: u.index for u in units for it in u.items}
@@ -517,26 +551,18 @@ class ProcessEngine:
                 elif kind == "fail":
                     raise RuntimeError(f"device worker failed:\n{payload}")
         finally:
-            mp_stop.set()
-            for inbox in inboxes:
-                inbox.put(None)
-            deadline = time.time() + 30
-            while any(p.is_alive() for p in procs) and time.time() < deadline:
-                try:  # drain: a worker blocked on a full queue must see the stop
-                    out_q.get(timeout=0.1)
-                except queue_mod.Empty:
-                    pass
-            for p in procs:
-                if p.is_alive():
-                    p.terminate()
-                p.join(5)
+            self.close()
 
 
-def make_engine(settings: Settings, model=None):
+def make_engine(settings: Settings):
+    """The engine for ``settings``, already starting (worker processes, a Ray cluster connection).
+    Every engine has ``run(units, stop, model=None) -> pieces`` and ``close()`` (idempotent)."""
     if settings.engine == "ray":
         from .ray_engine import RayEngine
 
         return RayEngine(settings)
     if len(settings.devices) == 1:
-        return InProcessEngine(settings, model)
-    return ProcessEngine(settings)
+        return InProcessEngine(settings)
+    engine = ProcessEngine(settings)
+    engine.start()
+    return engine

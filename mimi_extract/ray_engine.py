@@ -112,7 +112,11 @@ class RayEngine:
     def describe(self) -> str:
         return f"{self.actors} Ray actors on {'GPU' if self.gpus else f'CPU ({self.threads} threads each)'}"
 
-    def run(self, units: list[WorkUnit], stop: threading.Event):
+    def close(self) -> None:
+        if self.started_here and self.ray.is_initialized():
+            self.ray.shutdown()
+
+    def run(self, units: list[WorkUnit], stop: threading.Event, model=None):
         ray = self.ray
         from ray.exceptions import RayActorError, RayTaskError
 
@@ -179,5 +183,4 @@ class RayEngine:
                 ray.cancel(ref, force=True)
             for actor in actors.values():
                 ray.kill(actor, no_restart=True)
-            if self.started_here:
-                ray.shutdown()
+            self.close()

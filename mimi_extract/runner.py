@@ -25,7 +25,7 @@ from .engines import Stats, make_engine
 from .plan import Part, padding_fraction, part_of, plan_units
 from .settings import Settings
 from .sources import Item, dataset_name, discover
-from .writer import (OutputError, RunLock, ShardWriter, _write_atomic, check_run_info, ensure_dir, read_run_info,
+from .writer import (OutputError, RunLock, ShardWriter, _write_atomic, check_run_info, ensure_dir,
                      recover)
 
 PLAN_INFO = "plan.json"
@@ -166,6 +166,16 @@ def extract(source: str, out_dir: str, settings: Settings, shard_size: int = 100
 
 def _extract_locked(source, run_dir, settings, shard_size, shard_mb, limit, part, recordings, on_plan, on_progress,
                     stop) -> dict:
+    engine = make_engine(settings)  # first: worker processes load the weights while we check them
+    try:
+        return _extract_with(engine, source, run_dir, settings, shard_size, shard_mb, limit, part, recordings, on_plan,
+                             on_progress, stop)
+    finally:
+        engine.close()
+
+
+def _extract_with(engine, source, run_dir, settings, shard_size, shard_mb, limit, part, recordings, on_plan,
+                  on_progress, stop) -> dict:
     model, config, identity = load_identity(settings)
     found = discover(source, settings.channel, settings.framing_rule, limit, recordings)
     items, bad = found.items, found.bad
@@ -180,8 +190,6 @@ def _extract_locked(source, run_dir, settings, shard_size, shard_mb, limit, part
 
     todo = [it for it in items if it.key not in done]
     bad = [it for it in bad if it.key not in done]
-    engine = make_engine(settings, model)
-    del model
     planned = getattr(engine, "plan_settings", settings)  # a Ray cluster's actors decide the unit sizes
     units = plan_units(todo, planned.chunk_samples(), planned.step_seconds, planned.rows,
                        long_group=planned.rows if settings.engine == "ray" else 1)
@@ -209,7 +217,8 @@ def _extract_locked(source, run_dir, settings, shard_size, shard_mb, limit, part
         if on_progress:
             on_progress(len(bad), sum(it.samples for it in bad) / SAMPLE_RATE, len(bad))
         started = time.perf_counter()
-        pieces = engine.run(units, stop)
+        pieces = engine.run(units, stop, model)
+        del model
         for piece in pieces:
             item = piece.item
             if piece.error is not None:

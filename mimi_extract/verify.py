@@ -131,6 +131,7 @@ def _projected_delta(model, delta: torch.Tensor, groups: list[int]) -> torch.Ten
     return torch.stack([norms[g] for g in groups], 1)
 
 
+@torch.no_grad()
 def classify_codes(model, got: torch.Tensor, ref_latent: torch.Tensor, num_quantizers: int,
                    got_latent: torch.Tensor | None = None, rtol: float = 1e-5) -> tuple[list[Mismatch], torch.Tensor]:
     """Mismatches of ``got`` [F, N] against the reference codes of ``ref_latent``, each classified

@@ -3,13 +3,16 @@
     python scripts/bench.py                          # full-size Mimi architecture, random weights, CPU
     python scripts/bench.py --device cuda --files 512 --max-seconds 20
     python scripts/bench.py --model kyutai/mimi      # real weights (network or a local dir)
+    python scripts/bench.py --tool-args "--engine ray" --tool-args "--cpu-workers 1" --baseline ../old-checkout
 
 Reports: the machine's measured sgemm GFLOPS (all cores), the encoder's FLOPs per audio second
 (counted with torch.utils.flop_counter, not assumed), hence the compute bound in audio seconds per
 second; a per-item loop of transformers' ``MimiModel.encode`` (decode each file, encode it: what a
-hand-written script does, on the same cores); and ``mimi-extract codes`` end to end as a user runs
-it (a fresh process: start-up, decoding, encoding, HDF5 writing), plus the share of its wall time
-its encoders sat idle waiting for input or output.  Codes of both paths are compared.
+hand-written script does, on the same cores), timed in this process after a warm-up and, like the
+tool, as a script in a fresh process (imports and weight loading included); ``mimi-extract codes``
+end to end as a user runs it (a fresh process: start-up, decoding, encoding, HDF5 writing), plus the
+share of its wall time its encoders sat idle waiting for input or output.  Codes of both paths are
+compared.
 """
 
 import argparse
@@ -25,6 +28,8 @@ import soundfile as sf
 import torch
 from transformers import MimiConfig
 
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 from mimi_extract import read
 from mimi_extract.audio import load
 from mimi_extract.encoder import PaddedMimiEncoder, load_model
@@ -39,7 +44,9 @@ p.add_argument("--min-seconds", type=float, default=1.0)
 p.add_argument("--max-seconds", type=float, default=8.0)
 p.add_argument("--num-quantizers", type=int, default=8)
 p.add_argument("--seed", type=int, default=0)
-p.add_argument("--tool-args", default="", help="extra arguments for mimi-extract codes, e.g. '--cpu-workers 1'")
+p.add_argument("--tool-args", action="append", default=[],
+               help="extra arguments for a further mimi-extract codes row, e.g. '--cpu-workers 1' (repeatable)")
+p.add_argument("--baseline", help="another checkout of mimi-extract to run end to end as well (e.g. the last release)")
 p.add_argument("--json", help="also write the results here")
 args = p.parse_args()
 cuda = args.device.startswith("cuda")
@@ -105,35 +112,76 @@ del model
 if cuda:
     torch.cuda.empty_cache()
 
-# -- the tool, end to end ----------------------------------------------------------------------------
-out = os.path.join(work, "out")
-cmd = [sys.executable, "-m", "mimi_extract", "codes", corpus, out, "--model", model_dir, "--device", args.device,
-       "-q", str(args.num_quantizers), *args.tool_args.split()]
+# -- the same loop as a script, start-up included (what a user waits for) --------------------------
+LOOP_SCRIPT = """
+import os, sys, torch
+from transformers import MimiModel
+from mimi_extract.audio import load
+model = MimiModel.from_pretrained(sys.argv[1]).to(sys.argv[3]).eval()
+with torch.no_grad():
+    for f in sorted(os.listdir(sys.argv[2])):
+        x = load(os.path.join(sys.argv[2], f)).to(sys.argv[3]).reshape(1, 1, -1)
+        model.encode(x, num_quantizers=int(sys.argv[4])).audio_codes.cpu()
+"""
+env = {**os.environ, "HF_HUB_OFFLINE": "1"}
 t = time.perf_counter()
-run = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-t_tool = time.perf_counter() - t
-if run.returncode:
-    sys.exit(f"mimi-extract failed:\n{run.stdout}\n{run.stderr}")
+looped = subprocess.run([sys.executable, "-c", LOOP_SCRIPT, model_dir, corpus, args.device, str(args.num_quantizers)],
+                        capture_output=True, text=True, env={**env, "PYTHONPATH": HERE})
+t_loop_script = time.perf_counter() - t
+if looped.returncode:
+    sys.exit(f"the loop script failed:\n{looped.stderr}")
+
+
+# -- the tool, end to end ----------------------------------------------------------------------------
+def run_tool(code: str, out: str, extra: str = "") -> float:
+    cmd = [sys.executable, "-m", "mimi_extract", "codes", corpus, out, "--model", model_dir, "--device", args.device,
+           "-q", str(args.num_quantizers), *extra.split()]
+    t = time.perf_counter()  # cwd: `python -m` puts it first on sys.path, ahead of PYTHONPATH
+    run = subprocess.run(cmd, capture_output=True, text=True, cwd=work, env={**env, "PYTHONPATH": code})
+    if run.returncode:
+        sys.exit(f"mimi-extract ({code} {extra}) failed:\n{run.stdout}\n{run.stderr}")
+    return time.perf_counter() - t
+
+
+out = os.path.join(work, "out")
+t_tool = run_tool(HERE, out)
 stats = json.load(open(os.path.join(out, "stats.json")))
 mismatch = sum(int((read(out, f) != loop_codes[f]).sum()) for f in files)
+variants = {}  # label -> (seconds, encoding phase seconds or None)
+for i, extra in enumerate(args.tool_args):
+    variant_out = os.path.join(work, f"out-{i}")
+    t_variant = run_tool(HERE, variant_out, extra)
+    variant_stats = json.load(open(os.path.join(variant_out, "stats.json")))
+    variants[f"  {extra}"] = (t_variant, variant_stats["elapsed"])
+    mismatch += sum(int((read(variant_out, f) != loop_codes[f]).sum()) for f in files)
+if args.baseline:
+    variants[f"baseline {os.path.basename(os.path.abspath(args.baseline))}"] = (
+        run_tool(os.path.abspath(args.baseline), os.path.join(work, "out-baseline")), None)
 
 name = f"{args.model} on {args.device}" + (f" ({threads} cores)" if not cuda else "")
 rows = {
     "per-item MimiModel.encode loop": total / t_loop,
+    "the loop as a script, end to end": total / t_loop_script,
     "mimi-extract codes, end to end": total / t_tool,
     "mimi-extract, encoding phase": total / stats["elapsed"],
 }
+for label, (seconds, phase) in variants.items():
+    rows[f"{label}, end to end"] = total / seconds
+    if phase:
+        rows[f"{label}, encoding phase"] = total / phase
 print(f"\n{args.files} files, {total:.0f} s of audio, {args.min_seconds:g}-{args.max_seconds:g} s each, {name}")
 print(f"machine: sgemm {gflops:.0f} GFLOPS; model: {flops_per_second / 1e9:.2f} GFLOP per audio second "
       f"-> compute bound {bound:.1f} audio s/s")
-print(f"{'path':<34}{'audio s/s':>10}{'vs loop':>9}{'of bound':>10}")
+width = max(38, 2 + max(map(len, rows)))
+print(f"{'path':<{width}}{'audio s/s':>10}{'vs loop':>9}{'of bound':>10}")
 for label, speed in rows.items():
-    print(f"{label:<34}{speed:>10.2f}{speed / rows['per-item MimiModel.encode loop']:>8.2f}x{speed / bound:>10.2f}")
+    print(f"{label:<{width}}{speed:>10.2f}{speed / rows['per-item MimiModel.encode loop']:>8.2f}x{speed / bound:>10.2f}")
 print(f"tool: {stats['workers']} workers, encoder idle {100 * stats['idle_fraction']:.1f}% of its {stats['wall']:.1f} s "
       f"(waiting for input {stats['wait_input']:.1f} s, output {stats['wait_output']:.1f} s, summed over workers), "
       f"padding {100 * stats['padding']:.1f}%; start-up and planning {t_tool - stats['elapsed']:.1f} s; "
-      f"code mismatches vs the loop: {mismatch}")
+      f"code mismatches vs the loop (every mimi-extract row): {mismatch}")
 if args.json:
     json.dump({"gflops": gflops, "flops_per_second": flops_per_second, "bound": bound, "speeds": rows, "stats": stats,
-               "tool_seconds": t_tool, "loop_seconds": t_loop, "audio_seconds": total, "mismatch": mismatch},
+               "tool_seconds": t_tool, "loop_seconds": t_loop, "loop_script_seconds": t_loop_script,
+               "variants": variants, "audio_seconds": total, "mismatch": mismatch},
               open(args.json, "w"), indent=2)

@@ -3,7 +3,7 @@
     python scripts/bench_long.py rss --minutes 1 10 30 60 120 --model tiny full
     python scripts/bench_long.py rss --minutes 1 3 6 --model tiny --code /path/to/old/checkout   # another version
     python scripts/bench_long.py exact --minutes 1 3 5          # full-size architecture, random weights
-    python scripts/bench_long.py speed --files 6 --seconds 60
+    python scripts/bench_long.py speed --files 6 --seconds 60 [--code /path/to/old/checkout]
 
 rss: one ``mimi-extract codes`` run per length, each in a fresh process (``--cpu-workers 1``:
 one process), on one 16 kHz recording (the common rate of long corpora, so the streaming
@@ -11,7 +11,8 @@ resampler is in the path); reports that process's peak RSS.
 exact: the chunked encoder (``--chunk-seconds`` of the CPU and GPU defaults) against transformers'
 unchunked single-item encode of the whole file: frames, code mismatches (with verify's tie-flip
 classification), max relative feature difference.
-speed: the same files through the engine chunked (4 s) and in one piece (chunk >= file), side by side.
+speed: the same files end to end (``mimi-extract codes``), chunked (the default) and in one piece
+(``--chunk-seconds`` past the file's length), and with ``--code``, that checkout too, side by side.
 """
 
 import argparse
@@ -20,12 +21,9 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
-import time
 
 import numpy as np
 import soundfile as sf
-import torch
 from transformers import MimiConfig
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -37,7 +35,7 @@ p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDes
 p.add_argument("mode", choices=["rss", "exact", "speed"])
 p.add_argument("--minutes", type=float, nargs="+", default=[1, 10, 30, 60, 120])
 p.add_argument("--model", nargs="+", default=["tiny", "full"], choices=["tiny", "full"])
-p.add_argument("--code", default=HERE, help="checkout whose mimi_extract to run (rss)")
+p.add_argument("--code", default=HERE, help="checkout whose mimi_extract to run (rss), or to compare with (speed)")
 p.add_argument("--files", type=int, default=6)
 p.add_argument("--seconds", type=float, default=60)
 p.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "mimi-bench-long"))
@@ -71,26 +69,34 @@ def recording(minutes: float, rate: int = 16_000) -> str:
     return folder
 
 
+def run_tool(code: str, folder: str, kind: str, *extra: str) -> tuple[float, float, int]:
+    """``mimi-extract codes`` of checkout ``code`` in a fresh process: (peak RSS GB, wall s, rc)."""
+    out = tempfile.mkdtemp(dir=args.work)
+    cmd = [sys.executable, "-m", "mimi_extract", "codes", folder, out, "--model", model_dir(kind), "--device", "cpu",
+           *extra]
+    wrapper = ("import resource, subprocess, sys, time; t = time.time(); "
+               "rc = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode; "
+               "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, time.time() - t, rc)")
+    res = subprocess.run([sys.executable, "-c", wrapper, *cmd], capture_output=True, text=True, cwd=args.work,
+                         env={**os.environ, "PYTHONPATH": code, "HF_HUB_OFFLINE": "1"})
+    # (cwd: `python -m` puts the working directory first on sys.path, ahead of PYTHONPATH)
+    kb, wall, rc = res.stdout.split()
+    return int(kb) / 2**20, float(wall), int(rc)
+
+
+def has_option(code: str, option: str) -> bool:
+    return option in subprocess.run([sys.executable, "-m", "mimi_extract", "codes", "--help"], capture_output=True,
+                                    text=True, cwd=args.work, env={**os.environ, "PYTHONPATH": code}).stdout
+
+
 if args.mode == "rss":
     print(f"{'model':<6}{'minutes':>8}{'peak RSS GB':>13}{'wall s':>9}{'rc':>4}  code={args.code}")
+    one = ["--cpu-workers", "1"] if has_option(args.code, "cpu-workers") else []
     for kind in args.model:
         for minutes in args.minutes:
-            folder = recording(minutes)
-            out = tempfile.mkdtemp(dir=args.work)
-            help_text = subprocess.run([sys.executable, "-m", "mimi_extract", "codes", "--help"], capture_output=True,
-                                       text=True, cwd=args.work, env={**os.environ, "PYTHONPATH": args.code}).stdout
-            one = ["--cpu-workers", "1"] if "cpu-workers" in help_text else []
-            cmd = [sys.executable, "-m", "mimi_extract", "codes", folder, out, "--model", model_dir(kind), "--device",
-                   "cpu", *one]
-            wrapper = ("import resource, subprocess, sys, time; t = time.time(); "
-                       "rc = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode; "
-                       "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, time.time() - t, rc)")
-            res = subprocess.run([sys.executable, "-c", wrapper, *cmd], capture_output=True, text=True, cwd=args.work,
-                                 env={**os.environ, "PYTHONPATH": args.code, "HF_HUB_OFFLINE": "1"})
-            # (cwd: `python -m` puts the working directory first on sys.path, ahead of PYTHONPATH)
-            kb, wall, rc = res.stdout.split()
-            print(f"{kind:<6}{minutes:>8g}{int(kb) / 2**20:>13.2f}{float(wall):>9.0f}{rc:>4}", flush=True)
-            results.append({"model": kind, "minutes": minutes, "rss_gb": int(kb) / 2**20, "wall": float(wall), "rc": int(rc)})
+            rss, wall, rc = run_tool(args.code, recording(minutes), kind, *one)
+            print(f"{kind:<6}{minutes:>8g}{rss:>13.2f}{wall:>9.0f}{rc:>4}", flush=True)
+            results.append({"model": kind, "minutes": minutes, "rss_gb": rss, "wall": wall, "rc": rc})
 
 elif args.mode == "exact":
     from mimi_extract.audio import load
@@ -99,7 +105,7 @@ elif args.mode == "exact":
 
     model = random_model(MimiConfig(), seed=0)
     encoder = PaddedMimiEncoder(model)
-    print(f"{'minutes':>8}{'chunk s':>8}{'frames':>8}{'ref':>7}{'codes ≠ (tie/real)':>20}{'rel max|Δ| latent':>19}{'encoder':>10}")
+    print(f"{'minutes':>8}{'chunk s':>8}{'frames':>8}{'ref':>7}{'codes ≠ (tie/real)':>20}{'in frames':>10}{'rel max|Δ| latent':>19}{'encoder':>10}")
     for minutes in args.minutes:
         audio = load(os.path.join(recording(minutes), "long.wav"))
         ref = reference_single(model, audio, 32)
@@ -109,18 +115,16 @@ elif args.mode == "exact":
             mism, _ = classify_codes(model, got["codes"], ref["latent"], 32, got["latent"])
             rel = {t: float((got[t] - ref[t]).abs().max() / ref[t].abs().max()) for t in ("latent", "encoder")}
             ties = sum(m.tie for m in mism)
+            flipped = sorted({m.frame for m in mism})  # a flip at codebook k changes the later ones too
             print(f"{minutes:>8g}{chunk_s:>8g}{got['codes'].shape[0]:>8}{ref['codes'].shape[0]:>7}"
-                  f"{f'{len(mism)} ({ties}/{len(mism) - ties})':>20}{rel['latent']:>19.1e}{rel['encoder']:>10.1e}", flush=True)
+                  f"{f'{len(mism)} ({ties}/{len(mism) - ties})':>20}{len(flipped):>10}{rel['latent']:>19.1e}"
+                  f"{rel['encoder']:>10.1e}", flush=True)
             results.append({"minutes": minutes, "chunk": chunk_s, "frames": got["codes"].shape[0],
-                            "ref_frames": ref["codes"].shape[0], "mismatches": len(mism), "ties": ties, **rel})
+                            "ref_frames": ref["codes"].shape[0], "mismatches": len(mism), "ties": ties,
+                            "frames_with_mismatch": flipped, "first_codebooks": sorted({m.codebook for m in mism
+                                                                                         if not m.cascade}), **rel})
 
-else:  # speed
-    from mimi_extract.engines import DeviceRunner
-    from mimi_extract.plan import plan_units
-    from mimi_extract.settings import Settings, cpu_cores
-    from mimi_extract.sources import discover
-
-    torch.set_num_threads(cpu_cores())
+else:  # speed: end to end, as a user runs it, side by side
     folder = os.path.join(args.work, f"speed-{args.files}x{args.seconds:g}")
     os.makedirs(folder, exist_ok=True)
     rng = np.random.default_rng(1)
@@ -128,20 +132,17 @@ else:  # speed
         path = os.path.join(folder, f"f{i}.wav")
         if not os.path.exists(path):
             sf.write(path, (0.05 * rng.standard_normal(int(args.seconds * 24_000))).astype(np.float32), 24_000)
-    found = discover(folder)
-    total = sum(it.samples for it in found.items) / 24_000
+    total = args.files * args.seconds
+    paths = [("chunked (default)", HERE, ()), ("one piece (--chunk-seconds > file)", HERE,
+                                               ("--chunk-seconds", f"{args.seconds + 1:g}"))]
+    if args.code != HERE:
+        paths.append((f"baseline {os.path.basename(os.path.abspath(args.code))}", args.code, ()))
+    print(f"{args.files} files x {args.seconds:g} s, CPU, mimi-extract codes end to end (start-up included)")
     for kind in args.model:
-        for label, chunk in (("chunked 4 s (default)", 4.0), ("one piece (today's path)", args.seconds + 1)):
-            settings = Settings(model=model_dir(kind), tap="codes", chunk_seconds=chunk, max_batch_seconds=chunk,
-                                batch_size=1, num_workers=1)
-            runner = DeviceRunner(settings, "cpu")
-            units = iter(plan_units(found.items, runner.chunk, settings.step_seconds, settings.rows))
-            t = time.perf_counter()
-            runner.run(lambda block=True: next(units, None), lambda piece: None, threading.Event())
-            speed = total / (time.perf_counter() - t)
-            print(f"{kind:<5} {label:<26} {speed:6.2f} audio s/s ({args.files} x {args.seconds:g} s, {cpu_cores()} threads)",
-                  flush=True)
-            results.append({"model": kind, "path": label, "speed": speed})
+        for label, code, extra in paths:
+            rss, wall, rc = run_tool(code, folder, kind, *extra)
+            print(f"{kind:<5} {label:<36} {total / wall:6.2f} audio s/s  peak RSS {rss:5.2f} GB  rc {rc}", flush=True)
+            results.append({"model": kind, "path": label, "speed": total / wall, "rss_gb": rss, "rc": rc})
 
 if args.json:
     json.dump(results, open(args.json, "w"), indent=2)
