@@ -30,7 +30,10 @@ def die_with_parent(parent: int) -> None:
 
 def worker_main(parent: int, settings: dict, *args) -> None:
     die_with_parent(parent)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what an interrupt means
+    # the parent decides what an interrupt means (Ctrl-C, and Slurm's or systemd's SIGTERM reach the
+    # whole process group): it commits what was encoded, then stops us; dying with it is PDEATHSIG's job
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     from .engines import _process_main
     from .settings import Settings
 

@@ -62,17 +62,17 @@ DTypeOpt = Annotated[DType, typer.Option(help="Compute dtype; bf16/fp16 only on 
 BatchOpt = Annotated[Optional[int], typer.Option(min=1, help="Maximum rows (files or streams) per step [default: 64 on GPU, 8 on CPU].")]
 SecondsOpt = Annotated[Optional[float], typer.Option(min=0.1, help="Padded audio seconds per step, rows x longest [default: 300 on GPU, 4 on CPU: cache-sized, measured fastest].")]
 ChunkOpt = Annotated[Optional[float], typer.Option(min=0.08, help="Files longer than this are streamed in chunks of this many seconds: exact, memory bounded by the chunk [default: 30 on GPU, 4 on CPU].")]
-WorkersOpt = Annotated[int, typer.Option(min=0, help="Decoding threads per device.")]
+WorkersOpt = Annotated[int, typer.Option(min=0, help="Decoding threads per device (0 counts as 1: decoding always overlaps encoding).")]
 ChannelOpt = Annotated[Channel, typer.Option(help="Multichannel files: mix = mean of channels, first, each = one entry per channel (key#chN).")]
 CausalOpt = Annotated[bool, typer.Option("--causal-16k/--no-causal-16k", help="16 kHz input: causal resampler (no output sample depends on future input) instead of torchaudio's.")]
 FramingArg = Annotated[FramingOpt, typer.Option(help="transformers = MimiModel.encode; moshi = zero-pad to whole frames as Kyutai's moshi does; muvap = the MuVAP front end (16 kHz delayed 16 samples, round(1.5n), pad to 960).")]
-LimitOpt = Annotated[Optional[int], typer.Option(min=1, help="Only the first N inputs (sorted by path).")]
+LimitOpt = Annotated[Optional[int], typer.Option(min=1, help="Only the first N inputs (a directory's sorted by path, a list's or manifest's in its order).")]
 ShardOpt = Annotated[int, typer.Option(min=1, help="Roll to a new shard after this many utterances.")]
 ShardMBOpt = Annotated[float, typer.Option(min=1, help="... or after this many MiB of data (a shard is built in memory).")]
 StrictOpt = Annotated[bool, typer.Option(help="Exit 1 if any input failed (default: error rows, exit 0).")]
 PartOpt = Annotated[Optional[str], typer.Option(help="Encode part I/N (0-based) of the inputs, by a stable hash of each key, or 'slurm' (SLURM_ARRAY_TASK_ID/COUNT).")]
 EngineArg = Annotated[EngineOpt, typer.Option(help="local = processes on this machine; ray = actors on a Ray cluster (pip install 'mimi-extract[ray]').")]
-RayAddressOpt = Annotated[Optional[str], typer.Option(help="Ray cluster to join: auto, HOST:PORT, or none to start a local one.")]
+RayAddressOpt = Annotated[Optional[str], typer.Option(help="Ray cluster to join: auto, HOST:PORT [default: start a private local one].")]
 RayCpuOpt = Annotated[Optional[int], typer.Option(min=1, help="CPU actors on a cluster without GPUs [default: CPUs / 2].")]
 RecordingsOpt = Annotated[Optional[str], typer.Option(help="lhotse RecordingSet for a SupervisionSet input.")]
 
@@ -317,9 +317,9 @@ def verify(
     device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N (auto = first GPU, else cpu).")] = "auto",
     dtype: DTypeOpt = DType["fp32"],
     num_quantizers: Annotated[int, typer.Option("--num-quantizers", "-q", min=1, max=32)] = 8,
-    batch_size: BatchOpt = 16,
-    max_batch_seconds: SecondsOpt = 120.0,
-    chunk_seconds: ChunkOpt = 30.0,
+    batch_size: Annotated[int, typer.Option(min=1, help="Rows per step of the engine under test.")] = 16,
+    max_batch_seconds: Annotated[float, typer.Option(min=0.1, help="Padded audio seconds per step of the engine under test.")] = 120.0,
+    chunk_seconds: Annotated[float, typer.Option(min=0.08, help="Files longer than this are streamed in chunks (checked against the unchunked reference).")] = 30.0,
     channel: ChannelOpt = Channel["mix"],
     causal_16k: CausalOpt = True,
     framing: FramingArg = FramingOpt["transformers"],

@@ -29,7 +29,7 @@ import time
 import traceback
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 import torch
@@ -459,6 +459,7 @@ class ProcessEngine:
         self.stats = Stats()
         self.notes: list[str] = []
         self.procs: list = []
+        self.handed = False  # has any worker been given a unit (then it may hold results to deliver)
 
     def start(self) -> None:
         """Spawn the workers (``make_engine`` does, before the runner's own start-up): each spends
@@ -477,9 +478,13 @@ class ProcessEngine:
             p.start()
 
     def close(self) -> None:
-        """Stop the workers (idempotent; also for workers started but never given a unit)."""
+        """Stop the workers (idempotent).  Workers never given a unit (a run that failed or was
+        refused during start-up) hold nothing: they are killed at once rather than waited for."""
         if not self.procs:
             return
+        if not self.handed:
+            for p in self.procs:
+                p.kill()
         self.mp_stop.set()
         for inbox in self.inboxes:
             inbox.put(None)
@@ -491,11 +496,12 @@ class ProcessEngine:
                 pass
         for p in self.procs:
             if p.is_alive():
-                p.terminate()
+                p.kill()  # (workers ignore SIGTERM: the parent decides what a stop means)
             p.join(5)
         self.procs = []
 
     def run(self, units: list[WorkUnit], stop: threading.Event, model=None):
+        del model  # every worker loads its own copy; this frame must not keep the caller's alive
         self.start()
         procs, inboxes, out_q, mp_stop = self.procs, self.inboxes, self.out_q, self.mp_stop
         todo: deque[WorkUnit] = deque(units)
@@ -509,10 +515,13 @@ class ProcessEngine:
         def hand_out():
             while waiting and (todo or not any(keys_left.values()) or stop.is_set()):
                 wid = waiting.pop(0)
+                if wid in failed_workers:
+                    continue
                 if todo and not stop.is_set():
                     unit = todo.popleft()
                     taken[wid].add(unit.index)
                     inboxes[wid].put(unit)
+                    self.handed = True
                 else:
                     inboxes[wid].put(None)
 
@@ -527,11 +536,15 @@ class ProcessEngine:
                     for wid, p in enumerate(procs):
                         if wid not in finished and wid not in failed_workers and not p.is_alive():
                             failed_workers.add(wid)
+                            if wid in waiting:
+                                waiting.remove(wid)
                             lost = [i for i in taken[wid] if keys_left[i]]
-                            todo.extendleft(u for u in reversed(units) if u.index in lost)
+                            # only the items not yet delivered: a delivered one has its row already
+                            todo.extendleft(replace(u, items=[it for it in u.items if it.key in keys_left[u.index]])
+                                            for u in reversed(units) if u.index in lost)
                             self.notes.append(f"worker on {self.settings.devices[wid]} died (exit code {p.exitcode}); "
                                               f"its {len(lost)} unfinished work units were handed to the others")
-                    if len(failed_workers) == len(procs):
+                    if len(failed_workers) == len(procs) and not stop.is_set():
                         raise RuntimeError("every device worker died (killed? out of host memory?)")
                     hand_out()
                     continue

@@ -21,7 +21,7 @@ import json
 import os
 
 from .sources import Entry
-from .writer import _write_file, read_rows, read_run_info, run_dirs
+from .writer import _write_file, committed_rows, read_run_info, run_dirs
 
 CUTS = "cuts.jsonl.gz"
 FIELDS = {"codes": "mimi_codes", "latent": "mimi_latent", "encoder": "mimi_encoder"}
@@ -70,7 +70,7 @@ def write_cuts(run_dir: str) -> str | None:
     tap = info["tap"]
     frame_shift = 0.04 if tap == "encoder" else 0.08
     lines = [json.dumps(cut_dict(r, run_dir, FIELDS[tap], frame_shift), ensure_ascii=False)
-             for r in read_rows(run_dir) if r.get("status") == "ok" and r.get("source")]
+             for r in committed_rows(run_dir) if r.get("status") == "ok" and r.get("source")]
     path = os.path.join(run_dir, CUTS)
     _write_file(path + ".tmp", gzip.compress(("\n".join(lines) + ("\n" if lines else "")).encode("utf-8"), 6))
     os.replace(path + ".tmp", path)

@@ -11,7 +11,7 @@ from collections import Counter
 import numpy as np
 
 from .sources import dataset_name
-from .writer import _PART_RE, read, read_manifest, read_rows, read_run_info, run_dirs, shard_attrs
+from .writer import _PART_RE, committed_rows, read, read_manifest, read_run_info, run_dirs, shard_attrs
 
 PLAN_INFO = "plan.json"
 
@@ -30,10 +30,10 @@ def status_report(out_dir: str) -> dict:
     for d in _require(out_dir):
         plan_path = os.path.join(d, PLAN_INFO)
         plan = json.load(open(plan_path, encoding="utf-8")) if os.path.exists(plan_path) else {}
-        rows = read_rows(d)
+        rows = committed_rows(d)
         name = os.path.relpath(d, out_dir)
         name = "whole run" if name == "." else name
-        runs[name] = {"inputs": plan.get("inputs"), "ok": sum(r.get("status") == "ok" for r in rows),
+        runs[name] = {"inputs": plan.get("inputs"), "ok": len({r["key"] for r in rows if r.get("status") == "ok"}),
                       "errors": sum(r.get("status") == "error" for r in rows), "updated": plan.get("updated")}
         if (m := _PART_RE.search(d)):
             counts.add((int(m.group(1)), int(m.group(2))))

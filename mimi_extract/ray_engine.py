@@ -89,7 +89,7 @@ class RayEngine:
         if self.started_here:
             quiet = dict(log_to_driver=False, logging_level=logging.ERROR)
             address = settings.ray_address
-            if address in (None, "", "local"):  # a private local cluster: never attach to a stray one
+            if address in (None, "", "local", "none"):  # a private local cluster: never attach to a stray one
                 ray.init(address="local", include_dashboard=False, **quiet)
             else:
                 ray.init(address=address, **quiet)
@@ -103,6 +103,9 @@ class RayEngine:
             self.options = dict(num_gpus=1, num_cpus=1)
         else:
             self.actors = settings.ray_cpu_actors or max(1, cpus // 2)
+            if self.actors > cpus:  # an actor needs a CPU: the ones that cannot be placed would wait forever
+                self.notes.append(f"--ray-cpu-actors {self.actors} > the cluster's {cpus} CPUs: using {cpus} actors")
+                self.actors = cpus
             self.threads = max(1, cpus // self.actors)
             self.device = "cpu"
             self.options = dict(num_cpus=self.threads)

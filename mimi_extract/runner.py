@@ -137,9 +137,7 @@ class _Signals:
         if self.on_signal:
             self.on_signal(name)
 
-    def __exit__(self, *exc):
-        if self.received:  # stopping: from here on, another signal means "exit now"
-            return
+    def __exit__(self, *exc):  # OUT is committed by now: the caller's own handlers take over again
         for sig, handler in self.old.items():
             signal.signal(sig, handler)
 

@@ -171,23 +171,28 @@ def read_rows(run_dir: str) -> list[dict]:
     return rows
 
 
-def read_manifest(out_dir: str) -> list[dict]:
-    """Committed rows of every run directory of OUT (all parts), ``shard`` relative to OUT.
+def committed_rows(run_dir: str) -> list[dict]:
+    """The committed rows of one run directory: rows whose shard was never renamed into place (a
+    run killed, or a disk filled, between the manifest append and the rename) are left out: they
+    are not committed, and resume drops them."""
+    exists: dict[str, bool] = {}
+    rows = []
+    for row in read_rows(run_dir):
+        shard = row.get("shard")
+        if shard and exists.setdefault(shard, os.path.exists(os.path.join(run_dir, shard))) is False:
+            continue
+        rows.append(row)
+    return rows
 
-    Rows whose shard was never renamed into place (a run killed, or a disk filled, between the
-    manifest append and the rename) are not shown: they are not committed, and resume drops them."""
+
+def read_manifest(out_dir: str) -> list[dict]:
+    """Committed rows of every run directory of OUT (all parts), ``shard`` relative to OUT."""
     rows = []
     for d in run_dirs(out_dir):
         prefix = os.path.relpath(d, out_dir)
-        committed: dict[str, bool] = {}
-        for row in read_rows(d):
-            if row.get("shard"):
-                if row["shard"] not in committed:
-                    committed[row["shard"]] = os.path.exists(os.path.join(d, row["shard"]))
-                if not committed[row["shard"]]:
-                    continue
-                if prefix != ".":
-                    row["shard"] = f"{prefix}/{row['shard']}"
+        for row in committed_rows(d):
+            if row.get("shard") and prefix != ".":
+                row["shard"] = f"{prefix}/{row['shard']}"
             rows.append(row)
     return rows
 

@@ -2,13 +2,16 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
+import soundfile as sf
 import torch
 
 from mimi_extract.testing import random_model, write_corpus
 
 torch.set_num_threads(2)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+ONE_WORKER = ["--device", "cpu", "--cpu-workers", "1", "--num-workers", "1"]  # a CLI run in one process
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -35,6 +38,14 @@ def corpus(tmp_path_factory):
     root = tmp_path_factory.mktemp("corpus")
     described = write_corpus(str(root))
     return str(root), described
+
+
+def write_noise(path, samples: int, rate: int = 24_000, rng=None, level: float = 0.2, channels: int = 1,
+                subtype: str | None = None) -> None:
+    """A white-noise file of ``samples`` frames (PCM-16 unless ``subtype``, e.g. "FLOAT")."""
+    rng = np.random.default_rng(0) if rng is None else rng
+    data = (level * rng.standard_normal(samples if channels == 1 else (samples, channels))).astype(np.float32)
+    sf.write(str(path), data, rate, **({"subtype": subtype} if subtype else {}))
 
 
 def ragged(lengths, seed=0, garbage=None):

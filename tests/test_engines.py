@@ -4,10 +4,9 @@ import os
 import threading
 
 import numpy as np
-import soundfile as sf
 import torch
 
-from conftest import tolerance
+from conftest import tolerance, write_noise
 from mimi_extract import read, read_manifest
 from mimi_extract.audio import load
 from mimi_extract.encoder import reference_single
@@ -24,7 +23,7 @@ FRAME = 1920
 def write(root, lengths, rate=24_000, seed=0):
     rng = np.random.default_rng(seed)
     for i, n in enumerate(lengths):
-        sf.write(os.path.join(root, f"x{i:02d}.wav"), (0.2 * rng.standard_normal(n)).astype(np.float32), rate, subtype="FLOAT")
+        write_noise(os.path.join(root, f"x{i:02d}.wav"), n, rate, rng, subtype="FLOAT")
 
 
 def test_continuous_batching_equals_single_item(tmp_path, tiny_model, tiny_model_dir):
@@ -57,8 +56,7 @@ def test_mixed_directory_streams_long_files(tmp_path, tiny_model, tiny_model_dir
     root = tmp_path / "mixed"
     root.mkdir()
     write(str(root), [FRAME * 3, 7000, 24_000 * 2])
-    sf.write(str(root / "long16k.wav"), (0.1 * np.random.default_rng(1).standard_normal(16_000 * 41 + 3)).astype(np.float32),
-             16_000, subtype="FLOAT")
+    write_noise(root / "long16k.wav", 16_000 * 41 + 3, 16_000, np.random.default_rng(1), 0.1, subtype="FLOAT")
     calls = []
     summary = extract(str(root), str(tmp_path / "out"), Settings(model=tiny_model_dir, tap="codes", num_workers=1),
                       on_progress=lambda items, seconds, errors: calls.append((items, seconds)))

@@ -15,16 +15,12 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from conftest import cli, cli_process
+from conftest import ONE_WORKER, cli, cli_process, write_noise
 from mimi_extract import read_manifest
 from mimi_extract.runner import extract
 from mimi_extract.settings import Settings
 from mimi_extract.testing import check_consistency, random_model, tiny_config
 from mimi_extract.writer import LockedError, RunLock
-
-ONE_WORKER = ["--device", "cpu", "--cpu-workers", "1", "--num-workers", "1"]
-
-
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +33,7 @@ def many(tmp_path_factory):
     for i in range(120):
         rate = 16_000 if i % 3 == 0 else 24_000
         n = int(rate * (0.2 + rng.random()))
-        sf.write(str(root / f"d{i % 4}" / f"f{i:03d}.wav"), (0.2 * rng.standard_normal(n)).astype(np.float32), rate)
+        write_noise(root / f"d{i % 4}" / f"f{i:03d}.wav", n, rate, rng)
     return str(root)
 
 
@@ -112,12 +108,22 @@ def test_kill_9_at_random_points_then_resume(many, tiny_model_dir, reference_run
     assert_same(out, reference_run)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_signal_commits_what_was_encoded(many, tiny_model_dir, reference_run, tmp_path, sig):
+def worker_pids(parent: int) -> list[int]:
+    """The spawned device workers of ``parent`` (not multiprocessing's resource tracker)."""
+    with open(f"/proc/{parent}/task/{parent}/children") as f:
+        children = [int(p) for p in f.read().split()]
+    return [p for p in children if b"spawn_main" in open(f"/proc/{p}/cmdline", "rb").read()]
+
+
+@pytest.mark.parametrize("sig,group", [(signal.SIGINT, False), (signal.SIGTERM, False), (signal.SIGTERM, True)])
+def test_signal_commits_what_was_encoded(many, tiny_model_dir, reference_run, tmp_path, sig, group):
+    """``group``: SIGTERM to the whole process group of a two-worker run, as Slurm's scancel or a
+    time limit sends it: the workers must not die before the parent has committed."""
     out = str(tmp_path / "out")
-    proc, _ = start(many, out, tiny_model_dir, *ONE_WORKER)
+    workers = ["--device", "cpu", "--cpu-workers", "2", "--num-workers", "1"] if group else ONE_WORKER
+    proc, _ = start(many, out, tiny_model_dir, *workers)
     wait_for_rows(out, 14)  # two shards committed
-    proc.send_signal(sig)
+    os.killpg(proc.pid, sig) if group else proc.send_signal(sig)
     code, text = finish(proc)
     assert code == 130, text
     assert f"interrupted ({signal.Signals(sig).name})" in text and "run the same command again to resume" in text
@@ -129,6 +135,18 @@ def test_signal_commits_what_was_encoded(many, tiny_model_dir, reference_run, tm
     code, text = finish(cli_process("codes", many, out, "--model", tiny_model_dir, "--shard-size", 7, *ONE_WORKER))
     assert code == 0 and f"({len(committed)} already done)" in " ".join(text.split()), text
     assert_same(out, reference_run)
+
+
+def test_a_dead_worker_hands_its_units_to_the_other(many, tiny_model_dir, reference_run, tmp_path):
+    out = str(tmp_path / "out")
+    proc, _ = start(many, out, tiny_model_dir, "--device", "cpu", "--cpu-workers", "2", "--num-workers", "1")
+    wait_for_rows(out, 14)
+    os.kill(worker_pids(proc.pid)[0], signal.SIGKILL)
+    code, text = finish(proc)
+    assert code == 0 and "died" in text and "handed to the others" in text, text
+    assert_same(out, reference_run)  # nothing lost, nothing twice: one row per input
+    rows = [json.loads(line) for line in open(os.path.join(out, "manifest.jsonl"))]
+    assert len(rows) == len({r["key"] for r in rows}) == 120
 
 
 def test_second_signal_stops_at_once_and_startup_interrupt_is_clean(many, tiny_model_dir, reference_run, tmp_path):
@@ -321,6 +339,6 @@ def test_second_signal_handler_exits_at_once(monkeypatch):
         assert stop.is_set() and signals.received == "SIGTERM" and not exits
         signals._handle(signal.SIGINT, None)
         assert exits == [130]
-    assert signal.getsignal(signal.SIGINT) == signals._handle  # stays: a later signal also exits at once
-    for sig, handler in signals.old.items():
-        signal.signal(sig, handler)
+    # OUT is committed when the block ends: the caller's handlers are back (a library caller's next
+    # Ctrl-C must not hit this run's "exit at once")
+    assert all(signal.getsignal(sig) == handler for sig, handler in signals.old.items())

@@ -17,6 +17,7 @@ from mimi_extract.plan import Part  # noqa: E402
 from mimi_extract.runner import extract  # noqa: E402
 from mimi_extract.settings import Settings  # noqa: E402
 from mimi_extract.testing import check_consistency  # noqa: E402
+from conftest import write_noise  # noqa: E402
 
 
 def rhu(x: float) -> int:  # lhotse's rounding of seconds to frames
@@ -58,9 +59,8 @@ def test_cutset_features_and_encoder_tap(corpus, tiny_model_dir, tmp_path):
 
 def test_lhotse_manifests_as_inputs(tmp_path, tiny_model, tiny_model_dir):
     rng = np.random.default_rng(0)
-    sf.write(str(tmp_path / "long16k.wav"), (0.2 * rng.standard_normal((16_000 * 6, 2))).astype(np.float32), 16_000,
-             subtype="FLOAT")
-    sf.write(str(tmp_path / "mono24k.flac"), (0.2 * rng.standard_normal(24_000 * 3)).astype(np.float32), 24_000)
+    write_noise(tmp_path / "long16k.wav", 16_000 * 6, 16_000, rng, channels=2, subtype="FLOAT")
+    write_noise(tmp_path / "mono24k.flac", 24_000 * 3, rng=rng)
     recs = lhotse.RecordingSet.from_recordings(
         lhotse.Recording.from_file(str(tmp_path / n)) for n in ("long16k.wav", "mono24k.flac"))
     sups = lhotse.SupervisionSet.from_segments([

@@ -10,16 +10,12 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from conftest import cli, cli_process
+from conftest import ONE_WORKER, cli, cli_process, write_noise
 from mimi_extract import read, read_manifest
 from mimi_extract.plan import Part, part_of
 from mimi_extract.runner import extract
 from mimi_extract.settings import Settings
 from mimi_extract.testing import check_consistency
-
-ONE_WORKER = ["--device", "cpu", "--cpu-workers", "1", "--num-workers", "1"]
-
-
 
 
 @pytest.fixture(scope="module")
@@ -27,8 +23,7 @@ def files(tmp_path_factory):
     root = tmp_path_factory.mktemp("files")
     rng = np.random.default_rng(3)
     for i in range(36):
-        sf.write(str(root / f"u{i:02d}.wav"), (0.2 * rng.standard_normal(int(24_000 * (0.2 + rng.random())))).astype(np.float32),
-                 24_000)
+        write_noise(root / f"u{i:02d}.wav", int(24_000 * (0.2 + rng.random())), rng=rng)
     return root
 
 

@@ -8,13 +8,13 @@ import time
 
 import numpy as np
 import pytest
-import soundfile as sf
 
 pytest.importorskip("ray")
 
 from mimi_extract.runner import extract  # noqa: E402
 from mimi_extract.settings import Settings  # noqa: E402
 from mimi_extract.testing import check_consistency  # noqa: E402
+from conftest import write_noise  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -23,8 +23,8 @@ def corpus60(tmp_path_factory):
     rng = np.random.default_rng(5)
     for i in range(60):
         n = int(24_000 * (0.3 + 1.5 * rng.random()))
-        sf.write(str(root / f"r{i:02d}.wav"), (0.2 * rng.standard_normal(n)).astype(np.float32), 24_000)
-    sf.write(str(root / "long.wav"), (0.1 * rng.standard_normal(24_000 * 9)).astype(np.float32), 24_000)  # streamed
+        write_noise(root / f"r{i:02d}.wav", n, rng=rng)
+    write_noise(root / "long.wav", 24_000 * 9, rng=rng, level=0.1)  # streamed
     return str(root)
 
 
