@@ -288,13 +288,65 @@ class PaddedMimiEncoder(nn.Module):
                             zeros(), zeros(), zeros())
 
     # -- layers ----------------------------------------------------------------------------
-    def _weight(self, conv: nn.Module) -> torch.Tensor:
-        """``conv``'s weight as a [C_out, C_in, 1, K] channels-last 2-D kernel (cached per device/dtype)."""
+    def _cached(self, conv: nn.Module, kind: str, make):
+        """``make(weight)`` for ``conv``, cached per device, dtype and weight version."""
         w = conv.conv.weight
-        key = (id(conv), w.device, w.dtype, w._version)
-        if self._weights.get(id(conv), (None,))[0] != key:
-            self._weights[id(conv)] = (key, w[:, :, None, :].contiguous(memory_format=torch.channels_last))
-        return self._weights[id(conv)][1]
+        key = (w.device, w.dtype, w._version)
+        slot = (id(conv), kind)
+        if self._weights.get(slot, (None,))[0] != key:
+            self._weights[slot] = (key, make(w))
+        return self._weights[slot][1]
+
+    def _weight(self, conv: nn.Module) -> torch.Tensor:
+        """``conv``'s weight as a [C_out, C_in, 1, K] channels-last 2-D kernel."""
+        return self._cached(conv, "nhwc", lambda w: w[:, :, None, :].contiguous(memory_format=torch.channels_last))
+
+    def _block_weights(self, conv: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+        """A kernel of 2 x stride taps split in two [stride * C_in, C_out] matrices: the taps over
+        the previous block of ``stride`` input steps, and those over the current block."""
+        def make(w):
+            s = int(conv.stride)
+            half = lambda taps: taps.permute(2, 1, 0).reshape(s * w.shape[1], w.shape[0]).contiguous()  # noqa: E731
+            return half(w[:, :, :s]), half(w[:, :, s:])
+        return self._cached(conv, "blocks", make)
+
+    def _uses_block_gemm(self, conv: nn.Module, x: torch.Tensor) -> bool:
+        """Whether a strided conv runs as two GEMMs over blocks of ``stride`` steps (CPU only).
+
+        Mimi's downsampling convs have kernel = 2 x stride and left padding = stride, so each output
+        reads exactly two consecutive input blocks.  Single-threaded, full-size Mimi, 4 s of audio,
+        as block GEMMs vs oneDNN's strided conv: k10 s5 128->256 64 vs 76 ms, k12 s6 256->512 27 vs
+        40 ms, k16 s8 512->1024 23 vs 48 ms; k8 s4 64->128 60 vs 48 ms (a [.., 256] x [256, 128] GEMM
+        is too thin), hence the width threshold.  Not measured on GPU: cuDNN keeps its conv there."""
+        s = int(conv.stride)
+        return (x.device.type == "cpu" and conv.pad_mode == "constant" and s > 1 and int(conv.kernel_size) == 2 * s
+                and int(conv.padding_total) == s
+                and conv.conv.dilation[0] == 1 and conv.conv.groups == 1
+                and s * conv.in_channels >= self.block_gemm_min_width)
+
+    block_gemm_min_width = 512  # stride x C_in from which the block GEMM wins (see _uses_block_gemm)
+
+    def _block_gemm(self, conv: nn.Module, x: torch.Tensor, lengths: torch.Tensor, state: EncoderState | None):
+        """The strided conv as ``out[t] = block[t - 1] @ Wa + block[t] @ Wb + bias``, where
+        ``block[-1]`` is the left context (zeros, or the carried state) and the last block is
+        completed with zeros, as MimiConv1d's extra padding completes the last window."""
+        s = int(conv.stride)
+        batch, size, channels = x.shape
+        n = -(-size // s)
+        previous, current = self._block_weights(conv)
+        blocks = x if size == n * s else torch.nn.functional.pad(x, (0, 0, 0, n * s - size))
+        blocks = blocks.reshape(batch * n, s * channels)
+        bias = conv.conv.bias
+        out = (torch.addmm(bias, blocks, current) if bias is not None else blocks @ current).view(batch, n, -1)
+        from_previous = (blocks @ previous).view(batch, n, -1)
+        out[:, 1:] += from_previous[:, :-1]
+        if state is not None:
+            index = self._conv_index[id(conv)]
+            out[:, 0] += state.conv[index].reshape(batch, s * channels) @ previous
+            state.conv[index] = torch.cat([state.conv[index], x], dim=1)[:, -s:].clone() if size < s \
+                else x[:, size - s :].clone()
+        out_lengths = conv._get_output_length(lengths).to(lengths.device)
+        return _zero_padding(out, out_lengths, inplace=True), out_lengths
 
     def _conv(self, conv: nn.Module, x: torch.Tensor, lengths: torch.Tensor, state: EncoderState | None):
         """One causal conv on a padded time-major batch [B, T, C_in], as the reference computes it:
@@ -310,6 +362,8 @@ class PaddedMimiEncoder(nn.Module):
         dilation = conv.conv.dilation[0]
         if conv.pad_mode == "replicate" or -x.shape[1] % stride > pad:  # (Mimi: only the downsample)
             return self._conv_explicit(conv, x, lengths, state)
+        if self._uses_block_gemm(conv, x):
+            return self._block_gemm(conv, x.contiguous(), lengths, state)
         size = x.shape[1]
         n = -(-size // stride)  # outputs: ceil(T / S), MimiConv1d's extra padding completing the last window
         weight, bias = self._weight(conv), conv.conv.bias

@@ -207,3 +207,18 @@ def test_chunk_rules_and_reset(tiny_model):
     ref1 = reference_single(tiny_model, items[1][: FRAME * 2], 8)["codes"]
     assert torch.equal(torch.cat([frames_of(first, "codes", 0), frames_of(second, "codes", 0)]), ref0)
     assert torch.equal(frames_of(second, "codes", 1), ref1)
+
+
+def test_block_gemm_downsampling_convs(tiny_model, monkeypatch):
+    """The strided convs as block GEMMs (on for full-size Mimi's wide convs; forced here for every
+    strided conv of the tiny model): batched and chunked still equal the single-item reference."""
+    monkeypatch.setattr(PaddedMimiEncoder, "block_gemm_min_width", 1)
+    enc = PaddedMimiEncoder(tiny_model)
+    used = [c for c in enc.convs if enc._uses_block_gemm(c, torch.zeros(1, 1, 1))]
+    assert len(used) == 4, "the four SEANet downsampling convs take the block GEMM"
+    calls = []
+    original = PaddedMimiEncoder._block_gemm
+    monkeypatch.setattr(PaddedMimiEncoder, "_block_gemm", lambda self, *a: calls.append(1) or original(self, *a))
+    assert_matches_single(tiny_model, LENGTHS)
+    assert_chunked_matches(tiny_model, [FRAME * 20 + 7, FRAME * 7 - 1, 1, FRAME * 3 + 960], FRAME * 3)
+    assert calls, "the block GEMM path ran"
