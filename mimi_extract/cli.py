@@ -57,11 +57,11 @@ InputArg = Annotated[str, typer.Argument(metavar="INPUT", help="A directory (sea
 OutArg = Annotated[str, typer.Argument(metavar="OUT", help="Output directory (shards + manifest.jsonl + cuts.jsonl.gz).")]
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Hub id or local directory (save_pretrained layout).")]
 DeviceOpt = Annotated[str, typer.Option(help="auto (all GPUs, else cpu), cpu, cuda, cuda:N, or a list: cuda:0,cuda:1.")]
-CpuWorkersOpt = Annotated[Optional[int], typer.Option(min=1, help="Encoder processes on CPU [default: one per core, single-threaded].")]
+CpuWorkersOpt = Annotated[Optional[int], typer.Option(min=1, help="Encoder processes on CPU \\[default: one per core, single-threaded].")]
 DTypeOpt = Annotated[DType, typer.Option(help="Compute dtype; bf16/fp16 only on GPU. fp32 is the exact path.")]
-BatchOpt = Annotated[Optional[int], typer.Option(min=1, help="Maximum rows (files or streams) per step [default: 64 on GPU, 8 on CPU].")]
-SecondsOpt = Annotated[Optional[float], typer.Option(min=0.1, help="Padded audio seconds per step, rows x longest [default: 300 on GPU, 4 on CPU: cache-sized, measured fastest].")]
-ChunkOpt = Annotated[Optional[float], typer.Option(min=0.08, help="Files longer than this are streamed in chunks of this many seconds: exact, memory bounded by the chunk [default: 30 on GPU, 4 on CPU].")]
+BatchOpt = Annotated[Optional[int], typer.Option(min=1, help="Maximum rows (files or streams) per step \\[default: 64 on GPU, 8 on CPU].")]
+SecondsOpt = Annotated[Optional[float], typer.Option(min=0.1, help="Padded audio seconds per step, rows x longest \\[default: 300 on GPU, 4 on CPU: cache-sized, measured fastest].")]
+ChunkOpt = Annotated[Optional[float], typer.Option(min=0.08, help="Files longer than this are streamed in chunks of this many seconds: exact, memory bounded by the chunk \\[default: 30 on GPU, 4 on CPU].")]
 WorkersOpt = Annotated[int, typer.Option(min=0, help="Decoding threads per device (0 counts as 1: decoding always overlaps encoding).")]
 ChannelOpt = Annotated[Channel, typer.Option(help="Multichannel files: mix = mean of channels, first, each = one entry per channel (key#chN).")]
 CausalOpt = Annotated[bool, typer.Option("--causal-16k/--no-causal-16k", help="16 kHz input: causal resampler (no output sample depends on future input) instead of torchaudio's.")]
@@ -71,9 +71,9 @@ ShardOpt = Annotated[int, typer.Option(min=1, help="Roll to a new shard after th
 ShardMBOpt = Annotated[float, typer.Option(min=1, help="... or after this many MiB of data (a shard is built in memory).")]
 StrictOpt = Annotated[bool, typer.Option(help="Exit 1 if any input failed (default: error rows, exit 0).")]
 PartOpt = Annotated[Optional[str], typer.Option(help="Encode part I/N (0-based) of the inputs, by a stable hash of each key, or 'slurm' (SLURM_ARRAY_TASK_ID/COUNT).")]
-EngineArg = Annotated[EngineOpt, typer.Option(help="local = processes on this machine; ray = actors on a Ray cluster (pip install 'mimi-extract[ray]').")]
-RayAddressOpt = Annotated[Optional[str], typer.Option(help="Ray cluster to join: auto, HOST:PORT [default: start a private local one].")]
-RayCpuOpt = Annotated[Optional[int], typer.Option(min=1, help="CPU actors on a cluster without GPUs [default: CPUs / 2].")]
+EngineArg = Annotated[EngineOpt, typer.Option(help="local = processes on this machine; ray = actors on a Ray cluster (pip install 'mimi-extract\\[ray]').")]
+RayAddressOpt = Annotated[Optional[str], typer.Option(help="Ray cluster to join: auto, HOST:PORT \\[default: start a private local one].")]
+RayCpuOpt = Annotated[Optional[int], typer.Option(min=1, help="CPU actors on a cluster without GPUs \\[default: CPUs / 2].")]
 RecordingsOpt = Annotated[Optional[str], typer.Option(help="lhotse RecordingSet for a SupervisionSet input.")]
 
 
@@ -181,7 +181,7 @@ _RUN_HELP = ("\n\n    Re-running the same command resumes: items already 'ok' in
 def features(
     input_path: InputArg,
     out_dir: OutArg,
-    tap: Annotated[Tap, typer.Option(help="encoder = 25 Hz before the downsample; latent = 12.5 Hz, pre-quantizer.")] = Tap["latent"],
+    tap: Annotated[Optional[Tap], typer.Option(help="encoder = 25 Hz before the downsample; latent = 12.5 Hz, pre-quantizer \\[default: latent; encoder with --framing muvap, the features MuVAP models are trained on].", show_default=False)] = None,
     feature_dtype: Annotated[FeatureDType, typer.Option(help="Storage dtype of the features.")] = FeatureDType["float32"],
     model: ModelOpt = "kyutai/mimi",
     device: DeviceOpt = "auto",
@@ -211,8 +211,10 @@ def features(
       mimi-extract features corpus/ feats/                      # 12.5 Hz latents, all GPUs
       mimi-extract features corpus/ feats25/ --tap encoder      # 25 Hz, before the downsample
       mimi-extract features corpus/ feats/ --model ./mimi-local --device cpu
-      mimi-extract features vad.jsonl feats/ --framing muvap --tap encoder
+      mimi-extract features vad.jsonl feats/ --framing muvap    # 25 Hz encoder features, as MuVAP
     """
+    if tap is None:
+        tap = Tap["encoder"] if framing is FramingOpt["muvap"] else Tap["latent"]
     settings = _settings(model, device, dtype, batch_size, max_batch_seconds, num_workers, channel, causal_16k,
                          cpu_workers, tap=tap.value, feature_dtype=feature_dtype.value, chunk_seconds=chunk_seconds,
                          framing=framing.value, engine=engine.value, ray_address=ray_address,
@@ -269,7 +271,7 @@ codes.__doc__ += _RUN_HELP
 
 
 def _check_table(title: str, checks, rtol: float, atol: float, max_real: int, features=("encoder", "latent")):
-    table = Table(title=title)
+    table = Table(title=Text(title))  # a path: never markup
     cols = ["file", "sec", "frames"] + [f"rel max|Δ| {t}" for t in features] + ["codes ≠ (tie / real)", "first bad frame", "result"]
     for col in cols:
         table.add_column(col, justify="left" if col == "file" else "right", overflow="fold")
@@ -313,13 +315,13 @@ def verify(
     out: Annotated[Optional[str], typer.Option("--out", help="Audit this OUT: re-encode a sample of its items one by one and compare with what it holds.")] = None,
     sample: Annotated[int, typer.Option(min=1, help="With --out: items to re-encode (random, --seed).")] = 20,
     seed: int = 0,
-    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Hub id or local directory [default: kyutai/mimi, or the model OUT was made with].")] = None,
+    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Hub id or local directory \\[default: kyutai/mimi, or the model OUT was made with].")] = None,
     device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N (auto = first GPU, else cpu).")] = "auto",
     dtype: DTypeOpt = DType["fp32"],
     num_quantizers: Annotated[int, typer.Option("--num-quantizers", "-q", min=1, max=32)] = 8,
     batch_size: Annotated[int, typer.Option(min=1, help="Rows per step of the engine under test.")] = 16,
     max_batch_seconds: Annotated[float, typer.Option(min=0.1, help="Padded audio seconds per step of the engine under test.")] = 120.0,
-    chunk_seconds: Annotated[float, typer.Option(min=0.08, help="Files longer than this are streamed in chunks (checked against the unchunked reference).")] = 30.0,
+    chunk_seconds: Annotated[float, typer.Option(min=0.08, help="Files longer than this are streamed in chunks (checked against the unchunked reference); with --out, longer items are re-encoded alone in chunks.")] = 30.0,
     channel: ChannelOpt = Channel["mix"],
     causal_16k: CausalOpt = True,
     framing: FramingArg = FramingOpt["transformers"],
@@ -354,7 +356,7 @@ def verify(
     try:
         if out is not None:
             dev = resolve_devices(device)[0]
-            checks, problems = verify_outputs(out, sample, seed, dev, model, rtol, atol)
+            checks, problems = verify_outputs(out, sample, seed, dev, model, rtol, atol, chunk_seconds=chunk_seconds)
             title = f"{out}: stored vs single-item (fp32, transformers)"
             from .writer import read_run_info, run_dirs
 
@@ -444,7 +446,9 @@ def info(out_dir: Annotated[str, typer.Argument(metavar="OUT")],
     if report is None:
         return
     out = Console(highlight=False)
-    say(f"{report['inputs']} inputs: {report['ok']} ok, {report['errors']} errors; {report['hours']:.3f} h of audio, "
+    say(f"{report['inputs']} inputs: {report['ok']} ok, {report['errors']} errors"
+        + (f", {report['pending']} not yet encoded" if report["pending"] else "")
+        + f"; {report['hours']:.3f} h of audio, "
         f"{report['frames']} frames" + (f", {report['tokens']} tokens" if report.get("tokens") is not None else ""), out=out)
     for reason, n in report["errors_by_reason"].items():
         say(f"  {n} x ", (reason, "yellow"), out=out)
@@ -460,7 +464,7 @@ def decode(
     keys: Annotated[Optional[list[str]], typer.Argument(metavar="[KEY]...", help="Items to decode.")] = None,
     output: Annotated[Optional[str], typer.Option("-o", "--output", help="A .wav file (one key) or a folder.")] = None,
     all_items: Annotated[bool, typer.Option("--all", help="Every ok item of OUT (into the -o folder).")] = False,
-    model: Annotated[Optional[str], typer.Option("--model", "-m", help="[default: the model OUT was made with]")] = None,
+    model: Annotated[Optional[str], typer.Option("--model", "-m", help="\\[default: the model OUT was made with]")] = None,
     device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N (auto = first GPU, else cpu).")] = "auto",
 ):
     """Codes (or features) back to 24 kHz audio with MimiModel.decode, to listen to what they keep.

@@ -62,15 +62,24 @@ def cut_dict(row: dict, run_dir: str, field: str, frame_shift: float) -> dict:
     }
 
 
-def write_cuts(run_dir: str) -> str | None:
-    """(Re)write ``run_dir/cuts.jsonl.gz`` from the manifest's ok rows, atomically."""
+def cut_dicts(run_dir: str) -> list[dict]:
+    """One cut per committed ok row of a run directory (lhotse's serialisation of a MonoCut/MultiCut)."""
     info = read_run_info(run_dir)
     if info is None:
-        return None
+        return []
     tap = info["tap"]
     frame_shift = 0.04 if tap == "encoder" else 0.08
-    lines = [json.dumps(cut_dict(r, run_dir, FIELDS[tap], frame_shift), ensure_ascii=False)
-             for r in committed_rows(run_dir) if r.get("status") == "ok" and r.get("source")]
+    return [cut_dict(r, run_dir, FIELDS[tap], frame_shift)
+            for r in committed_rows(run_dir) if r.get("status") == "ok" and r.get("source")]
+
+
+def write_cuts(run_dir: str) -> str | None:
+    """(Re)write ``run_dir/cuts.jsonl.gz`` from the manifest's committed ok rows, atomically.  Every
+    run ends with it, an interrupted one too; after a kill -9 it lags the manifest until the next
+    run of that directory (``read_cuts`` never does: it reads the manifest)."""
+    if read_run_info(run_dir) is None:
+        return None
+    lines = [json.dumps(c, ensure_ascii=False) for c in cut_dicts(run_dir)]
     path = os.path.join(run_dir, CUTS)
     _write_file(path + ".tmp", gzip.compress(("\n".join(lines) + ("\n" if lines else "")).encode("utf-8"), 6))
     os.replace(path + ".tmp", path)
@@ -78,13 +87,13 @@ def write_cuts(run_dir: str) -> str | None:
 
 
 def read_cuts(out_dir: str):
-    """The lhotse CutSet of every run directory of OUT (all parts of a job array)."""
+    """The lhotse CutSet of every committed ok item of OUT (all parts of a job array), built from
+    the manifests, so it is never behind them (the ``cuts.jsonl.gz`` files can be, after a kill)."""
     lhotse = _lhotse()
-    paths = [os.path.join(d, CUTS) for d in run_dirs(out_dir) if os.path.exists(os.path.join(d, CUTS))]
-    if not paths:
-        raise FileNotFoundError(f"no {CUTS} in {out_dir}")
-    sets = [lhotse.CutSet.from_jsonl(p) for p in paths]
-    return sets[0] if len(sets) == 1 else lhotse.combine(*sets)
+    dirs = [d for d in run_dirs(out_dir) if read_run_info(d) is not None]
+    if not dirs:
+        raise FileNotFoundError(f"{out_dir} holds no mimi-extract run (no run.json)")
+    return lhotse.CutSet.from_dicts([c for d in dirs for c in cut_dicts(d)])
 
 
 def _file_source(recording, channel: int):

@@ -10,7 +10,7 @@ from collections import Counter
 
 import numpy as np
 
-from .sources import dataset_name
+from .sources import dataset_name, seconds_to_samples
 from .writer import _PART_RE, committed_rows, read, read_manifest, read_run_info, run_dirs, shard_attrs
 
 PLAN_INFO = "plan.json"
@@ -23,13 +23,21 @@ def _require(out_dir: str) -> list[str]:
     return dirs
 
 
+def _plan(run_dir: str) -> dict:
+    """What the last run of a run directory planned (``plan.json``: inputs, seconds, when)."""
+    path = os.path.join(run_dir, PLAN_INFO)
+    if not os.path.exists(path):
+        return {}
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
 def status_report(out_dir: str) -> dict:
     """Per run directory (part): planned inputs, ok and error rows; parts not started; totals."""
     runs = {}
     counts = set()
     for d in _require(out_dir):
-        plan_path = os.path.join(d, PLAN_INFO)
-        plan = json.load(open(plan_path, encoding="utf-8")) if os.path.exists(plan_path) else {}
+        plan = _plan(d)
         rows = committed_rows(d)
         name = os.path.relpath(d, out_dir)
         name = "whole run" if name == "." else name
@@ -68,8 +76,10 @@ def info_report(out_dir: str) -> dict:
     settings = {k: info[k] for k in sorted(info) if k not in ("part",)}
     if len(dirs) > 1:
         settings["parts"] = len(dirs)
+    planned = [_plan(d).get("inputs") for d in dirs]
+    inputs = sum(planned) if None not in planned else len(rows)  # the runs' planned inputs, once known
     return {
-        "inputs": len(rows), "ok": len(ok), "errors": len(errors),
+        "inputs": inputs, "ok": len(ok), "errors": len(errors), "pending": max(0, inputs - len(ok) - len(errors)),
         "errors_by_reason": dict(Counter(_reason(r.get("error")) for r in errors).most_common()),
         "hours": sum(r.get("duration", 0.0) for r in ok) / 3600, "frames": frames,
         "tokens": frames * nq if nq else None, "shards": {s: sizes.get(s, 0) for s in shards},
@@ -83,7 +93,7 @@ def _samples_24k(row: dict, info: dict) -> int:
 
     rate = row["sample_rate"]
     if row.get("end") is not None:
-        frames = round((row["end"] - row["start"]) * rate)
+        frames = seconds_to_samples(row["end"] - row["start"], rate)  # as discovery counted them
     elif row.get("source"):
         frames = row["source"]["frames"]
     else:

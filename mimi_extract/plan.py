@@ -53,6 +53,9 @@ def parse_part(spec: str | None, environ=os.environ) -> Part:
         except ValueError:
             raise ValueError("--part slurm: SLURM_ARRAY_TASK_ID/COUNT are not integers") from None
         index = task - int(environ.get("SLURM_ARRAY_TASK_MIN", 0))
+        if not 0 <= index < count:
+            raise ValueError(f"--part slurm: task {task} is not one of {count} contiguous tasks from "
+                             f"SLURM_ARRAY_TASK_MIN; use an array without gaps or steps (sbatch --array=0-{count - 1})")
         spec = f"{index}/{count}"
     m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", spec)
     if not m:

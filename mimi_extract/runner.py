@@ -26,7 +26,7 @@ from .plan import Part, padding_fraction, part_of, plan_units
 from .settings import Settings
 from .sources import Item, dataset_name, discover
 from .writer import (OutputError, RunLock, ShardWriter, _write_atomic, check_run_info, ensure_dir,
-                     recover)
+                     recover, run_dirs)
 
 PLAN_INFO = "plan.json"
 
@@ -112,6 +112,25 @@ def load_identity(settings: Settings):
     return model, config, {"config_hash": config_hash(config), "weights": weights_hash(model)}
 
 
+def refuse_changed_inputs(items: list[Item], done: dict[str, dict]) -> None:
+    """Refuse to resume over inputs whose file changed since they were encoded (same key, another
+    sample rate, length or channel count): their stored outputs would silently describe old audio."""
+    def shape(rate, frames, channels) -> str:
+        return f"{rate} Hz, {frames} samples, {channels} channel(s)"
+
+    changed = []
+    for it in items:
+        src = done.get(it.key, {}).get("source")
+        if src and (done[it.key].get("sample_rate"), src.get("frames"), src.get("channels")) != \
+                (it.sample_rate, it.file_frames, it.file_channels):
+            changed.append(f"{it.key}: {shape(done[it.key].get('sample_rate'), src.get('frames'), src.get('channels'))}"
+                           f" when encoded, now {shape(it.sample_rate, it.file_frames, it.file_channels)}")
+    if changed:
+        raise OutputError(f"{len(changed)} input file(s) changed since they were encoded ({changed[0]}"
+                          + (f"; and {len(changed) - 1} more" if len(changed) > 1 else "")
+                          + "); their stored outputs no longer match: encode into a new OUT directory")
+
+
 class _Signals:
     """SIGINT/SIGTERM -> ``stop`` (commit and exit cleanly); a second one exits at once."""
 
@@ -180,8 +199,10 @@ def _extract_with(engine, source, run_dir, settings, shard_size, shard_mb, limit
     if not part.whole:
         items = [it for it in items if part_of(it.key, part.count) == part.index]
         bad = [it for it in bad if part_of(it.key, part.count) == part.index]
-    check_run_info(run_dir, run_info(settings, identity, found.root, found.kind, part))
+    siblings = [d for d in run_dirs(os.path.dirname(run_dir)) if d != run_dir] if not part.whole else []
+    check_run_info(run_dir, run_info(settings, identity, found.root, found.kind, part), siblings)
     done, notes = recover(run_dir)
+    refuse_changed_inputs(items, done)
     _write_atomic(os.path.join(run_dir, PLAN_INFO), json.dumps(
         {"inputs": len(items) + len(bad), "seconds": sum(it.duration for it in items),
          "updated": time.strftime("%Y-%m-%d %H:%M:%S %z"), "part": str(part)}))
@@ -245,9 +266,8 @@ def _extract_with(engine, source, run_dir, settings, shard_size, shard_mb, limit
         "idle_fraction": stats.idle_fraction, "steps": stats.steps, "padding": stats.padding_fraction,
         "elapsed": time.perf_counter() - started, "workers": len(settings.devices), "seconds": summary["seconds"], "ok": summary["ok"],
         "interrupted": stop.is_set()}, indent=2))
-    if not stop.is_set():
-        from .lhotse_io import write_cuts
+    from .lhotse_io import write_cuts
 
-        write_cuts(run_dir)
+    write_cuts(run_dir)  # interrupted too: the cuts of what is committed
     return summary
 

@@ -213,12 +213,19 @@ def seconds_to_samples(seconds: float, rate: int) -> int:
     return int(Decimal(round(seconds * rate, 8)).quantize(0, rounding=ROUND_HALF_UP))
 
 
+def _key_seconds(seconds: float) -> str:
+    """Seconds in a segment key, to the microsecond (below one sample at any audio rate), so that
+    distinct segments of a long recording get distinct keys (``%g`` kept six digits: 1234.56 and
+    1234.564 collided)."""
+    return f"{seconds:.6f}".rstrip("0").rstrip(".")
+
+
 def probe(entry: Entry, channel_mode: str = "mix", framing: Framing = Framing()) -> list[Item]:
     """Header-only look at one entry -> its items (one per channel with ``each``), or one error item."""
     key = entry.key or entry.rel
     if entry.start is not None and entry.key is None:
         end = entry.start + (entry.duration or 0.0)
-        key = f"{entry.rel}@{entry.start:g}-{end:g}"
+        key = f"{entry.rel}@{_key_seconds(entry.start)}-{_key_seconds(end)}"
     if entry.channel is not None and entry.key is None:
         key = f"{key}#ch{entry.channel}"
     segment = (entry.start, entry.start + entry.duration) if entry.start is not None and entry.duration is not None else None

@@ -211,16 +211,27 @@ _EXPLAIN = {
 }
 
 
-def check_run_info(run_dir: str, info: dict) -> None:
-    """Refuse to mix outputs of different settings, weights or inputs in one run directory."""
+def _differences(old: dict, new: dict, ignore: tuple[str, ...]) -> str:
+    diff = {k: (old.get(k), v) for k, v in new.items() if k not in ignore and old.get(k) != v}
+    return "; ".join(f"{k}: {a!r} -> {b!r}" + (f" ({_EXPLAIN[k]})" if k in _EXPLAIN else "") for k, (a, b) in diff.items())
+
+
+def check_run_info(run_dir: str, info: dict, siblings: list[str] = ()) -> None:
+    """Refuse to mix outputs of different settings, weights or inputs in one run directory, or in
+    one job array: every part of an OUT (``siblings``: the other parts' run directories) must have
+    been made from the same input with the same model and settings, or their union means nothing."""
+    for other in siblings:
+        theirs = read_run_info(other)
+        changes = _differences(theirs, info, ("tool_version", "part")) if theirs is not None else ""
+        if changes:
+            raise OutputError(f"{other} (another part of this job array) was made with other settings ({changes}); "
+                              "run every part with the same input, model and settings, or use a new OUT directory")
     old = read_run_info(run_dir)
     if old is None:
         _write_atomic(os.path.join(run_dir, RUN_INFO), json.dumps(info, indent=2, sort_keys=True))
         return
-    diff = {k: (old.get(k), v) for k, v in info.items() if k not in ("tool_version",) and old.get(k) != v}
-    if diff:
-        changes = "; ".join(
-            f"{k}: {a!r} -> {b!r}" + (f" ({_EXPLAIN[k]})" if k in _EXPLAIN else "") for k, (a, b) in diff.items())
+    changes = _differences(old, info, ("tool_version",))
+    if changes:
         raise OutputError(f"{run_dir} holds a run with other settings ({changes}); resume with the original "
                           "settings or use a new OUT directory")
 

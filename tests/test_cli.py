@@ -5,7 +5,9 @@ import json
 import os
 
 import h5py
+import numpy as np
 import pytest
+import soundfile as sf
 import torch
 
 from conftest import cli, tolerance
@@ -150,6 +152,22 @@ def test_settings_mismatch_refused(corpus, tiny_model_dir, tmp_path):
     assert result.exit_code == 2 and "other settings" in result.text
 
 
+def test_input_changed_in_place_is_refused(tmp_path, tiny_model_dir):
+    """A file replaced in place (same key, another rate and length) is not skipped as done: its
+    stored output describes the old audio."""
+    root = tmp_path / "in"
+    root.mkdir()
+    sf.write(str(root / "a.wav"), np.zeros(32_000, np.float32), 16_000)
+    sf.write(str(root / "b.wav"), np.zeros(24_000, np.float32), 24_000)
+    out = tmp_path / "out"
+    assert cli("codes", root, out, *common(tiny_model_dir)).exit_code == 0
+    sf.write(str(root / "a.wav"), np.zeros(72_000, np.float32), 24_000)
+    result = cli("codes", root, out, *common(tiny_model_dir))
+    assert result.exit_code == 2 and "1 input file(s) changed" in result.text, result.output
+    assert "a.wav: 16000 Hz, 32000 samples, 1 channel(s) when encoded, now 24000 Hz, 72000 samples" in result.text
+    assert [r["sample_rate"] for r in read_manifest(str(out)) if r["key"] == "a.wav"] == [16_000]
+
+
 def test_verify_command(corpus, tiny_model_dir):
     root, _ = corpus
     result = cli("verify", root, "--model", tiny_model_dir, "--device", "cpu")
@@ -170,8 +188,10 @@ def test_bad_input_dir_and_model(tmp_path, tiny_model_dir):
 
 @pytest.mark.parametrize("command", ["features", "codes", "verify"])
 def test_help(command):
-    result = cli(command, "--help")
+    result = cli(command, "--help", env={"COLUMNS": "400"})
     assert result.exit_code == 0 and "Example" in result.text
+    if command != "verify":  # bracketed help text is shown, not eaten as markup
+        assert "[default: 64 on GPU, 8 on CPU]" in result.text and "mimi-extract[ray]" in result.text, result.output
 
 
 @pytest.mark.parametrize("error", [

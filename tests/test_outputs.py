@@ -9,6 +9,7 @@ import torch
 
 from conftest import cli, tolerance
 from mimi_extract import read, read_manifest
+from mimi_extract.writer import shard_attrs
 from mimi_extract.encoder import reference_single
 from mimi_extract.runner import extract
 from mimi_extract.settings import Settings
@@ -40,6 +41,7 @@ def test_moshi_framing_equals_encode_of_zero_padded_input(tmp_path, tiny_model, 
             expected = tiny_model.encode(padded.reshape(1, 1, -1), num_quantizers=8).audio_codes[0].T.numpy()
         assert np.array_equal(read(out, key), expected), key
     assert json.load(open(os.path.join(out, "run.json")))["framing"] == "moshi"
+    assert shard_attrs(out, read_manifest(out)[0]["shard"])["framing"] == "moshi"
 
 
 def test_muvap_framing_is_the_recipe(tmp_path, tiny_model, tiny_model_dir):
@@ -49,12 +51,23 @@ def test_muvap_framing_is_the_recipe(tmp_path, tiny_model, tiny_model_dir):
     out = str(tmp_path / "out")
     extract(str(tmp_path / "c"), out, Settings(model=tiny_model_dir, tap="encoder", batch_size=8, max_batch_seconds=60,
                                                 framing="muvap", num_workers=0))
+    refs = {}
     for key, x in data.items():
         n = len(x)
         y = taf.resample(torch.nn.functional.pad(torch.from_numpy(x), (16, 0)), 16_000, 24_000)[: round(n * 1.5)]
         y = torch.nn.functional.pad(y, (0, -len(y) % 960))
-        ref = reference_single(tiny_model, y, 8)["encoder"]
+        ref = refs[key] = reference_single(tiny_model, y, 8)["encoder"]
         got = torch.from_numpy(read(out, key))
+        assert got.shape == ref.shape and (got - ref).abs().max() <= tolerance(ref), key
+    # the command line's default for MuVAP is its 25 Hz encoder tap
+    cli_out = tmp_path / "cli"
+    result = cli("features", tmp_path / "c", cli_out, "--framing", "muvap", "--model", tiny_model_dir,
+                 "--device", "cpu", "--cpu-workers", 1)
+    assert result.exit_code == 0, result.output
+    assert json.load(open(cli_out / "run.json"))["tap"] == "encoder"
+    assert shard_attrs(str(cli_out), read_manifest(str(cli_out))[0]["shard"])["frame_rate"] == 25.0
+    for key, ref in refs.items():
+        got = torch.from_numpy(read(str(cli_out), key))
         assert got.shape == ref.shape and (got - ref).abs().max() <= tolerance(ref), key
 
 
@@ -79,17 +92,29 @@ def test_decode_and_info(corpus, tiny_model, tiny_model_dir, tmp_path):
     assert report["inputs"] == 10 and report["ok"] == 7 and report["errors"] == 3
     assert report["frames"] == sum(r["frames"] for r in ok) and report["tokens"] == 8 * report["frames"]
     assert abs(report["hours"] * 3600 - sum(r["duration"] for r in ok)) < 1e-6
-    assert sum(report["errors_by_reason"].values()) == 3 and report["settings"]["tap"] == "codes"
+    assert report["settings"]["tap"] == "codes"
+    reasons = report["errors_by_reason"]
+    assert sorted(reasons.values()) == [1, 1, 1] and "empty file (0 bytes)" in reasons, reasons
+    assert any(r.startswith("unreadable or corrupt audio header") for r in reasons), reasons
     assert report["bytes"] == sum(os.path.getsize(os.path.join(out, s)) for s in report["shards"])
     text = cli("info", out)
     assert text.exit_code == 0 and "7 ok, 3 errors" in text.text
 
 
-def test_decode_features(corpus, tiny_model_dir, tmp_path):
+def test_decode_features(corpus, tiny_model, tiny_model_dir, tmp_path):
+    """Features decode through the quantizer (every codebook) and the decoder: equal to decoding the
+    single-item reference latent's codes (the encoder tap goes through the downsample first)."""
+    from mimi_extract.audio import load
+
     root, _ = corpus
+    latent = reference_single(tiny_model, load(os.path.join(root, "sine_440.wav")), 8)["latent"]
+    with torch.no_grad():
+        codes = tiny_model.quantizer.encode(latent.T[None], tiny_model.config.num_quantizers).transpose(0, 1)
+        expected = tiny_model.decode(codes).audio_values[0, 0, :48_123].numpy()
     for tap in ("latent", "encoder"):
         out = str(tmp_path / tap)
         extract(root, out, Settings(model=tiny_model_dir, tap=tap, num_workers=0))
         wav = str(tmp_path / f"{tap}.wav")
         assert cli("decode", out, "sine_440.wav", "-o", wav, "--device", "cpu").exit_code == 0
-        assert len(sf.read(wav)[0]) == 48_123
+        audio = sf.read(wav, dtype="float32")[0]
+        assert len(audio) == 48_123 and np.allclose(audio, expected, atol=1e-4), tap

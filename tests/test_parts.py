@@ -50,23 +50,41 @@ def test_parts_equal_one_full_run(files, tiny_model_dir, tmp_path):
     assert sorted(report["runs"]) == [Part(i, 3).dirname for i in range(3)] and report["complete"]
 
 
+def committed_ok(run_dir: str) -> int:
+    return sum(r["status"] == "ok" for r in read_manifest(run_dir)) if os.path.isdir(run_dir) else 0
+
+
 def test_part_killed_and_rerun_alone(files, tiny_model_dir, tmp_path):
+    """Part 1 is killed mid-run (frozen with SIGSTOP as soon as its first shard is committed, so the
+    kill lands with some items done and some not), then rerun alone; part 2 runs as a Slurm task.
+    The union equals one full run, array for array."""
+    full = str(tmp_path / "full")
+    extract(str(files), full, settings(tiny_model_dir))
+    whole = check_consistency(full)
     out = str(tmp_path / "out")
     extract(str(files), out, settings(tiny_model_dir), part=Part(0, 3))
-    proc = cli_process("codes", files, out, "--model", tiny_model_dir, "--part", "1/3", "--shard-size", 2, *ONE_WORKER)
-    for line in proc.stdout:
-        if "to encode" in line:
-            break
-    time.sleep(0.5)
+    part1 = os.path.join(out, Part(1, 3).dirname)
+    in_part1 = sum(part_of(k, 3) == 1 for k in whole)
+    proc = cli_process("codes", files, out, "--model", tiny_model_dir, "--part", "1/3", "--shard-size", 1, *ONE_WORKER)
+    deadline = time.time() + 120
+    while committed_ok(part1) == 0 and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGSTOP)
+    done_before_kill = committed_ok(part1)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
+    assert 0 < done_before_kill < in_part1, (done_before_kill, in_part1)  # killed mid-run
+    check_consistency(part1, killed=True)  # consistent as the kill left it
     status = cli("status", out)
     assert "part 2/3: not started" in status.text and "incomplete" in status.text, status.output
+    info = json.loads(cli("info", out, "--json").output)  # inputs as planned, not rows written
+    assert info["inputs"] == 36 - sum(part_of(k, 3) == 2 for k in whole) and info["pending"] == in_part1 - done_before_kill
     assert cli("codes", files, out, "--model", tiny_model_dir, "--part", "1/3", *ONE_WORKER).exit_code == 0
-    env = {"SLURM_ARRAY_TASK_ID": "2", "SLURM_ARRAY_TASK_COUNT": "3"}
+    env = {"SLURM_ARRAY_TASK_ID": "2", "SLURM_ARRAY_TASK_COUNT": "3", "SLURM_ARRAY_TASK_MIN": "0"}
     result = cli("codes", files, out, "--model", tiny_model_dir, "--part", "slurm", *ONE_WORKER, env=env)
     assert result.exit_code == 0, result.output
-    check_consistency(out, {f"u{i:02d}.wav" for i in range(36)})
+    union = check_consistency(out, whole.keys())
+    assert all(np.array_equal(union[k], whole[k]) for k in whole)
     assert "complete" in cli("status", out).text
 
 
@@ -93,5 +111,25 @@ def test_layouts_are_not_mixed(files, tiny_model_dir, tmp_path):
     assert other_n.exit_code == 2 and "N=2, not N=3" in other_n.text
     whole = cli("codes", files, out, "--model", tiny_model_dir, *ONE_WORKER)
     assert whole.exit_code == 2 and "holds parts of a job array" in whole.text
-    bad = cli("codes", files, tmp_path / "o2", "--model", tiny_model_dir, "--part", "slurm", *ONE_WORKER, env={})
+    no_slurm = {name: None for name in ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT", "SLURM_ARRAY_TASK_MIN")}
+    bad = cli("codes", files, tmp_path / "o2", "--model", tiny_model_dir, "--part", "slurm", *ONE_WORKER, env=no_slurm)
     assert bad.exit_code == 2 and "SLURM_ARRAY_TASK_ID is not set" in bad.text
+
+
+def test_parts_with_other_settings_are_refused(files, tiny_model_dir, tmp_path):
+    """Every part of one OUT must come from the same input, model and settings: a part run with
+    other codebooks or other weights would make a union that means nothing."""
+    from mimi_extract.testing import random_model
+
+    out = tmp_path / "out"
+    assert cli("codes", files, out, "--model", tiny_model_dir, "--part", "0/2", *ONE_WORKER).exit_code == 0
+    fewer = cli("codes", files, out, "--model", tiny_model_dir, "--part", "1/2", "-q", 4, *ONE_WORKER)
+    assert fewer.exit_code == 2 and "another part of this job array" in fewer.text and "num_quantizers" in fewer.text
+    other = str(tmp_path / "other-weights")
+    random_model(seed=1).save_pretrained(other)
+    weights = cli("codes", files, out, "--model", other, "--part", "1/2", *ONE_WORKER)
+    assert weights.exit_code == 2 and "other checkpoint" in weights.text, weights.output
+    assert not os.path.exists(out / Part(1, 2).dirname / "manifest.jsonl")
+    same = cli("codes", files, out, "--model", tiny_model_dir, "--part", "1/2", *ONE_WORKER)
+    assert same.exit_code == 0, same.output
+    check_consistency(str(out), {f"u{i:02d}.wav" for i in range(36)})

@@ -1,5 +1,6 @@
 """Input sources, probing, keys, planning and parts."""
 
+import hashlib
 import json
 import os
 import random
@@ -128,3 +129,27 @@ def test_parts_are_stable_and_cover():
             parse_part(bad)
     with pytest.raises(ValueError, match="SLURM_ARRAY_TASK_ID is not set"):
         parse_part("slurm", {})
+    with pytest.raises(ValueError, match="without gaps or steps"):  # sbatch --array=0-30:10
+        parse_part("slurm", {"SLURM_ARRAY_TASK_ID": "20", "SLURM_ARRAY_TASK_COUNT": "4", "SLURM_ARRAY_TASK_MIN": "0"})
+
+
+def test_part_of_is_a_fixed_function_of_the_key():
+    """Pinned values: a per-process hash (Python's hash()), a position in the sorted inputs or any
+    other function that is not of the key alone would move keys between parts across runs."""
+    keys = ["a.wav", "spk1/utt2.flac", "long.wav@1234.56-1236", "x#ch1", "é/ü.wav"]
+    assert [part_of(k, 7) for k in keys] == [3, 6, 1, 1, 5]
+    assert [int.from_bytes(hashlib.sha1(k.encode()).digest()[:8], "big") % 1000 for k in keys] == \
+        [part_of(k, 1000) for k in keys]
+
+
+def test_segment_keys_are_exact(tmp_path):
+    """Segments 4 ms apart deep into a long recording get distinct keys (six significant digits
+    made both 'long.wav@1234.56-1236')."""
+    rate = 8000
+    sf.write(str(tmp_path / "long.wav"), np.zeros(rate * 1240, np.int16), rate)
+    lst = tmp_path / "segs.csv"
+    lst.write_text("path,start,end\nlong.wav,1234.56,1236\nlong.wav,1234.564,1236.004\nlong.wav,3,4.5\n")
+    found = discover(str(lst))
+    assert not found.bad, [it.error for it in found.bad]
+    assert [it.key for it in found.items] == ["long.wav@1234.56-1236", "long.wav@1234.564-1236.004", "long.wav@3-4.5"]
+    assert [it.start for it in found.items] == [9_876_480, 9_876_512, 24_000]

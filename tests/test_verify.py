@@ -119,3 +119,23 @@ def test_verify_relative_tolerance_is_per_file(tiny_model_dir, corpus):
     result = cli("verify", root, "--model", tiny_model_dir, "--device", "cpu", "--rtol", 1e-5, "--atol", 0)
     assert result.exit_code == 0 and "PASS" in result.text, result.output
     assert cli("verify", root, "--model", tiny_model_dir, "--device", "cpu", "--rtol", 1e-9, "--atol", 0).exit_code == 1
+
+
+def test_verify_long_items_chunked_and_a_markup_path(tmp_path, tiny_model_dir):
+    """Long items: `verify INPUT` checks the engine's chunked encode against the unchunked
+    reference, `verify --out` re-encodes long stored items in chunks (no T x T mask); an OUT named
+    like rich markup is printed as it is (it used to crash after all the work)."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    rng = np.random.default_rng(4)
+    for name, n in (("long.wav", FRAME * 30 + 77), ("short.wav", 5000)):
+        sf.write(str(corpus / name), (0.2 * rng.standard_normal(n)).astype(np.float32), 24_000, subtype="FLOAT")
+    wide = {"COLUMNS": "300"}  # one table row per file
+    engine = cli("verify", corpus, "--model", tiny_model_dir, "--device", "cpu", "--chunk-seconds", 0.24, env=wide)
+    assert engine.exit_code == 0 and "long.wav (chunked)" in engine.text and "PASS" in engine.text, engine.output
+    out = str(tmp_path / "o[/x]ut[bold]")
+    extract(str(corpus), out, Settings(model=tiny_model_dir, tap="codes", num_workers=0, chunk_seconds=0.4))
+    audit = cli("verify", "--out", out, "--device", "cpu", "--chunk-seconds", 0.24, env=wide)
+    assert audit.exit_code == 0 and "PASS" in audit.text and "2 files compared" in audit.text, audit.output
+    assert "o[/x]ut[bold]" in audit.text and "long.wav (chunked)" in audit.text
+    assert "short.wav (chunked)" not in audit.text
