@@ -457,6 +457,7 @@ class ProcessEngine:
     def __init__(self, settings: Settings):
         self.settings = settings
         self.stats = Stats()
+        self.worker_stats: dict[int, Stats] = {}  # per worker: who did how much (dynamic hand-out)
         self.notes: list[str] = []
         self.procs: list = []
         self.handed = False  # has any worker been given a unit (then it may hold results to deliver)
@@ -561,6 +562,7 @@ class ProcessEngine:
                 elif kind == "done":
                     finished.add(wid)
                     self.stats.add(payload)
+                    self.worker_stats[wid] = payload
                 elif kind == "fail":
                     raise RuntimeError(f"device worker failed:\n{payload}")
         finally:

@@ -68,3 +68,41 @@ def test_mixed_directory_streams_long_files(tmp_path, tiny_model, tiny_model_dir
         ref = reference_single(tiny_model, load(os.path.join(root, row["path"])), 8)["codes"].numpy()
         assert np.array_equal(read(out, row["key"]), ref), row["key"]
     check_consistency(out)
+
+
+def test_units_go_to_whichever_worker_is_free(tmp_path, tiny_model_dir):
+    """Dynamic hand-out: worker 0 is frozen (SIGSTOP) from its start until 30 of 40 units are
+    delivered, so worker 1 must have taken them; a static split would have left half of them
+    waiting for worker 0."""
+    import signal
+
+    from mimi_extract.engines import ProcessEngine
+
+    root = str(tmp_path / "in")
+    os.makedirs(root)
+    write(root, [4000 + 97 * i for i in range(40)])
+    settings = Settings(model=tiny_model_dir, tap="codes", devices=("cpu", "cpu"), num_workers=1, batch_size=1,
+                        max_batch_seconds=0.1)
+    units = plan_units(discover(root).items, settings.chunk_samples(), settings.step_seconds, settings.rows)
+    assert len(units) == 40
+    engine = ProcessEngine(settings)
+    engine.start()
+    frozen = engine.procs[0].pid
+    os.kill(frozen, signal.SIGSTOP)
+    thaw = threading.Timer(60, os.kill, (frozen, signal.SIGCONT))  # a static split would wait for it forever
+    thaw.start()
+    delivered = 0
+    try:
+        for piece in engine.run(units, threading.Event()):
+            assert piece.error is None, piece.error
+            delivered += piece.final
+            if delivered == 30:
+                os.kill(frozen, signal.SIGCONT)
+    finally:
+        thaw.cancel()
+        if engine.procs and engine.procs[0].is_alive():
+            os.kill(frozen, signal.SIGCONT)
+        engine.close()
+    assert delivered == 40
+    steps = {wid: st.steps for wid, st in engine.worker_stats.items()}
+    assert sum(steps.values()) == 40 and steps[1] >= 30, steps
