@@ -181,9 +181,7 @@ class RayEngine:
                 self.stats.add(stats)
                 yield from pieces
                 submit(slot)
-        finally:
-            for ref in pending:
-                ray.cancel(ref, force=True)
+        finally:  # killing the actors ends their tasks in flight (ray.cancel(force=True) refuses actor tasks)
             for actor in actors.values():
                 ray.kill(actor, no_restart=True)
             self.close()

@@ -93,18 +93,84 @@ def no_processes_left(pgid, timeout=10.0) -> bool:
     return False
 
 
+def _committed_ok(out) -> int:
+    return sum(r["status"] == "ok" for r in read_manifest(out))
+
+
+def _start_kill_trial(many, out, model_dir, workers):
+    """A CLI run in its own process group with 3-item shards (a commit every few ms); returns it
+    once start-up is over, with the number of items it found already done."""
+    proc = cli_process("codes", many, out, "--model", model_dir, "--shard-size", 3, "--device", "cpu",
+                       "--cpu-workers", workers, "--num-workers", "1", start_new_session=True)
+    lines = []
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if "to encode" in line:
+            text = " ".join("".join(lines).split())
+            done = text.split(" already done)")[0].rsplit("(", 1)[-1]
+            assert done.isdigit(), text
+            return proc, int(done)
+    proc.kill()
+    raise AssertionError("".join(lines) or "no output")
+
+
+def _kill_9_part_way(proc, out, target, rng, group, total=120) -> int:
+    """Wait until ``target`` ok rows are committed, then a random few ms (so the kill lands
+    anywhere: encoding, writing a shard, between its commit steps); assert that the run is still
+    going part-way through (alive, 0 < committed < total), then kill -9 it.  Returns the count."""
+    deadline = time.time() + 60
+    while _committed_ok(out) < target:
+        assert proc.poll() is None, f"the run exited ({proc.returncode}) before {target} rows were committed"
+        assert time.time() < deadline, f"{target} committed rows never appeared"
+        time.sleep(0.002)
+    time.sleep(rng.uniform(0.0, 0.03))
+    committed = _committed_ok(out)
+    assert proc.poll() is None and 0 < committed < total, (
+        f"the kill would not land part-way through the run: alive={proc.poll() is None}, {committed}/{total} committed")
+    os.killpg(proc.pid, signal.SIGKILL) if group else os.kill(proc.pid, signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL, f"the run had exited ({proc.returncode}) when the kill landed"
+    return committed
+
+
+def _check_after_kill(out, reference) -> dict:
+    """OUT as a kill -9 left it: at worst a shard's .tmp file and rows naming a shard that was
+    never renamed into place (both invisible to readers); everything else consistent, and every
+    committed array equal to the uninterrupted run's."""
+    leftovers = [n for n in os.listdir(out) if n.endswith(".tmp")]
+    named = {r["shard"] for r in read_manifest(out) if r.get("shard")}
+    for name in leftovers:
+        assert name.startswith("shard-") and name.endswith(".h5.tmp") and name[:-4] not in named, (
+            f"a kill left {name} (only an uncommitted shard's .tmp may be left)")
+    committed = check_consistency(out, killed=True)  # the .tmp left, if any, checked above
+    for key, data in committed.items():
+        assert np.array_equal(data, reference[key]), f"{key}: committed array differs from the uninterrupted run"
+    return committed
+
+
 def test_kill_9_at_random_points_then_resume(many, tiny_model_dir, reference_run, tmp_path):
-    """Observation 7 too: kill -9 of a two-worker parent leaves no worker behind."""
+    """kill -9 three times, each once a random number of rows is committed (never before the
+    first commit or after the last): after each kill OUT is consistent and the next run resumes
+    exactly what was committed; the final resume equals the uninterrupted run.  Observation 7
+    too: kill -9 of a two-worker parent leaves no worker behind."""
     out = str(tmp_path / "out")
     rng = random.Random(0)
+    committed = 0
     for trial, workers in enumerate(["2", "1", "2"]):
-        proc, _ = start(many, out, tiny_model_dir, "--device", "cpu", "--cpu-workers", workers, "--num-workers", "1")
-        time.sleep(rng.uniform(0.0, 2.5))
-        os.killpg(proc.pid, signal.SIGKILL) if workers == "1" else os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
+        proc, done = _start_kill_trial(many, out, tiny_model_dir, workers)
+        assert done == committed, f"trial {trial}: resumed {done} items, {committed} were committed"
+        target = committed + rng.randint(1, 25 if trial == 0 else 15)
+        at_kill = _kill_9_part_way(proc, out, target, rng, group=workers == "1")
         assert no_processes_left(proc.pid), f"trial {trial}: worker processes survived their parent's kill -9"
+        kept = _check_after_kill(out, reference_run)
+        assert at_kill <= len(kept) < 120 and len(kept) > committed, (
+            f"trial {trial}: {len(kept)} committed after the kill ({at_kill} just before, {committed} at the start)")
+        committed = len(kept)
     summary = extract(many, out, Settings(model=tiny_model_dir, tap="codes", num_workers=1), shard_size=7)
-    assert summary["ok"] + summary["skipped"] == 120
+    assert summary["skipped"] == committed and summary["ok"] == 120 - committed, summary
     assert_same(out, reference_run)
 
 
