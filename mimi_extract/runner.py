@@ -120,11 +120,14 @@ def refuse_changed_inputs(items: list[Item], done: dict[str, dict]) -> None:
 
     changed = []
     for it in items:
-        src = done.get(it.key, {}).get("source")
-        if src and (done[it.key].get("sample_rate"), src.get("frames"), src.get("channels")) != \
-                (it.sample_rate, it.file_frames, it.file_channels):
-            changed.append(f"{it.key}: {shape(done[it.key].get('sample_rate'), src.get('frames'), src.get('channels'))}"
-                           f" when encoded, now {shape(it.sample_rate, it.file_frames, it.file_channels)}")
+        row = done.get(it.key)
+        src = row.get("source") if row else None
+        if not src:
+            continue
+        was = (row.get("sample_rate"), src.get("frames"), src.get("channels"))
+        now = (it.sample_rate, it.file_frames, it.file_channels)
+        if was != now:
+            changed.append(f"{it.key}: {shape(*was)} when encoded, now {shape(*now)}")
     if changed:
         raise OutputError(f"{len(changed)} input file(s) changed since they were encoded ({changed[0]}"
                           + (f"; and {len(changed) - 1} more" if len(changed) > 1 else "")
