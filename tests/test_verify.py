@@ -14,7 +14,7 @@ from mimi_extract.encoder import reference_single, reset_codebook_cache
 from mimi_extract.runner import extract
 from mimi_extract.settings import Settings
 from mimi_extract.testing import random_model
-from mimi_extract.verify import classify_codes, rvq_trace
+from mimi_extract.verify import classify_codes, rvq_trace, verify_outputs
 
 FRAME = 1920
 
@@ -99,6 +99,9 @@ def test_audit_of_out_classifies_and_fails_on_real(tmp_path):
         codes[8, 2] = (codes[8, 2] + 5) % 64  # a decision nowhere near a tie
     real = cli("verify", "--out", out, "--device", "cpu")
     assert real.exit_code == 1 and "tie.wav: frame 8, codebook 2: REAL MISMATCH" in real.text, real.output
+    checks, problems = verify_outputs(out, sample=None, device="cpu")
+    first = {c.key: c.first_diverging.get("codes") for c in checks}
+    assert not problems and first == {"tie.wav": 8, "other.wav": None}, first  # the tie at frame 3 is not "bad"
 
 
 def test_audit_checks_attributes(tmp_path, corpus, tiny_model_dir):
