@@ -238,6 +238,9 @@ class PaddedMimiEncoder(nn.Module):
         if self.downsample is not None:
             self.convs.append(self.downsample)
         self._conv_index = {id(m): i for i, m in enumerate(self.convs)}
+        # the first SEANet stage: its layers up to the first strided conv (tiled on CPU, see _seanet)
+        self._front = next((i + 1 for i, m in enumerate(self.seanet.layers)
+                            if isinstance(m, mm.MimiConv1d) and int(m.stride) > 1), len(self.seanet.layers))
         self._weights: dict[int, tuple] = {}
         for m in self.convs:
             if m.pad_mode not in ("constant", "replicate"):
@@ -424,8 +427,32 @@ class PaddedMimiEncoder(nn.Module):
         out_lengths = conv._get_output_length(lengths).to(lengths.device)
         return _zero_padding(out.contiguous(), out_lengths, inplace=True), out_lengths
 
+    front_tile = 24_000  # input samples per tile of the first SEANet stage on CPU (see _seanet)
+
     def _seanet(self, x: torch.Tensor, lengths: torch.Tensor, state: EncoderState | None):
-        for layer in self.seanet.layers:
+        """SEANet on [B, T, 1].  On CPU its first stage (the 24 kHz layers up to the first strided
+        conv, 64 channels: 24.6 MB per 4 s row) runs tile by tile through the streaming path, each
+        tile's activations staying in cache, then the rest on the whole input.  Exact: a tile is
+        a chunk of the conv streams with their left context carried.  Single-threaded, full-size,
+        4 s of audio: that stage 113-125 ms whole, 82-95 ms in 1 s tiles (0.16 s tiles: 129 ms)."""
+        layers = list(self.seanet.layers)
+        if x.device.type != "cpu" or x.shape[1] <= self.front_tile:
+            return self._layers(layers, x, lengths, state)
+        front = self._front
+        tile_state = state if state is not None else self.init_state(x.shape[0], x.device, x.dtype)
+        pieces = []
+        for start in range(0, x.shape[1], self.front_tile):
+            tile = x[:, start : start + self.front_tile]
+            tile_lengths = (lengths - start).clamp(0, tile.shape[1])
+            pieces.append(self._layers(layers[:front], tile, tile_lengths, tile_state)[0])
+        front_lengths = lengths
+        for conv in layers[:front]:
+            if isinstance(conv, mm.MimiConv1d):
+                front_lengths = conv._get_output_length(front_lengths).to(lengths.device)
+        return self._layers(layers[front:], torch.cat(pieces, dim=1), front_lengths, state)
+
+    def _layers(self, layers, x: torch.Tensor, lengths: torch.Tensor, state: EncoderState | None):
+        for layer in layers:
             if isinstance(layer, mm.MimiConv1d):
                 x, lengths = self._conv(layer, x, lengths, state)
             elif isinstance(layer, mm.MimiResnetBlock):

@@ -90,7 +90,8 @@ def test_output_lengths_exact(tiny_model):
 
 def test_no_per_item_loop(tiny_model, monkeypatch):
     """The same number of conv, matmul, transformer-layer and quantizer calls for a batch of one
-    item and a batch of eight: every step is one batched op."""
+    item and a batch of eight of the same padded length: every step is one batched op (the calls
+    depend on the length alone: the first stage runs in tiles of time, not of items)."""
     enc = PaddedMimiEncoder(tiny_model)
 
     def counted(batch_size):
@@ -101,8 +102,9 @@ def test_no_per_item_loop(tiny_model, monkeypatch):
         hooks = [m.register_forward_hook(lambda mod, i, o, n=type(m).__name__: calls.__setitem__(n, calls.get(n, 0) + 1))
                  for m in tiny_model.modules() if isinstance(m, (mm.MimiTransformerLayer, mm.MimiVectorQuantization))]
         try:
-            _, batch = ragged(LENGTHS[:batch_size])
-            enc(batch, torch.tensor(LENGTHS[:batch_size]), ("codes",), 8)
+            lengths = LENGTHS[:batch_size] if batch_size > 1 else [max(LENGTHS)]
+            _, batch = ragged(lengths)
+            enc(batch, torch.tensor(lengths), ("codes",), 8)
         finally:
             for h in hooks:
                 h.remove()
@@ -222,3 +224,17 @@ def test_block_gemm_downsampling_convs(tiny_model, monkeypatch):
     assert_matches_single(tiny_model, LENGTHS)
     assert_chunked_matches(tiny_model, [FRAME * 20 + 7, FRAME * 7 - 1, 1, FRAME * 3 + 960], FRAME * 3)
     assert calls, "the block GEMM path ran"
+
+
+def test_first_stage_in_tiles(tiny_model, monkeypatch):
+    """On CPU the first SEANet stage runs in tiles through the streaming path (1 s tiles by default:
+    the full-size tests cross it); small tiles that cut frames and items anywhere still give the
+    single-item reference, batched and chunked."""
+    monkeypatch.setattr(PaddedMimiEncoder, "front_tile", 1000)
+    calls = []
+    original = PaddedMimiEncoder._layers
+    monkeypatch.setattr(PaddedMimiEncoder, "_layers", lambda self, layers, *a: calls.append(len(layers)) or original(self, layers, *a))
+    assert_matches_single(tiny_model, LENGTHS)
+    front = PaddedMimiEncoder(tiny_model)._front
+    assert front == 4 and calls.count(front) > len(calls) // 2, "the first stage ran tile by tile"
+    assert_chunked_matches(tiny_model, [FRAME * 20 + 7, FRAME * 7 - 1, 1, FRAME * 3 + 960], FRAME * 3)
