@@ -143,6 +143,14 @@ def _replicate_padding(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     return torch.where(_valid(lengths, x.shape[1])[:, :, None], x, x.gather(1, last))
 
 
+def _carry_context(state: "EncoderState", index: int, x: torch.Tensor, pad: int) -> None:
+    """Keep conv ``index``'s last ``pad`` inputs (this chunk's, preceded by the carried ones when
+    the chunk is shorter) as its left context for the next chunk."""
+    size = x.shape[1]
+    state.conv[index] = torch.cat([state.conv[index], x], dim=1)[:, -pad:].clone() if size < pad \
+        else x[:, size - pad :].clone()
+
+
 @dataclass
 class EncoderOutput:
     """Per tap: padded batch tensor and exact per-item frame counts (of this chunk, when chunked).
@@ -241,7 +249,7 @@ class PaddedMimiEncoder(nn.Module):
         # the first SEANet stage: its layers up to the first strided conv (tiled on CPU, see _seanet)
         self._front = next((i + 1 for i, m in enumerate(self.seanet.layers)
                             if isinstance(m, mm.MimiConv1d) and int(m.stride) > 1), len(self.seanet.layers))
-        self._weights: dict[int, tuple] = {}
+        self._weights: dict[tuple[int, str], tuple] = {}  # (conv, layout) -> (weight version, tensor)
         for m in self.convs:
             if m.pad_mode not in ("constant", "replicate"):
                 raise NotImplementedError(f"pad_mode {m.pad_mode!r} is not supported (constant/replicate only)")
@@ -346,8 +354,7 @@ class PaddedMimiEncoder(nn.Module):
         if state is not None:
             index = self._conv_index[id(conv)]
             out[:, 0] += state.conv[index].reshape(batch, s * channels) @ previous
-            state.conv[index] = torch.cat([state.conv[index], x], dim=1)[:, -s:].clone() if size < s \
-                else x[:, size - s :].clone()
+            _carry_context(state, index, x, s)
         out_lengths = conv._get_output_length(lengths).to(lengths.device)
         return _zero_padding(out, out_lengths, inplace=True), out_lengths
 
@@ -393,8 +400,7 @@ class PaddedMimiEncoder(nn.Module):
                 out = out.clone() if out.shape[1] != n else out
                 head = min(head, n)
                 out[:, :head] = run(lead, 0)[:, :head]
-                state.conv[index] = torch.cat([state.conv[index], x], dim=1)[:, -pad:].clone() if size < pad \
-                    else x[:, size - pad :].clone()
+                _carry_context(state, index, x, pad)
         out_lengths = conv._get_output_length(lengths).to(lengths.device)
         return _zero_padding(out.contiguous(), out_lengths, inplace=True), out_lengths
 
