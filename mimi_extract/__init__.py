@@ -2,16 +2,16 @@
 
 __version__ = "0.2.0"
 
-__all__ = ["__version__", "read", "read_manifest", "read_cuts"]
+__all__ = ["__version__", "open", "read", "read_manifest", "read_cuts", "Reader"]
 
 
 def __getattr__(name):  # lazy: `import mimi_extract` stays cheap (the CLI's Ctrl-C handling relies on it)
-    if name in ("read", "read_manifest"):
+    if name in ("open", "read", "read_cuts", "Reader"):
+        from . import reader
+
+        return getattr(reader, name)
+    if name == "read_manifest":
         from . import writer
 
-        return getattr(writer, name)
-    if name == "read_cuts":
-        from .lhotse_io import read_cuts
-
-        return read_cuts
+        return writer.read_manifest
     raise AttributeError(name)

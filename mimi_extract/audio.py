@@ -3,21 +3,29 @@
 One windowed-sinc resampler (torchaudio's kernel formula: Hann window, 6 zero crossings, 0.99
 roll-off) serves every rate and both uses: a whole item is one block, a long recording is fed
 block by block through :class:`AudioReader` with the filter's history carried, so the streamed
-samples equal the whole-file ones.  The filter can be *delayed*: with no delay it is
-``torchaudio.functional.resample``; 16 kHz input defaults to the delay of its look-ahead (8 input
-samples), so no 24 kHz sample depends on later 16 kHz input and Mimi's causal encoder stays causal
-end to end.
+samples equal the whole-file ones.  The filter can be *delayed*: with no delay (the default, for
+every rate) it is ``torchaudio.functional.resample``, what a user's own torchaudio + MimiModel loop
+computes; ``causal_16k`` delays 16 kHz input by its look-ahead (8 input samples), so no 24 kHz
+sample depends on later 16 kHz input and Mimi's causal encoder stays causal end to end.
 
 A *framing* says what the encoder is fed, so that codes match the stack a user trains with:
 ``transformers`` (MimiModel.encode of the resampled audio), ``moshi`` (the same, zero-padded to a
-whole 1920-sample frame, as Kyutai's ``moshi`` package pads) and ``muvap`` (the MuVAP front end:
+whole 1920-sample frame, as Kyutai's ``moshi`` package pads: moshi's *non-streaming* ``encode``),
+``moshi-stream`` (the same padding, encoded as moshi's *streaming* mode encodes it when fed
+``frames_per_call`` frames per call: its attention window differs from the non-streaming one past
+the window's length, 10 s for Mimi; see ``PaddedMimiEncoder``) and ``muvap`` (the MuVAP front end:
 16 kHz delayed by 16 samples through torchaudio's resampler, trimmed to round(1.5 n) samples, then
 zero-padded to a multiple of 960).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import sys
+import tempfile
+import threading
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -27,12 +35,72 @@ import torch
 
 SAMPLE_RATE = 24_000
 CHANNEL_MODES = ("mix", "first", "each")
-FRAMINGS = ("transformers", "moshi", "muvap")
+FRAMINGS = ("transformers", "moshi", "moshi-stream", "muvap")
 _BLOCK = 1 << 16  # source frames decoded per read of a stream
 
 
 class AudioError(Exception):
     """A file that cannot be used; the message is what the manifest reports."""
+
+
+_MPEG = (".mp3", ".mp2", ".mp1", ".mpga", ".mpeg")
+_STDERR_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _decoder_stderr(name: str):
+    """Collect what the decoder library writes to fd 2 while an MPEG file is opened (libmpg123
+    prints raw C warnings there: they belong in the file's error row, not in the run's log).  fd 2
+    is the whole process's: one capture at a time (a lock), and only around opening ``.mp3``
+    files, which happens while inputs are probed, before any progress is shown."""
+    out: list[str] = []
+    if not name.lower().endswith(_MPEG):
+        yield out
+        return
+    with _STDERR_LOCK, tempfile.TemporaryFile() as tmp:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield out
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            out.append(" ".join(tmp.read().decode("utf-8", "replace").split()))
+
+
+def _decoder_error(name: str, is_file: bool, e: Exception, warnings: str) -> AudioError:
+    """libsndfile says "File does not exist or is not a regular file (possibly a pipe?)" for a
+    file it cannot decode (e.g. a garbage .mp3): say what is true, with the decoder's own words."""
+    message = str(e)
+    if "does not exist or is not a regular file" in message and is_file:
+        kind = os.path.splitext(name)[1].lstrip(".").upper() or "audio"
+        message = f"cannot be decoded: not a valid {kind} file, or a format libsndfile cannot read"
+    if warnings:
+        message += f" (decoder: {warnings[:300]})"
+    return AudioError(message)
+
+
+def open_soundfile(source, info_only: bool = False):
+    """``sf.info`` (``info_only``) or ``sf.SoundFile`` of ``source`` (a path, or a seekable binary
+    file-like object such as a tar member), an :class:`AudioError` with an accurate message if it
+    cannot be decoded; decoder warnings of a file that opens are passed on to stderr with its name."""
+    is_path = isinstance(source, (str, os.PathLike))
+    name = os.fspath(source) if is_path else str(getattr(source, "name", "") or "")
+    with _decoder_stderr(name) as captured:
+        try:
+            result = sf.info(source) if info_only and is_path else sf.SoundFile(source)
+        except Exception as e:  # soundfile raises several types for garbage
+            error = e
+        else:
+            error = None
+    warnings = captured[0] if captured else ""
+    if error is not None:
+        raise _decoder_error(name, (not is_path) or os.path.isfile(name), error, warnings) from error
+    if warnings:
+        sys.stderr.write(f"warning: decoding {name}: {warnings}\n")
+    return result
 
 
 @lru_cache(maxsize=16)
@@ -108,7 +176,13 @@ class Framing:
     """How a source of ``n`` samples at ``rate`` becomes the encoder's 24 kHz input."""
 
     name: str = "transformers"
-    causal_16k: bool = True
+    causal_16k: bool = False  # True: 16 kHz input through the causal (delayed) resampler
+    frames_per_call: int = 1  # moshi-stream: 1920-sample frames per moshi streaming call
+
+    @property
+    def stream_frames(self) -> int | None:
+        """Frames per moshi streaming call the encoder's attention reproduces (None: not streaming)."""
+        return self.frames_per_call if self.name == "moshi-stream" else None
 
     def delay(self, rate: int) -> int:
         if self.name == "muvap" and rate == 16_000:
@@ -128,7 +202,7 @@ class Framing:
     @property
     def multiple(self) -> int:
         """The encoder input is zero-padded to a multiple of this many samples."""
-        return {"transformers": 1, "moshi": 1920, "muvap": 960}[self.name]
+        return {"transformers": 1, "moshi": 1920, "moshi-stream": 1920, "muvap": 960}[self.name]
 
     def input_length(self, n: int, rate: int) -> int:
         """24 kHz samples the encoder gets for ``n`` source samples at ``rate``."""
@@ -136,10 +210,12 @@ class Framing:
         return -(-m // self.multiple) * self.multiple
 
 
-def framing_of(name: str, causal_16k: bool = True) -> Framing:
+def framing_of(name: str, causal_16k: bool = False, frames_per_call: int = 1) -> Framing:
     if name not in FRAMINGS:
         raise ValueError(f"unknown framing {name!r}; choose from {', '.join(FRAMINGS)}")
-    return Framing(name, causal_16k)
+    if frames_per_call < 1:
+        raise ValueError(f"frames per call must be >= 1, not {frames_per_call}")
+    return Framing(name, causal_16k, frames_per_call)
 
 
 def causal_resample(wav: torch.Tensor, orig_sr: int, new_sr: int) -> torch.Tensor:
@@ -171,14 +247,19 @@ class AudioReader:
 
     ``next_chunk(n)`` returns the next ``n`` samples and whether they end the item (it reads ahead
     to know), so a 2-hour file never exists in memory at once; ``read_all()`` is the whole item.
-    ``start``/``frames`` select a segment, in source samples."""
+    ``start``/``frames`` select a segment, in source samples.  ``path`` is a file name or a
+    seekable binary file-like object (a member of a tar shard, a Parquet cell: see
+    ``sources.open_audio``), which the reader closes with itself: one decoding path for every kind
+    of input."""
 
-    def __init__(self, path: str, channel: int | str = "mix", framing: Framing = Framing(), start: int = 0,
+    def __init__(self, path, channel: int | str = "mix", framing: Framing = Framing(), start: int = 0,
                  frames: int | None = None):
         self.path, self.channel, self.framing = path, channel, framing
+        self.handle = None if isinstance(path, (str, bytes, os.PathLike)) else path
         try:
-            self.file = sf.SoundFile(path)
-        except Exception as e:
+            self.file = open_soundfile(path)
+        except AudioError as e:
+            self._close_handle()
             raise AudioError(f"cannot decode: {e}") from e
         self.rate = self.file.samplerate
         if channel not in ("mix", "first") and int(channel) >= self.file.channels:
@@ -203,6 +284,12 @@ class AudioReader:
         if getattr(self, "file", None) is not None:
             self.file.close()
             self.file = None
+        self._close_handle()
+
+    def _close_handle(self) -> None:
+        if self.handle is not None:
+            self.handle.close()
+            self.handle = None
 
     def _read_block(self) -> None:
         want = min(_BLOCK, self.remaining) if self.remaining is not None else _BLOCK
@@ -262,7 +349,7 @@ class AudioReader:
         return chunk
 
 
-def load(path: str, channel: int | str = "mix", causal_16k: bool = True, framing: Framing | None = None,
+def load(path: str, channel: int | str = "mix", causal_16k: bool = False, framing: Framing | None = None,
          start: int = 0, frames: int | None = None) -> torch.Tensor:
     """Decode ``path`` (or the segment ``start``..``start+frames``) to the encoder's mono float32
     24 kHz input [T]. ``channel``: "mix" (mean of channels), "first", or a channel index."""

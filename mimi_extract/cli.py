@@ -3,32 +3,54 @@
 Printing only: the work happens in ``runner``, ``verify`` and ``outputs``.  Every string that can
 hold a path or an error message is printed as plain text (never as rich markup), so a file named
 ``[bold]x.wav`` is shown as it is and ``[/x]`` cannot crash the program.
+
+Heavy modules (torch, transformers: seconds to import) are imported inside the commands that
+encode, so ``--help``, ``--version``, ``info``, ``status`` and ``cuts`` answer in well under a second.
+The choices below repeat the names ``audio`` and ``settings`` define (importing those loads
+torch); a test checks that they agree.
+
+Exit codes (also in ``--help``): 0 done; 1 ``--strict`` and some input failed, or ``verify`` found
+a difference; 2 usage error, or OUT or the model unusable; 3 no input found; 4 every input
+failed; 130 interrupted (what was encoded is committed: run the same command to resume).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
+import time
 from enum import Enum
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 from rich.text import Text
 
 from . import __version__
-from .plan import parse_part
-from .audio import CHANNEL_MODES, FRAMINGS
-from .settings import DTYPES, ENGINES, Settings, resolve_devices
+
+if TYPE_CHECKING:
+    from .settings import Settings
+
+CHANNEL_MODES = ("mix", "first", "each")  # audio.CHANNEL_MODES
+FRAMINGS = ("transformers", "moshi", "muvap")  # audio.FRAMINGS
+DTYPES = ("fp32", "bf16", "fp16")  # settings.DTYPES
+ENGINES = ("local", "ray")  # settings.ENGINES
+RESAMPLERS = ("torchaudio", "causal")
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NO_INPUT, EXIT_ALL_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
+EXIT_CODES_HELP = ("Exit codes: 0 done (error rows allowed unless --strict); 1 --strict and some input failed, "
+                   "or verify found a difference; 2 usage error, OUT or model unusable; 3 no input found; "
+                   "4 every input failed; 130 interrupted (run the same command to resume).")
+PROGRESS_ENV = "MIMI_EXTRACT_PROGRESS_SECONDS"
 
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     rich_markup_mode="rich",
     help="Bulk Mimi (Kyutai neural audio codec) feature/code extraction into HDF5 shards, "
-    "padding-aware: a file encoded in a padded batch gives what it gives alone.",
+    "padding-aware: a file encoded in a padded batch gives what it gives alone.\n\n" + EXIT_CODES_HELP,
 )
 console = Console(stderr=True, highlight=False)
 
@@ -49,6 +71,7 @@ DType = _choices("DType", DTYPES)
 FeatureDType = _choices("FeatureDType", ("float32", "float16"))
 FramingOpt = _choices("FramingOpt", FRAMINGS)
 EngineOpt = _choices("EngineOpt", ENGINES)
+Resampler = _choices("Resampler", RESAMPLERS)
 
 
 InputArg = Annotated[str, typer.Argument(metavar="INPUT", help="A directory (searched recursively), a list "
@@ -64,8 +87,11 @@ SecondsOpt = Annotated[Optional[float], typer.Option(min=0.1, help="Padded audio
 ChunkOpt = Annotated[Optional[float], typer.Option(min=0.08, help="Files longer than this are streamed in chunks of this many seconds: exact, memory bounded by the chunk \\[default: 30 on GPU, 4 on CPU].")]
 WorkersOpt = Annotated[int, typer.Option(min=0, help="Decoding threads per device (0 counts as 1: decoding always overlaps encoding).")]
 ChannelOpt = Annotated[Channel, typer.Option(help="Multichannel files: mix = mean of channels, first, each = one entry per channel (key#chN).")]
-CausalOpt = Annotated[bool, typer.Option("--causal-16k/--no-causal-16k", help="16 kHz input: causal resampler (no output sample depends on future input) instead of torchaudio's.")]
-FramingArg = Annotated[FramingOpt, typer.Option(help="transformers = MimiModel.encode; moshi = zero-pad to whole frames as Kyutai's moshi does; muvap = the MuVAP front end (16 kHz delayed 16 samples, round(1.5n), pad to 960).")]
+ResamplerOpt = Annotated[Resampler, typer.Option(help="Resampler to 24 kHz: torchaudio = torchaudio.functional.resample's sinc, for every rate (what a torchaudio + MimiModel loop computes); causal = 16 kHz input delayed by the filter's look-ahead (8 samples), so no output sample depends on future input. Recorded in run.json (causal_16k).")]
+CausalOpt = Annotated[Optional[bool], typer.Option("--causal-16k/--no-causal-16k", hidden=True, help="Old spelling of --resampler causal / torchaudio.")]
+ProgressOpt = Annotated[Optional[float], typer.Option(min=0, help=f"When the output is not a terminal (Slurm, nohup, CI): a plain progress line every this many seconds \\[default: ${PROGRESS_ENV} or 30].", show_default=False)]
+FramingArg = Annotated[FramingOpt, typer.Option(help="transformers = MimiModel.encode; moshi = moshi's non-streaming encode (zero-padded to whole 1920-sample frames); moshi-stream = moshi's streaming encode fed --frames-per-call frames per call (same padding; differs from non-streaming past the 250-step attention window, 10 s); muvap = the MuVAP front end (16 kHz delayed 16 samples, round(1.5n), pad to 960).")]
+FramesPerCallOpt = Annotated[int, typer.Option(min=1, help="--framing moshi-stream: 1920-sample frames per moshi streaming encode call (the codes depend on it past 10 s).")]
 LimitOpt = Annotated[Optional[int], typer.Option(min=1, help="Only the first N inputs (a directory's sorted by path, a list's or manifest's in its order).")]
 ShardOpt = Annotated[int, typer.Option(min=1, help="Roll to a new shard after this many utterances.")]
 ShardMBOpt = Annotated[float, typer.Option(min=1, help="... or after this many MiB of data (a shard is built in memory).")]
@@ -81,17 +107,33 @@ def _hours(seconds: float) -> str:
     return f"{seconds / 3600:.2f} h" if seconds >= 3600 else f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.1f} s"
 
 
-def _fail(message: str, code: int = 2):
+def _fail(message: str, code: int = EXIT_USAGE):
     say(("error: ", "bold red"), str(message))
     raise typer.Exit(code)
 
 
+def _causal(resampler, causal_16k: bool | None) -> bool:
+    """--resampler, unless the old --causal-16k/--no-causal-16k flag was given."""
+    return causal_16k if causal_16k is not None else resampler is Resampler["causal"]
+
+
+def _model_path(model: str) -> str:
+    """A local model directory as an absolute, resolved path (stored in run.json: ``verify --out``
+    and ``decode`` then find it from any directory); a hub id as typed."""
+    return os.path.realpath(model) if os.path.isdir(model) else model
+
+
 def _settings(model, device, dtype, batch_size, max_batch_seconds, num_workers, channel, causal_16k,
-              cpu_workers=None, **kw) -> Settings:
+              cpu_workers=None, **kw) -> "Settings":
+    from .settings import Settings, resolve_devices
+
+    model = _model_path(model)
     try:
         devices = resolve_devices(device, cpu_workers)
     except (ValueError, RuntimeError) as e:
         _fail(str(e))
+    if kw.get("frames_per_call", 1) != 1 and kw.get("framing") != "moshi-stream":
+        _fail("--frames-per-call is for --framing moshi-stream (moshi's streaming encode) only")
     if dtype is not DType["fp32"] and not all(d.startswith("cuda") for d in devices):
         _fail(f"--dtype {dtype.value} needs GPUs (devices: {', '.join(sorted(set(devices)))}); use fp32 on CPU")
     return Settings(model=model, devices=devices, dtype=dtype.value, batch_size=batch_size,
@@ -99,21 +141,67 @@ def _settings(model, device, dtype, batch_size, max_batch_seconds, num_workers, 
                     causal_16k=causal_16k, **kw)
 
 
-def _run(input_path, out_dir, settings: Settings, shard_size, shard_mb, limit, strict, part, recordings) -> None:
-    from .writer import OutputError
+def _clock(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+class _PlainProgress:
+    """Progress for a log file (stdout/stderr not a terminal: Slurm, nohup, CI): one plain line
+    every ``every`` seconds, and one at the end, instead of a bar that only a terminal can show."""
+
+    def __init__(self, every: float):
+        self.every, self.started, self.last, self.total = every, time.monotonic(), None, 0.0
+
+    def start(self, total: float) -> None:
+        self.total, self.started, self.last = total, time.monotonic(), time.monotonic()
+
+    def update(self, state: dict, final: bool = False) -> None:
+        now = time.monotonic()
+        if self.last is None or (not final and now - self.last < self.every):
+            return
+        self.last = now
+        elapsed = max(now - self.started, 1e-9)
+        done, total = state["seconds"], self.total
+        speed = done / elapsed
+        eta = _clock((total - done) / speed) if speed > 0 and total > done else ("0:00:00" if done >= total else "?")
+        pct = 100 * done / total if total > 0 else 100.0
+        say(f"[{_clock(elapsed)}] {_hours(done)} / {_hours(total)} audio ({pct:.0f}%), {state['items']} files, "
+            f"{speed:.1f}x real time, ETA {eta}, {state['errors']} errors")
+
+
+def _run(input_path, out_dir, settings: "Settings", shard_size, shard_mb, limit, strict, part, recordings,
+         progress_seconds: float | None = None) -> None:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from .hub import offline_problem
+    from .plan import parse_part
     from .runner import extract
+    from .writer import OutputError
 
     try:
         part = parse_part(part)
     except ValueError as e:
         _fail(str(e))
+    problem = offline_problem(settings.model)  # before OUT is touched: a run that cannot start leaves nothing
+    if problem:
+        _fail(problem)
+    if progress_seconds is None:
+        try:
+            progress_seconds = float(os.environ.get(PROGRESS_ENV, 30))
+        except ValueError:
+            _fail(f"{PROGRESS_ENV}={os.environ[PROGRESS_ENV]!r} is not a number of seconds")
+    plain = None if console.is_terminal else _PlainProgress(progress_seconds)
     progress = Progress(
         TextColumn("encoding"), BarColumn(),
         TextColumn("{task.fields[audio]} / {task.fields[total_audio]} audio, {task.fields[items]} files, "
                    "{task.fields[speed]:.1f}x realtime, {task.fields[errors]} errors"),
-        TimeElapsedColumn(), TimeRemainingColumn(), console=console,
+        TimeElapsedColumn(), TimeRemainingColumn(), console=console, disable=plain is not None,
     )
     state = {"seconds": 0.0, "errors": 0, "items": 0}
+
+    def on_phase(text):
+        say((f"{time.strftime('%H:%M:%S')} ", "dim"), text)
 
     def on_plan(s):
         for w in s["warnings"]:
@@ -128,7 +216,10 @@ def _run(input_path, out_dir, settings: Settings, shard_size, shard_mb, limit, s
         state["total"] = s["seconds"]
         state["task"] = progress.add_task("encoding", total=max(s["seconds"], 1e-9), audio=_hours(0),
                                           total_audio=_hours(s["seconds"]), items=0, speed=0.0, errors=0)
-        progress.start()
+        if plain is not None:
+            plain.start(s["seconds"])
+        else:
+            progress.start()
 
     def on_progress(items, seconds, errors):
         state["seconds"] += seconds
@@ -138,6 +229,8 @@ def _run(input_path, out_dir, settings: Settings, shard_size, shard_mb, limit, s
         elapsed = progress.tasks[task].elapsed or 1e-9
         progress.update(task, advance=seconds, audio=_hours(state["seconds"]), speed=state["seconds"] / elapsed,
                         errors=state["errors"], items=state["items"])
+        if plain is not None:
+            plain.update(state)
 
     def on_signal(name):
         progress.stop()
@@ -146,15 +239,17 @@ def _run(input_path, out_dir, settings: Settings, shard_size, shard_mb, limit, s
 
     try:
         summary = extract(input_path, out_dir, settings, shard_size, shard_mb, limit, part, recordings,
-                          on_plan, on_progress, on_signal)
+                          on_plan, on_progress, on_signal, on_phase=on_phase)
     except KeyboardInterrupt:
         progress.stop()
         say(("interrupted", "yellow"), " before encoding started; run the same command again to resume.")
-        raise typer.Exit(130)
+        raise typer.Exit(EXIT_INTERRUPTED)
     except (ValueError, FileNotFoundError, RuntimeError, OSError, OutputError) as e:
         progress.stop()
         _fail(str(e))
     progress.stop()
+    if plain is not None:
+        plain.update(state, final=True)
     for n in summary["engine_notes"]:
         say(("note: ", "yellow"), n)
     stats = summary["stats"]
@@ -162,19 +257,28 @@ def _run(input_path, out_dir, settings: Settings, shard_size, shard_mb, limit, s
     if summary.get("interrupted"):
         say((f"interrupted ({summary['interrupted']})", "yellow"),
             f": {summary['ok']} items committed to {where}; run the same command again to resume.")
-        raise typer.Exit(130)
+        raise typer.Exit(EXIT_INTERRUPTED)
     say(("done", "green"), f": {summary['ok']} ok, {summary['errors']} errors, {summary['skipped']} skipped "
         f"({summary['frame_rate']:g} Hz frames) -> {where}/manifest.jsonl"
         + (f"; encoder idle {100 * stats.idle_fraction:.0f}% of {stats.wall:.1f} s" if stats.wall else ""))
     if summary["errors"]:
         say(f"error rows: mimi-extract info {out_dir}  (or grep '\"status\": \"error\"' {where}/manifest.jsonl)")
-        if strict:
-            raise typer.Exit(1)
+    if summary["inputs"] == 0:
+        say(("error: ", "bold red"), f"no input found in {input_path}" + (f" (part {part})" if not part.whole else "")
+            + ": a directory is searched for audio files (wav, flac, mp3, ogg, ...); a list or lhotse manifest "
+            "names them")
+        raise typer.Exit(EXIT_NO_INPUT)
+    if summary["errors"] and summary["ok"] == 0 and summary["skipped"] == 0:
+        say(("error: ", "bold red"), f"every input failed ({summary['errors']} of {summary['inputs']})")
+        raise typer.Exit(EXIT_ALL_FAILED)
+    if summary["errors"] and strict:
+        raise typer.Exit(EXIT_FAILED)
 
 
 _RUN_HELP = ("\n\n    Re-running the same command resumes: items already 'ok' in the manifest are skipped; a "
              "second run on the same OUT is refused while the first holds it. Ctrl-C (or SIGTERM) commits "
-             "what was completely encoded; a second Ctrl-C stops at once (OUT stays consistent).")
+             "what was completely encoded; a second Ctrl-C stops at once (OUT stays consistent).\n\n    "
+             + EXIT_CODES_HELP)
 
 
 @app.command()
@@ -192,8 +296,10 @@ def features(
     chunk_seconds: ChunkOpt = None,
     num_workers: WorkersOpt = 2,
     channel: ChannelOpt = Channel["mix"],
-    causal_16k: CausalOpt = True,
+    resampler: ResamplerOpt = Resampler["torchaudio"],
+    causal_16k: CausalOpt = None,
     framing: FramingArg = FramingOpt["transformers"],
+    frames_per_call: FramesPerCallOpt = 1,
     shard_size: ShardOpt = 1000,
     shard_mb: ShardMBOpt = 256,
     limit: LimitOpt = None,
@@ -203,6 +309,7 @@ def features(
     ray_address: RayAddressOpt = None,
     ray_cpu_actors: RayCpuOpt = None,
     recordings: RecordingsOpt = None,
+    progress_seconds: ProgressOpt = None,
 ):
     """Continuous Mimi features, one \\[frames, dim] dataset per input.
 
@@ -215,11 +322,11 @@ def features(
     """
     if tap is None:
         tap = Tap["encoder"] if framing is FramingOpt["muvap"] else Tap["latent"]
-    settings = _settings(model, device, dtype, batch_size, max_batch_seconds, num_workers, channel, causal_16k,
-                         cpu_workers, tap=tap.value, feature_dtype=feature_dtype.value, chunk_seconds=chunk_seconds,
-                         framing=framing.value, engine=engine.value, ray_address=ray_address,
+    settings = _settings(model, device, dtype, batch_size, max_batch_seconds, num_workers, channel,
+                         _causal(resampler, causal_16k), cpu_workers, tap=tap.value, feature_dtype=feature_dtype.value, chunk_seconds=chunk_seconds,
+                         framing=framing.value, frames_per_call=frames_per_call, engine=engine.value, ray_address=ray_address,
                          ray_cpu_actors=ray_cpu_actors)
-    _run(input_path, out_dir, settings, shard_size, shard_mb, limit, strict, part, recordings)
+    _run(input_path, out_dir, settings, shard_size, shard_mb, limit, strict, part, recordings, progress_seconds)
 
 
 features.__doc__ += _RUN_HELP
@@ -239,8 +346,10 @@ def codes(
     chunk_seconds: ChunkOpt = None,
     num_workers: WorkersOpt = 2,
     channel: ChannelOpt = Channel["mix"],
-    causal_16k: CausalOpt = True,
+    resampler: ResamplerOpt = Resampler["torchaudio"],
+    causal_16k: CausalOpt = None,
     framing: FramingArg = FramingOpt["transformers"],
+    frames_per_call: FramesPerCallOpt = 1,
     shard_size: ShardOpt = 1000,
     shard_mb: ShardMBOpt = 256,
     limit: LimitOpt = None,
@@ -250,6 +359,7 @@ def codes(
     ray_address: RayAddressOpt = None,
     ray_cpu_actors: RayCpuOpt = None,
     recordings: RecordingsOpt = None,
+    progress_seconds: ProgressOpt = None,
 ):
     """Discrete Mimi codes, one int16 \\[frames, num_quantizers] dataset per input (12.5 Hz).
 
@@ -260,11 +370,11 @@ def codes(
       mimi-extract codes corpus/ codes/ --part slurm            # one task of sbatch --array=0-15
       mimi-extract codes corpus/ codes/ --engine ray --ray-address auto
     """
-    settings = _settings(model, device, dtype, batch_size, max_batch_seconds, num_workers, channel, causal_16k,
-                         cpu_workers, tap="codes", num_quantizers=num_quantizers, chunk_seconds=chunk_seconds,
-                         framing=framing.value, engine=engine.value, ray_address=ray_address,
+    settings = _settings(model, device, dtype, batch_size, max_batch_seconds, num_workers, channel,
+                         _causal(resampler, causal_16k), cpu_workers, tap="codes", num_quantizers=num_quantizers, chunk_seconds=chunk_seconds,
+                         framing=framing.value, frames_per_call=frames_per_call, engine=engine.value, ray_address=ray_address,
                          ray_cpu_actors=ray_cpu_actors)
-    _run(input_path, out_dir, settings, shard_size, shard_mb, limit, strict, part, recordings)
+    _run(input_path, out_dir, settings, shard_size, shard_mb, limit, strict, part, recordings, progress_seconds)
 
 
 codes.__doc__ += _RUN_HELP
@@ -323,8 +433,10 @@ def verify(
     max_batch_seconds: Annotated[float, typer.Option(min=0.1, help="Padded audio seconds per step of the engine under test.")] = 120.0,
     chunk_seconds: Annotated[float, typer.Option(min=0.08, help="Files longer than this are streamed in chunks (checked against the unchunked reference); with --out, longer items are re-encoded alone in chunks.")] = 30.0,
     channel: ChannelOpt = Channel["mix"],
-    causal_16k: CausalOpt = True,
+    resampler: ResamplerOpt = Resampler["torchaudio"],
+    causal_16k: CausalOpt = None,
     framing: FramingArg = FramingOpt["transformers"],
+    frames_per_call: FramesPerCallOpt = 1,
     limit: LimitOpt = 50,
     rtol: Annotated[float, typer.Option(help="Relative feature tolerance: max|Δ| <= rtol * max|reference| + atol, per file.")] = 1e-5,
     atol: Annotated[float, typer.Option(help="Absolute floor of the feature tolerance.")] = 1e-6,
@@ -348,6 +460,7 @@ def verify(
       mimi-extract verify corpus/ --limit 100 --batch-size 32
       mimi-extract verify --out codes/ --sample 50
     """
+    from .settings import resolve_devices
     from .verify import verify_outputs, verify_source
 
     out_console = Console(width=max(Console().width, 120), highlight=False)
@@ -356,7 +469,8 @@ def verify(
     try:
         if out is not None:
             dev = resolve_devices(device)[0]
-            checks, problems = verify_outputs(out, sample, seed, dev, model, rtol, atol, chunk_seconds=chunk_seconds)
+            checks, problems = verify_outputs(out, sample, seed, dev, model and _model_path(model), rtol, atol,
+                                              chunk_seconds=chunk_seconds)
             title = f"{out}: stored vs single-item (fp32, transformers)"
             from .writer import read_run_info, run_dirs
 
@@ -364,8 +478,8 @@ def verify(
             shown = (info.get("tap", "codes"),) if info.get("tap") != "codes" else ()
         else:
             settings = _settings(model or "kyutai/mimi", device, dtype, batch_size, max_batch_seconds, 0, channel,
-                                 causal_16k, tap="codes", num_quantizers=num_quantizers, chunk_seconds=chunk_seconds,
-                                 framing=framing.value)
+                                 _causal(resampler, causal_16k), tap="codes", num_quantizers=num_quantizers, chunk_seconds=chunk_seconds,
+                                 framing=framing.value, frames_per_call=frames_per_call)
             settings.devices = settings.devices[:1]
             settings.num_workers = 1
             checks, problems = verify_source(input_path, settings, limit, rtol, atol), []
@@ -390,7 +504,7 @@ def verify(
     say(summary, ("PASS", "green") if verdict else (f"FAIL ({failed} files)" if failed else "FAIL (nothing compared)"
                                                       if not good else "FAIL", "bold red"), out=out_console)
     if not verdict:
-        raise typer.Exit(1)
+        raise typer.Exit(EXIT_FAILED)
 
 
 def _report(make, out_dir: str, as_json: bool) -> dict | None:
@@ -431,10 +545,13 @@ def status(out_dir: Annotated[str, typer.Argument(metavar="OUT")],
         f": {report['ok']} ok, {report['errors']} errors, {report['remaining']} not yet encoded", out=out)
 
 
+_SHOWN = 20  # failing items listed by `info` (all of them with --json)
+
+
 @app.command()
 def info(out_dir: Annotated[str, typer.Argument(metavar="OUT")],
          as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False):
-    """What OUT holds: inputs, ok, errors by reason, hours, frames, tokens, shard sizes, settings.
+    """What OUT holds: inputs, ok, errors by reason and the failing items, hours, frames, tokens, shard sizes, settings.
 
     [bold]Example[/]
 
@@ -452,10 +569,34 @@ def info(out_dir: Annotated[str, typer.Argument(metavar="OUT")],
         f"{report['frames']} frames" + (f", {report['tokens']} tokens" if report.get("tokens") is not None else ""), out=out)
     for reason, n in report["errors_by_reason"].items():
         say(f"  {n} x ", (reason, "yellow"), out=out)
+    if report["failed"]:
+        say(f"failing items (key, path: reason){'' if len(report['failed']) <= _SHOWN else f', first {_SHOWN}'}:", out=out)
+        for f in report["failed"][:_SHOWN]:
+            say(f"  {f['key']}  {f['path']}: ", (f["reason"], "yellow"), out=out)
+        if len(report["failed"]) > _SHOWN:
+            say(f"  ... and {len(report['failed']) - _SHOWN} more (--json lists them all)", out=out)
     say(f"{len(report['shards'])} shards, {report['bytes'] / 2**20:.1f} MiB "
         f"({report['bytes'] / max(1, len(report['shards'])) / 2**20:.1f} MiB per shard)", out=out)
     for key, value in report["settings"].items():
         say(f"  {key}: {value}", out=out)
+
+
+@app.command()
+def cuts(out_dir: Annotated[str, typer.Argument(metavar="OUT")],
+         output: Annotated[str, typer.Option("-o", "--output", help="The file to write (.jsonl.gz or .jsonl).")]):
+    """One lhotse CutSet over every part of OUT, written to one file (built from the manifests).
+
+    [bold]Example[/]
+
+      mimi-extract cuts codes/ -o codes-cuts.jsonl.gz   # then CutSet.from_jsonl_lazy("codes-cuts.jsonl.gz")
+    """
+    from .reader import write_merged_cuts
+
+    try:
+        n = write_merged_cuts(out_dir, output)
+    except (FileNotFoundError, ValueError, OSError) as e:
+        _fail(str(e))
+    say(("done", "green"), f": {n} cuts -> {output}")
 
 
 @app.command()
@@ -477,11 +618,12 @@ def decode(
       mimi-extract decode codes/ --all -o listen/
     """
     from .outputs import decode_items
+    from .settings import resolve_devices
 
     if not keys and not all_items:
         _fail("name KEYs to decode, or --all")
     try:
-        written = decode_items(out_dir, keys or None, output, model, resolve_devices(device)[0],
+        written = decode_items(out_dir, keys or None, output, model and _model_path(model), resolve_devices(device)[0],
                                on_item=lambda key, path: say(f"{key} -> {path}"))
     except (KeyError, ValueError, FileNotFoundError, RuntimeError, OSError) as e:
         _fail(str(e) if not isinstance(e, KeyError) else e.args[0])

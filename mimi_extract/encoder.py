@@ -235,9 +235,18 @@ class _WindowCache:
 
 
 class PaddedMimiEncoder(nn.Module):
-    """Batched (and optionally chunked) Mimi encoding whose valid outputs equal encoding each item alone."""
+    """Batched (and optionally chunked) Mimi encoding whose valid outputs equal encoding each item alone.
 
-    def __init__(self, model: nn.Module):
+    ``frames_per_call``: None (default) is transformers' and moshi's non-streaming attention (a
+    sliding window of ``sliding_window`` steps); N reproduces moshi's *streaming* encode fed N
+    frames (of :attr:`hop` samples) per call.  moshi keeps a ring buffer of ``sliding_window``
+    key slots and writes a call's keys before attending, so a query sees back only to the window
+    ending at its call's last step: key s is visible to query t iff s <= t and
+    s >= c * floor(t / c) + c - window, with c = encoder steps per call and t, s absolute stream
+    positions.  Only the mask differs (moshi's convs and RoPE positions are the same in both
+    modes), so the batched, padded and chunked paths all give moshi's streaming output."""
+
+    def __init__(self, model: nn.Module, frames_per_call: int | None = None):
         super().__init__()
         self.model = model
         self.seanet, self.transformer, self.downsample = encoder_parts(model)
@@ -258,6 +267,15 @@ class PaddedMimiEncoder(nn.Module):
         # transformers renamed the layers' cache argument (past_key_value(s) -> cache)
         params = inspect.signature(self.transformer.layers[0].forward).parameters
         self._cache_arg = next((a for a in ("cache", "past_key_values", "past_key_value") if a in params), None)
+        self.frames_per_call = frames_per_call
+        self.call_steps = None  # encoder (25 Hz) steps per moshi streaming call
+        if frames_per_call is not None:
+            steps = frames_per_call * (int(self.downsample.stride) if self.downsample is not None else 1)
+            if frames_per_call < 1 or self.window is None or steps > self.window:
+                raise ValueError(f"moshi streaming with {frames_per_call} frame(s) per call needs 1 <= frames and "
+                                 f"{steps} steps per call <= the attention window ({self.window}): moshi's ring "
+                                 "buffer would overwrite keys within one call")
+            self.call_steps = steps
 
     @property
     def config(self):
@@ -480,22 +498,30 @@ class PaddedMimiEncoder(nn.Module):
         return x, lengths
 
     def attention_mask(self, lengths: torch.Tensor, size: int, dtype: torch.dtype, cached: torch.Tensor | None = None,
-                       past: int = 0) -> torch.Tensor:
+                       past: int = 0, position: torch.Tensor | None = None) -> torch.Tensor:
         """[B, 1, size, past + size] causal sliding-window mask over ``past`` cached positions and
         this chunk's ``size`` positions: key j is visible to query i iff i - window < j <= i (in
         stream positions), j is valid (one of the row's ``cached`` last past positions, or a chunk
         position < length).  Padded queries may see themselves, so no row is fully masked (no NaN);
-        their outputs are zeroed anyway."""
+        their outputs are zeroed anyway.  With moshi's streaming calls (``call_steps`` = c) the
+        window's start is that of the query's call instead: j >= c * floor(t / c) + c - window in
+        absolute positions (t = ``position`` + i: the row's chunk starts at ``position``)."""
         device = lengths.device
         query = torch.arange(size, device=device)
         key = torch.arange(past + size, device=device) - past  # positions relative to the chunk start
-        allowed = key[None, :] <= query[:, None]
-        if self.window is not None:
-            allowed &= key[None, :] > query[:, None] - self.window
+        allowed = (key[None, :] <= query[:, None])[None]  # [1 or B, T, past+T]
+        if self.call_steps is not None:
+            c = self.call_steps
+            start = torch.zeros_like(lengths) if position is None else position.to(device)
+            t = start[:, None] + query[None, :]  # absolute query positions [B, T]
+            first = torch.div(t, c, rounding_mode="floor") * c + c - self.window - start[:, None]  # relative
+            allowed = allowed & (key[None, None, :] >= first[:, :, None])
+        elif self.window is not None:
+            allowed = allowed & (key[None, :] > query[:, None] - self.window)[None]
         key_ok = key[None, :] < lengths[:, None]
         if cached is not None:
             key_ok &= key[None, :] >= -cached[:, None]
-        allowed = allowed[None] & (key_ok[:, None, :] | (key[None, :] == query[:, None])[None])  # [B, T, past+T]
+        allowed = allowed & (key_ok[:, None, :] | (key[None, :] == query[:, None])[None])  # [B, T, past+T]
         if self.config._attn_implementation == "eager":  # eager *adds* the mask
             return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(
                 ~allowed, torch.finfo(dtype).min
@@ -511,7 +537,7 @@ class PaddedMimiEncoder(nn.Module):
             mask = self.attention_mask(lengths, size, h.dtype)
         else:
             past = state.keys[0].shape[2] if state.keys else 0
-            mask = self.attention_mask(lengths, size, h.dtype, state.cached, past)
+            mask = self.attention_mask(lengths, size, h.dtype, state.cached, past, state.position)
             position_ids = position_ids + state.position[:, None]
             keep = self.window - 1 if self.window is not None else None
             kwargs[self._cache_arg] = _WindowCache(state, keep)
@@ -618,14 +644,34 @@ def encode_chunked(encoder: PaddedMimiEncoder, items: list[torch.Tensor], chunk:
     return [{t: torch.cat(p[t]) for t in taps} for p in pieces]
 
 
+def moshi_stream_mask(steps: int, call_steps: int, window: int) -> torch.Tensor:
+    """[steps, steps] bool: what a query may attend to in moshi's streaming encode, written out from
+    its ring buffer of ``window`` key slots (a call of ``call_steps`` positions writes all its keys,
+    then attends to the slots; a slot holds the last position written to it).  Independent of
+    ``PaddedMimiEncoder.attention_mask`` on purpose: it is the reference that mask is checked against."""
+    t = torch.arange(steps)
+    call_end = (t // call_steps + 1) * call_steps - 1  # the last position written before query t attends
+    return (t[None, :] <= t[:, None]) & (t[None, :] > call_end[:, None] - window)
+
+
 @torch.no_grad()
-def reference_single(model: nn.Module, audio: torch.Tensor, num_quantizers: int | None = None) -> dict:
+def reference_single(model: nn.Module, audio: torch.Tensor, num_quantizers: int | None = None,
+                     frames_per_call: int | None = None) -> dict:
     """One unpadded item through transformers' own, unmodified forward passes (the reference).
+    ``frames_per_call``: moshi's streaming attention (``moshi_stream_mask``) given to transformers'
+    transformer as its 4D mask, instead of its own sliding window.
 
     Returns ``encoder``/``latent`` as [frames, dim] and ``codes`` as [frames, N] (time first)."""
     seanet, transformer, downsample = encoder_parts(model)
     x = audio.reshape(1, 1, -1)
-    h = transformer(seanet(x).transpose(1, 2)).last_hidden_state
+    h = seanet(x).transpose(1, 2)
+    mask = None
+    if frames_per_call is not None:
+        call_steps = frames_per_call * (int(downsample.stride) if downsample is not None else 1)  # 25 Hz steps
+        allowed = moshi_stream_mask(h.shape[1], call_steps, model.config.sliding_window).to(h.device)
+        mask = allowed[None, None] if model.config._attn_implementation != "eager" else torch.zeros(
+            allowed.shape, dtype=h.dtype, device=h.device).masked_fill(~allowed, torch.finfo(h.dtype).min)[None, None]
+    h = transformer(h, attention_mask=mask).last_hidden_state
     latent = downsample(h.transpose(1, 2)) if downsample is not None else h.transpose(1, 2)
     codes = model.quantizer.encode(latent, num_quantizers).transpose(0, 1)
     return {"encoder": h[0], "latent": latent[0].T, "codes": codes[0].T}

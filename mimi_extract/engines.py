@@ -39,7 +39,7 @@ from .audio import SAMPLE_RATE, AudioError, AudioReader
 from .encoder import PaddedMimiEncoder, frames_of, load_model, prepare
 from .plan import WorkUnit
 from .settings import DTYPES, Settings, threads_per_worker
-from .sources import Item
+from .sources import Item, open_audio
 
 
 @dataclass
@@ -100,7 +100,7 @@ def build_encoder(settings: Settings, device: str, model=None) -> PaddedMimiEnco
         torch.backends.cudnn.benchmark = True  # step shapes are bucketed, so autotuning is reused
     dtype = DTYPES[settings.dtype]
     model = prepare(model, device, dtype) if model is not None else load_model(settings.model, device, dtype)
-    return PaddedMimiEncoder(model)
+    return PaddedMimiEncoder(model, settings.framing_rule.stream_frames)
 
 
 @dataclass
@@ -168,7 +168,7 @@ class DeviceRunner:
 
     # -- feeder ----------------------------------------------------------------------------
     def _open(self, item: Item) -> AudioReader:
-        return AudioReader(item.path, item.channel, self.settings.framing_rule, item.start, item.frames)
+        return AudioReader(open_audio(item), item.channel, self.settings.framing_rule, item.start, item.frames)
 
     def _read(self, stream: _Stream):
         try:
@@ -225,7 +225,12 @@ class DeviceRunner:
                     if not pending:
                         if units_done:
                             break
-                        unit = next_unit(block=not rows and not chosen)  # never stall running streams
+                        block = not rows and not chosen  # never stall running streams
+                        if block and errors:  # deliver them before waiting: the caller may be waiting for them
+                            if not put(_Step.only_errors(errors)):
+                                return
+                            errors = []
+                        unit = next_unit(block=block)
                         if unit is None:
                             units_done = True
                             break
@@ -352,7 +357,8 @@ class DeviceRunner:
                 if isinstance(step, BaseException):
                     raise step
                 for e in step.errors:
-                    emit(e)
+                    if e.item.key not in self.failed:  # not already failed here (out of memory alone)
+                        emit(e)
                 if feeder_stop.is_set():
                     continue  # drain: the feeder is stopping
                 if not step.items:

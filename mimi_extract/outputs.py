@@ -1,5 +1,6 @@
-"""Reading what a run produced: ``status`` (per-part progress), ``info`` (contents and settings)
-and ``decode`` (codes or features back to audio)."""
+"""Reading what a run produced: ``status`` (per-part progress), ``info`` (contents, failing items,
+settings) and ``decode`` (codes or features back to audio).  ``status`` and ``info`` import
+neither torch nor transformers (they answer in well under a second); ``decode`` does."""
 
 from __future__ import annotations
 
@@ -10,8 +11,7 @@ from collections import Counter
 
 import numpy as np
 
-from .sources import dataset_name, seconds_to_samples
-from .writer import _PART_RE, committed_rows, read, read_manifest, read_run_info, run_dirs, shard_attrs
+from .writer import _PART_RE, committed_rows, read_manifest, read_run_info, run_dirs, shard_attrs
 
 PLAN_INFO = "plan.json"
 
@@ -81,15 +81,27 @@ def info_report(out_dir: str) -> dict:
     return {
         "inputs": inputs, "ok": len(ok), "errors": len(errors), "pending": max(0, inputs - len(ok) - len(errors)),
         "errors_by_reason": dict(Counter(_reason(r.get("error")) for r in errors).most_common()),
+        "failed": [{"key": r["key"], "path": (r.get("source") or {}).get("path") or _source_path(info, r),
+                    "reason": r.get("error") or "unknown"} for r in errors],
         "hours": sum(r.get("duration", 0.0) for r in ok) / 3600, "frames": frames,
         "tokens": frames * nq if nq else None, "shards": {s: sizes.get(s, 0) for s in shards},
         "bytes": sum(sizes.values()), "settings": settings,
     }
 
 
+def _source_path(info: dict, row: dict) -> str:
+    """An error row's file: its path is relative to the run's input (a directory, or a list's folder)."""
+    path = row.get("path") or ""
+    root = info.get("input") or ""
+    if os.path.isabs(path) or not root:
+        return path
+    return os.path.join(root if os.path.isdir(root) else os.path.dirname(root), path)
+
+
 def _samples_24k(row: dict, info: dict) -> int:
     """The item's length at 24 kHz (before the framing's padding), from its exact source length."""
     from .audio import Framing
+    from .sources import seconds_to_samples
 
     rate = row["sample_rate"]
     if row.get("end") is not None:
@@ -108,6 +120,8 @@ def decode_items(out_dir: str, keys: list[str] | None, output: str | None, model
     import torch
 
     from .encoder import load_model
+    from .reader import Reader
+    from .sources import dataset_name
 
     dirs = _require(out_dir)
     info = read_run_info(dirs[0])
@@ -122,12 +136,13 @@ def decode_items(out_dir: str, keys: list[str] | None, output: str | None, model
     if folder:
         os.makedirs(output, exist_ok=True)
     mimi = load_model(model or info["model"], device)
+    reader = Reader(out_dir)
     written = []
     with torch.no_grad():
         for key in keys:
             row = rows[key]
             tap = shard_attrs(out_dir, row["shard"]).get("tap", info["tap"])
-            data = torch.from_numpy(np.ascontiguousarray(read(out_dir, key))).to(device)
+            data = torch.from_numpy(np.ascontiguousarray(reader[key])).to(device)
             if tap == "codes":
                 codes = data.long().T[None]
             else:

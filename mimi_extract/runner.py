@@ -8,7 +8,6 @@ still consistent: the commit protocol survives any kill).
 
 from __future__ import annotations
 
-import glob
 import json
 import math
 import os
@@ -20,13 +19,12 @@ from dataclasses import asdict
 
 from . import __version__
 from .audio import SAMPLE_RATE
-from .encoder import _from_pretrained, config_hash, weights_hash
+from .encoder import PaddedMimiEncoder, _from_pretrained, config_hash, weights_hash
 from .engines import Stats, make_engine
 from .plan import Part, padding_fraction, part_of, plan_units
 from .settings import Settings
 from .sources import Item, dataset_name, discover
-from .writer import (OutputError, RunLock, ShardWriter, _write_atomic, check_run_info, ensure_dir,
-                     recover, run_dirs)
+from .writer import (OutputError, ShardWriter, _write_atomic, check_run_info, lock_run_dir, recover, run_dirs)
 
 PLAN_INFO = "plan.json"
 
@@ -47,8 +45,9 @@ def row_for(item: Item) -> dict:
     }
     if item.segment is not None:
         row["start"], row["end"] = item.segment
-    if item.error is None:  # what a lhotse Recording needs, without probing the file again
-        row["source"] = {"path": item.path, "frames": item.file_frames, "channels": item.file_channels}
+    if item.error is None:  # what a lhotse Recording needs, without probing the file again; the path
+        # absolute, so that the cuts load their audio (and verify --out re-reads it) from any directory
+        row["source"] = {"path": os.path.abspath(item.path), "frames": item.file_frames, "channels": item.file_channels}
     return row
 
 
@@ -67,6 +66,8 @@ def file_attrs(settings: Settings, config, identity: dict) -> dict:
     }
     if settings.tap == "codes":
         attrs["num_quantizers"] = settings.num_quantizers
+    if settings.framing_rule.stream_frames is not None:
+        attrs["frames_per_call"] = settings.frames_per_call
     return attrs
 
 
@@ -75,27 +76,18 @@ def run_info(settings: Settings, identity: dict, input_root: str, kind: str, par
     info = {k: v for k, v in asdict(settings).items() if k in keep}
     if settings.tap == "codes":
         info["num_quantizers"] = settings.num_quantizers
+    if settings.framing_rule.stream_frames is not None:  # the codes depend on it
+        info["frames_per_call"] = settings.frames_per_call
     return {**info, **identity, "input": input_root, "input_kind": kind, "part": str(part),
             "tool_version": __version__}
 
 
-def run_dir_for(out_dir: str, part: Part) -> str:
-    """OUT itself for a whole run, ``OUT/part-I-of-N`` for a part; refuses mixing the two layouts."""
-    ensure_dir(out_dir)
-    parts = [d for d in glob.glob(os.path.join(out_dir, "part-*-of-*")) if os.path.isdir(d)]
+def run_dir_for(out_dir: str, part: Part):
+    """(run directory, its lock): OUT itself for a whole run, ``OUT/part-I-of-N`` for a part; the
+    layout is decided under OUT's lock (``writer.lock_run_dir``), so the two layouts never mix."""
     if part.whole:
-        if parts:
-            raise OutputError(f"{out_dir} holds parts of a job array ({os.path.basename(parts[0])}, ...); "
-                              "run with the same --part I/N, or use another OUT")
-        return out_dir
-    if os.path.exists(os.path.join(out_dir, "run.json")):
-        raise OutputError(f"{out_dir} holds a whole run (not split into parts); use another OUT for --part")
-    other = sorted({d.rsplit("-of-", 1)[1] for d in parts} - {str(part.count)})
-    if other:
-        raise OutputError(f"{out_dir} holds parts of N={other[0]}, not N={part.count}; use the same N or another OUT")
-    run_dir = os.path.join(out_dir, part.dirname)
-    ensure_dir(run_dir)
-    return run_dir
+        return lock_run_dir(out_dir)
+    return lock_run_dir(out_dir, part.dirname, part.count)
 
 
 def load_identity(settings: Settings):
@@ -109,6 +101,8 @@ def load_identity(settings: Settings):
         if not low <= settings.num_quantizers <= high:
             raise ValueError(f"--num-quantizers must be in {low}..{high} for this model "
                              f"({low} semantic + {high - low} acoustic codebooks)")
+    if settings.framing_rule.stream_frames is not None:
+        PaddedMimiEncoder(model, settings.framing_rule.stream_frames)  # refuses more steps per call than the window
     return model, config, {"config_hash": config_hash(config), "weights": weights_hash(model)}
 
 
@@ -166,45 +160,69 @@ class _Signals:
 
 def extract(source: str, out_dir: str, settings: Settings, shard_size: int = 1000, shard_mb: float = 256,
             limit: int | None = None, part: Part = Part(), recordings: str | None = None,
-            on_plan=None, on_progress=None, on_signal=None, stop: threading.Event | None = None) -> dict:
+            on_plan=None, on_progress=None, on_signal=None, stop: threading.Event | None = None,
+            on_phase=None) -> dict:
     """Encode every item of ``source`` (or of this ``part`` of it) into ``out_dir``; resumes.
 
     ``on_plan(summary)`` is called once the work is planned, ``on_progress(items, seconds, errors)``
-    as pieces are written, ``on_signal(name)`` on the first SIGINT/SIGTERM.  Returns counts."""
+    as pieces are written, ``on_signal(name)`` on the first SIGINT/SIGTERM, ``on_phase(text)`` as each
+    start-up phase begins (loading the model, finding inputs, planning).  Returns counts."""
     stop = stop or threading.Event()
-    run_dir = run_dir_for(out_dir, part)
-    lock = RunLock(run_dir)
+    fresh = not os.path.exists(out_dir)
+    run_dir, lock = run_dir_for(out_dir, part)
+    started = False
     try:
         with _Signals(stop, on_signal) as signals:
             summary = _extract_locked(source, run_dir, settings, shard_size, shard_mb, limit, part, recordings,
-                                      on_plan, on_progress, stop)
+                                      on_plan, on_progress, stop, on_phase or (lambda text: None))
+            started = True
             summary["interrupted"] = signals.received if stop.is_set() else None
             return summary
     finally:
         lock.release()
+        if not started and fresh:  # a run that never started leaves no OUT behind (only its lock was there)
+            _remove_if_only_lock(run_dir, out_dir)
+
+
+def _remove_if_only_lock(run_dir: str, out_dir: str) -> None:
+    try:
+        if os.listdir(run_dir) == ["lock"]:
+            os.remove(os.path.join(run_dir, "lock"))
+            for d in dict.fromkeys((run_dir, out_dir)):
+                if not os.listdir(d):
+                    os.rmdir(d)
+    except OSError:
+        pass
 
 
 def _extract_locked(source, run_dir, settings, shard_size, shard_mb, limit, part, recordings, on_plan, on_progress,
-                    stop) -> dict:
+                    stop, on_phase) -> dict:
+    on_phase(f"starting {len(settings.devices)} encoder worker(s) on {', '.join(sorted(set(settings.devices)))}"
+             if settings.engine == "local" else f"starting the {settings.engine} engine")
     engine = make_engine(settings)  # first: worker processes load the weights while we check them
     try:
         return _extract_with(engine, source, run_dir, settings, shard_size, shard_mb, limit, part, recordings, on_plan,
-                             on_progress, stop)
+                             on_progress, stop, on_phase)
     finally:
         engine.close()
 
 
 def _extract_with(engine, source, run_dir, settings, shard_size, shard_mb, limit, part, recordings, on_plan,
-                  on_progress, stop) -> dict:
+                  on_progress, stop, on_phase=lambda text: None) -> dict:
+    on_phase(f"loading the model {settings.model} and hashing its weights")
     model, config, identity = load_identity(settings)
-    found = discover(source, settings.channel, settings.framing_rule, limit, recordings)
+    on_phase(f"finding inputs in {source} and reading their headers")
+    found = discover(source, settings.channel, settings.framing_rule, limit, recordings,
+                     exclude=run_dir if part.whole else os.path.dirname(run_dir))  # OUT is never input
+    on_phase(f"planning {len(found.items)} readable inputs ({len(found.bad)} unreadable)")
     items, bad = found.items, found.bad
     if not part.whole:
         items = [it for it in items if part_of(it.key, part.count) == part.index]
         bad = [it for it in bad if part_of(it.key, part.count) == part.index]
     siblings = [d for d in run_dirs(os.path.dirname(run_dir)) if d != run_dir] if not part.whole else []
-    check_run_info(run_dir, run_info(settings, identity, found.root, found.kind, part), siblings)
-    done, notes = recover(run_dir)
+    attrs = file_attrs(settings, config, identity)
+    check_run_info(run_dir, run_info(settings, identity, found.root, found.kind, part), siblings, attrs)
+    done, notes = recover(run_dir, attrs)
     refuse_changed_inputs(items, done)
     _write_atomic(os.path.join(run_dir, PLAN_INFO), json.dumps(
         {"inputs": len(items) + len(bad), "seconds": sum(it.duration for it in items),

@@ -28,8 +28,9 @@ class Settings:
     num_workers: int = 2  # decoding threads per device
     threads: int | None = None  # torch threads per device worker (None: cores / workers)
     channel: str = "mix"
-    causal_16k: bool = True
+    causal_16k: bool = False  # 16 kHz through the causal (delayed) resampler instead of torchaudio's
     framing: str = "transformers"
+    frames_per_call: int = 1  # --framing moshi-stream: frames per moshi streaming call
     feature_dtype: str = "float32"
     engine: str = "local"
     ray_address: str | None = None
@@ -37,7 +38,7 @@ class Settings:
 
     @property
     def framing_rule(self) -> Framing:
-        return Framing(self.framing, self.causal_16k)
+        return Framing(self.framing, self.causal_16k, self.frames_per_call)
 
     def chunk_samples(self, hop: int = 1920) -> int:
         """Chunk length in samples, a whole number of output frames (at least one)."""

@@ -208,7 +208,8 @@ def verify_source(source: str, settings: Settings, limit: int | None = 50, rtol:
             check.note = f"longer than {max_reference_seconds:g} s: not compared (the unchunked reference would not fit)"
         else:
             audio = load(item.path, item.channel, framing=settings.framing_rule, start=item.start, frames=item.frames)
-            ref = reference_single(reference, audio.to(device), settings.num_quantizers)
+            ref = reference_single(reference, audio.to(device), settings.num_quantizers,
+                                   settings.framing_rule.stream_frames)
             got = {t: torch.cat(v) for t, v in results[item.key].items()}
             check.frames = int(ref["codes"].shape[0])
             if all(_compare_features(check, t, got[t], ref[t], rtol, atol) for t in ("encoder", "latent")):
@@ -256,9 +257,9 @@ def verify_outputs(out_dir: str, sample: int | None = 20, seed: int = 0, device:
     if weights_hash(reference) != info.get("weights"):
         problems.append(f"the model {name!r} is not the one OUT was made with (weights {info.get('weights')})")
     picked = random.Random(seed).sample(rows, min(sample, len(rows))) if sample else rows
-    framing = Framing(info.get("framing", "transformers"), info.get("causal_16k", True))
+    framing = Framing(info.get("framing", "transformers"), info.get("causal_16k", True), info.get("frames_per_call", 1))
     tap, nq = info["tap"], info.get("num_quantizers")
-    chunked = PaddedMimiEncoder(reference)
+    chunked = PaddedMimiEncoder(reference, framing.stream_frames)
     chunk = max(chunked.hop, int(chunk_seconds * SAMPLE_RATE) // chunked.hop * chunked.hop)
     checks = []
     for row in picked:
@@ -276,7 +277,7 @@ def verify_outputs(out_dir: str, sample: int | None = 20, seed: int = 0, device:
                 check.chunked = True
                 ref = encode_chunked(chunked, [audio.to(device)], chunk, ("encoder", "latent", "codes"), nq)[0]
             else:
-                ref = reference_single(reference, audio.to(device), nq)
+                ref = reference_single(reference, audio.to(device), nq, framing.stream_frames)
         except Exception as e:  # out of memory, or anything else: this item's check fails, the audit goes on
             check.error = f"cannot re-encode: {type(e).__name__}: {e}"
             checks.append(check)

@@ -41,6 +41,8 @@ LOCK = "lock"
 QUARANTINE = "quarantine"
 _SHARD_RE = re.compile(r"shard-(\d{5,})\.h5(\.tmp)?$")
 _PART_RE = re.compile(r"part-(\d+)-of-(\d+)$")
+# the only temporary names this tool writes in a run directory (a user's own *.tmp files are theirs)
+_TMP_RE = re.compile(r"(shard-\d{5,}\.h5|manifest\.jsonl|run\.json|plan\.json|stats\.json|cuts\.jsonl\.gz)\.tmp$")
 
 
 class OutputError(Exception):
@@ -105,37 +107,50 @@ def ensure_dir(path: str) -> None:
 # -- lock ----------------------------------------------------------------------------------
 class RunLock:
     """Exclusive lock on a run directory for the life of the process (``flock``: released by the
-    OS however the process ends).  A second run fails at once, naming the holder."""
+    OS however the process ends).  A second run fails at once, naming the holder.
 
-    def __init__(self, run_dir: str):
+    ``wait``: seconds to keep trying while another process holds it only briefly (a part run
+    deciding the layout of OUT); ``refuse`` (a function of the holder's text) says when not to wait."""
+
+    def __init__(self, run_dir: str, wait: float = 0.0, what: str = "run", refuse=None):
         self.path = os.path.join(run_dir, LOCK)
         try:
             self.file = open(self.path, "a+", encoding="utf-8")
         except OSError as e:
-            raise OutputError(f"cannot create the lock file {self.path}: {e.strerror or e}") from e
-        try:
-            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self.file.seek(0)
-            holder = self.file.read().strip()
-            self.file.close()
+            raise _lock_error(e, self.path, "create") from e
+        deadline = time.monotonic() + wait
+        while True:
             try:
-                h = json.loads(holder)
-                who = f"pid {h['pid']} on {h['host']}, started {h['started']} ({h['command']})"
-            except (ValueError, KeyError, TypeError):
-                who = "another process"
-            raise LockedError(f"{run_dir} is in use by {who}; wait for it to finish or use another OUT") from None
-        except OSError as e:
-            self.file.close()
-            raise OutputError(f"cannot lock {self.path}: {e.strerror or e} (does this file system support "
-                              "locks? use a local OUT or one --part per machine)") from e
-        info = {"pid": os.getpid(), "host": socket.gethostname(),
+                fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                self.file.seek(0)
+                holder = self.file.read().strip()
+                try:
+                    h = json.loads(holder)
+                except ValueError:
+                    h = None
+                if time.monotonic() < deadline and not (refuse and isinstance(h, dict) and refuse(h)):
+                    time.sleep(0.02)
+                    continue
+                self.file.close()
+                try:
+                    who = f"pid {h['pid']} on {h['host']}, started {h['started']} ({h['command']})"
+                except (KeyError, TypeError):
+                    who = "another process"
+                raise LockedError(f"{run_dir} is in use by {who}; wait for it to finish or use another OUT") from None
+            except OSError as e:
+                self.file.close()
+                raise OutputError(f"cannot lock {self.path}: {e.strerror or e} (does this file system support "
+                                  "locks? use a local OUT or one --part per machine)") from e
+        info = {"pid": os.getpid(), "host": socket.gethostname(), "what": what,
                 "started": time.strftime("%Y-%m-%d %H:%M:%S %z"), "command": " ".join(sys.argv)}
-        try:
-            self.file.seek(0)
-            self.file.truncate()
-            self.file.write(json.dumps(info) + "\n")
-            self.file.flush()
+        try:  # unbuffered: a failed write leaves nothing pending that close() would try (and fail) again
+            fd = self.file.fileno()
+            os.ftruncate(fd, 0)
+            data = (json.dumps(info) + "\n").encode("utf-8")
+            while data:
+                data = data[os.write(fd, data):]
         except OSError as e:
             self.release()
             raise _write_error(e, self.path) from e
@@ -144,6 +159,53 @@ class RunLock:
         if not self.file.closed:
             fcntl.flock(self.file, fcntl.LOCK_UN)
             self.file.close()
+
+
+def _lock_error(e: OSError, path: str, doing: str) -> OutputError:
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return _write_error(e, path)
+    return OutputError(f"cannot {doing} the lock file {path}: {e.strerror or e}")
+
+
+def lock_run_dir(out_dir: str, part_dirname: str | None = None, part_count: int | None = None):
+    """Decide OUT's layout and lock the run directory; returns (run_dir, lock).
+
+    OUT holds either one whole run (its files in OUT itself) or the parts of one job array
+    (``part-I-of-N`` folders), never both: their union would hold keys twice.  The decision is made
+    under ``OUT/lock``, taken by both kinds of run before either writes anything:
+
+    * a whole run takes ``OUT/lock`` exclusively and keeps it for its whole life, so it checks that
+      no part folder exists, and nothing can create one until it ends;
+    * a part run takes ``OUT/lock`` just long enough to check that no whole run holds or has used
+      OUT (``run.json``) and that no part of another N exists, creates its part folder, lets
+      ``OUT/lock`` go and takes its own folder's lock for its life.  Parts of one array starting
+      together wait for each other (milliseconds each); a whole run holding OUT is refused at once.
+
+    A whole run that was killed before writing ``run.json`` leaves nothing that claims the layout."""
+    ensure_dir(out_dir)
+    if part_dirname is None:
+        lock = RunLock(out_dir, what="whole run")
+        parts = [d for d in glob.glob(os.path.join(out_dir, "part-*-of-*")) if os.path.isdir(d)]
+        if parts:
+            lock.release()
+            raise OutputError(f"{out_dir} holds parts of a job array ({os.path.basename(sorted(parts)[0])}, ...); "
+                              "run with the same --part I/N, or use another OUT")
+        return out_dir, lock
+    layout = RunLock(out_dir, wait=30.0, what=f"layout check of {part_dirname}",
+                     refuse=lambda h: h.get("what", "whole run") == "whole run")
+    try:
+        if os.path.exists(os.path.join(out_dir, RUN_INFO)):
+            raise OutputError(f"{out_dir} holds a whole run (not split into parts); use another OUT for --part")
+        parts = [d for d in glob.glob(os.path.join(out_dir, "part-*-of-*")) if os.path.isdir(d)]
+        other = sorted({d.rsplit("-of-", 1)[1] for d in parts} - {str(part_count)})
+        if other:
+            raise OutputError(f"{out_dir} holds parts of N={other[0]}, not N={part_count}; use the same N or another OUT")
+        run_dir = os.path.join(out_dir, part_dirname)
+        ensure_dir(run_dir)
+        lock = RunLock(run_dir, what=part_dirname)
+    finally:
+        layout.release()
+    return run_dir, lock
 
 
 # -- run directories and manifests ---------------------------------------------------------
@@ -155,18 +217,31 @@ def run_dirs(out_dir: str) -> list[str]:
     return parts
 
 
+def valid_shard_name(name) -> bool:
+    """A shard name as the writer makes it: a plain file name in the run directory, never a path."""
+    return isinstance(name, str) and bool(_SHARD_RE.fullmatch(name)) and not name.endswith(".tmp")
+
+
 def read_rows(run_dir: str) -> list[dict]:
-    """All rows of one run directory's manifest; a torn line (killed mid-write) is ignored."""
+    """All rows of one run directory's manifest; a torn line (killed mid-write) is ignored.
+
+    A row's ``shard`` is a name, never trusted as a path: nothing outside OUT may be read, moved
+    or written because of what OUT's files say, so a row naming anything but a shard this tool
+    writes (``../x``, ``/etc/x``, ``sub/shard-00000.h5``) is an error naming the row."""
     path = os.path.join(run_dir, MANIFEST)
     rows = []
     if os.path.exists(path):
         with open(path, encoding="utf-8", errors="replace") as f:
-            for line in f:
+            for n, line in enumerate(f, 1):
                 try:
                     row = json.loads(line)
                 except json.JSONDecodeError:
                     continue
                 if isinstance(row, dict) and "key" in row:
+                    if row.get("shard") is not None and not valid_shard_name(row["shard"]):
+                        raise OutputError(f"{path} line {n} (key {row['key']!r}) names {row['shard']!r} as its shard, "
+                                          "which is not a shard name this tool writes: the manifest was edited or "
+                                          "damaged; remove or fix that row")
                     rows.append(row)
     return rows
 
@@ -216,7 +291,7 @@ def _differences(old: dict, new: dict, ignore: tuple[str, ...]) -> str:
     return "; ".join(f"{k}: {a!r} -> {b!r}" + (f" ({_EXPLAIN[k]})" if k in _EXPLAIN else "") for k, (a, b) in diff.items())
 
 
-def check_run_info(run_dir: str, info: dict, siblings: list[str] = ()) -> None:
+def check_run_info(run_dir: str, info: dict, siblings: list[str] = (), expected_attrs: dict | None = None) -> None:
     """Refuse to mix outputs of different settings, weights or inputs in one run directory, or in
     one job array: every part of an OUT (``siblings``: the other parts' run directories) must have
     been made from the same input with the same model and settings, or their union means nothing."""
@@ -227,7 +302,14 @@ def check_run_info(run_dir: str, info: dict, siblings: list[str] = ()) -> None:
             raise OutputError(f"{other} (another part of this job array) was made with other settings ({changes}); "
                               "run every part with the same input, model and settings, or use a new OUT directory")
     old = read_run_info(run_dir)
-    if old is None:
+    if old is None:  # run.json deleted (or never written): the shards still say what made them
+        if expected_attrs is not None:
+            for shard in sorted({r["shard"] for r in committed_rows(run_dir) if r.get("shard")}):
+                try:
+                    attrs = _shard_file_attrs(os.path.join(run_dir, shard))
+                except Exception:  # noqa: BLE001 -- damaged: recover() quarantines it
+                    continue
+                check_shard_settings(run_dir, shard, attrs, expected_attrs)
         _write_atomic(os.path.join(run_dir, RUN_INFO), json.dumps(info, indent=2, sort_keys=True))
         return
     changes = _differences(old, info, ("tool_version",))
@@ -260,12 +342,35 @@ def _check_shard(path: str, rows: list[dict]) -> str | None:
     return None
 
 
-def recover(run_dir: str) -> tuple[dict[str, dict], list[str]]:
+def check_shard_settings(run_dir: str, shard: str, attrs: dict, expected: dict) -> None:
+    """Refuse a committed shard made with other settings than this run's (its file attributes are
+    the settings it was made with; run.json can be deleted, and attributes edited in place)."""
+    changes = [f"{k}: {_plain(attrs.get(k))!r} -> {v!r}" + (f" ({_EXPLAIN[k]})" if k in _EXPLAIN else "")
+               for k, v in expected.items() if k != "tool_version" and _plain(attrs.get(k)) != _plain(v)]
+    if changes:
+        raise OutputError(f"{os.path.join(run_dir, shard)} was made with other settings than this run "
+                          f"({'; '.join(changes)}); resume with the original settings or use a new OUT directory")
+
+
+def _plain(value):
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def _shard_file_attrs(path: str) -> dict:
+    with h5py.File(path, "r") as f:
+        return dict(f.attrs)
+
+
+def recover(run_dir: str, expected_attrs: dict | None = None) -> tuple[dict[str, dict], list[str]]:
     """Make a run directory consistent after any interruption; return (committed ok rows by key,
-    messages about what was repaired).  Error rows are dropped so those inputs are retried."""
+    messages about what was repaired).  Error rows are dropped so those inputs are retried.
+    ``expected_attrs``: the settings this run writes into its shards; a readable committed shard
+    holding others is refused (:func:`check_shard_settings`), not quarantined: it is not damaged,
+    it is another run's."""
     notes = []
-    for tmp in glob.glob(os.path.join(run_dir, "*.tmp")):
-        os.remove(tmp)
+    for name in os.listdir(run_dir):
+        if _TMP_RE.fullmatch(name):
+            os.remove(os.path.join(run_dir, name))
     by_shard: dict[str, list[dict]] = {}
     seen: set[str] = set()
     rows = read_rows(run_dir)
@@ -285,6 +390,8 @@ def recover(run_dir: str) -> tuple[dict[str, dict], list[str]]:
         if problem:
             bad_shards[shard] = problem
             continue
+        if expected_attrs is not None:
+            check_shard_settings(run_dir, shard, _shard_file_attrs(os.path.join(run_dir, shard)), expected_attrs)
         seen.update(keys)
         done.update({r["key"]: r for r in shard_rows})
     for name in sorted(os.listdir(run_dir)):  # committed shards that no row names
@@ -449,13 +556,21 @@ def _time_first(f: h5py.File, data: np.ndarray) -> np.ndarray:
 
 def read(out_dir: str, key: str) -> np.ndarray:
     """Load one utterance's output by key, time first: features ``[frames, dim]``, codes
-    ``[frames, num_quantizers]`` (``.T`` gives transformers' ``[num_quantizers, frames]``)."""
+    ``[frames, num_quantizers]`` (``.T`` gives transformers' ``[num_quantizers, frames]``).
+    ``mimi_extract.read`` is the indexed version (``reader.py``); this one scans the manifests."""
     rows = [r for r in read_manifest(out_dir) if r.get("key") == key and r.get("status") == "ok"]
     if not rows:
         raise KeyError(f"{key!r} has no ok row in the manifest of {out_dir}")
-    row = rows[-1]
-    with h5py.File(os.path.join(out_dir, row["shard"]), "r") as f:
-        return _time_first(f, f[row.get("dataset") or key][()])
+    return load_row(out_dir, rows[-1])
+
+
+def load_row(out_dir: str, row: dict, shard: h5py.File | None = None) -> np.ndarray:
+    """The array of one ok manifest row (``shard`` relative to OUT, as ``read_manifest`` gives it),
+    time first.  ``shard``: that shard already open (a reader keeps its shards open)."""
+    if shard is None:
+        with h5py.File(os.path.join(out_dir, row["shard"]), "r") as f:
+            return load_row(out_dir, row, f)
+    return _time_first(shard, shard[row.get("dataset") or row["key"]][()])
 
 
 def shard_attrs(out_dir: str, shard: str) -> dict:
@@ -463,5 +578,5 @@ def shard_attrs(out_dir: str, shard: str) -> dict:
         return dict(f.attrs)
 
 
-__all__ = ["OutputError", "LockedError", "RunLock", "ShardWriter", "read", "read_manifest", "recover", "run_dirs",
+__all__ = ["OutputError", "LockedError", "RunLock", "ShardWriter", "read", "read_manifest", "load_row", "recover", "run_dirs",
            "check_run_info", "read_run_info", "ensure_dir"]

@@ -1,0 +1,23 @@
+"""Optional dependencies, imported when first needed with one clear message when missing.
+
+Light on purpose (no torch): the reader and the light commands use it too."""
+
+from __future__ import annotations
+
+import importlib
+
+_EXTRAS = {"lhotse": "lhotse"}
+
+
+def need(module: str, what: str):
+    """``module`` imported, or a RuntimeError saying ``what`` needs it and how to install it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        extra = _EXTRAS.get(module.split(".")[0])
+        how = f"pip install 'mimi-extract[{extra}]'" if extra else f"pip install {module.split('.')[0]}"
+        raise RuntimeError(f"{what} need {module}: {how} ({e})") from None
+
+
+def lhotse():
+    return need("lhotse", "lhotse manifests and cuts")

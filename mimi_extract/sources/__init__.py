@@ -1,0 +1,37 @@
+"""Input sources: what to encode, as a list of :class:`Item`, whatever form the input takes.
+
+Each kind of input is one module registered in :data:`REGISTRY` (``base.py`` has the interface):
+a directory or a list of files (``files.py``), a lhotse manifest (``lhotse.py``), ... Every kind
+yields :class:`Entry` rows -- a file or a member of a container, optionally a segment and a
+channel, optionally an id -- and one shared :func:`probe` turns entries into items from headers
+alone (no decoding), so a million-file corpus is planned up front.  Keys are unique by
+construction: a duplicate becomes an error row, never a second dataset.  :func:`open_audio` is
+how an engine gets an item's bytes, whatever its kind.
+"""
+
+from __future__ import annotations
+
+from ..audio import AudioError
+from . import files, lhotse  # noqa: F401  (registers the kinds, in detection order)
+from .base import (AUDIO_EXTENSIONS, REGISTRY, Discovered, Entry, Item, Options, Source, SourceError, dataset_name,
+                   dedup, discover, open_source, printable, probe, probe_info, register, seconds_to_samples,
+                   segment_fields, segment_key, source_kind, text_problem)
+from .files import LIST_EXTENSIONS, read_list, walk_directory
+from .lhotse import is_lhotse_manifest, read_lhotse_manifest
+
+
+def open_audio(item: Item):
+    """What :class:`~mimi_extract.audio.AudioReader` decodes for ``item``: a path or a file-like
+    object with its bytes, opened by the item's kind (in the worker that encodes it).  Bytes that
+    cannot be reached (a file deleted since planning, a damaged shard) raise AudioError: the
+    item's error row, as a decode error is."""
+    try:
+        return open_source(item)
+    except (SourceError, OSError) as e:
+        raise AudioError(f"cannot read: {e}") from e
+
+
+__all__ = ["AUDIO_EXTENSIONS", "LIST_EXTENSIONS", "REGISTRY", "Discovered", "Entry", "Item", "Options", "Source",
+           "SourceError", "dataset_name", "dedup", "discover", "is_lhotse_manifest", "open_audio", "open_source",
+           "printable", "probe", "probe_info", "read_lhotse_manifest", "read_list", "register", "seconds_to_samples",
+           "segment_fields", "segment_key", "source_kind", "text_problem", "walk_directory"]

@@ -1,0 +1,400 @@
+"""The sources' common ground: :class:`Entry`, :class:`Item`, the :class:`Source` interface and
+its registry, the shared header probe and the key rules.
+
+A *source kind* (a directory, a list, a lhotse manifest, tar shards, Parquet...) is one class
+registered here under its name.  It says whether it recognises an INPUT (``detect``), lists its
+:class:`Entry` rows (``entries``), opens one entry's or item's bytes (``open``: a path or a
+seekable file-like object that soundfile reads) and describes the input's identity for run.json
+(``identity``).  Everything else -- probing headers, segments, channels, framing, keys and their
+uniqueness -- is shared, so a kind is one small module.  Items are small and picklable: an item
+names *where* its bytes are (``kind`` + ``loc``, e.g. a shard's path and a member's offset and
+size), and whoever encodes it (a worker process, a Ray actor) opens them itself.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from decimal import ROUND_HALF_UP, Decimal
+
+
+from ..audio import Framing, open_soundfile
+
+AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg", ".mp3", ".opus", ".aiff", ".aif")
+
+
+class SourceError(Exception):
+    """An entry whose bytes cannot be reached (missing file, truncated shard...): its error row."""
+
+
+@dataclass
+class Entry:
+    """One thing a source asks for: ``path`` (absolute), shown as ``rel``; a segment in seconds."""
+
+    path: str
+    rel: str
+    key: str | None = None  # None: derived from rel (and the segment)
+    start: float | None = None
+    duration: float | None = None
+    channel: int | None = None
+    error: str | None = None
+    where: str | None = None  # the row it came from ("line 12"), named in its error messages
+    kind: str = "file"  # the source kind that opens its bytes
+    loc: tuple | None = None  # where the bytes are within ``path``, for that kind (None: the file)
+
+
+@dataclass
+class Item:
+    """One utterance to encode: a file, a segment of it, or one channel of either."""
+
+    path: str  # absolute
+    rel: str  # as the user named it (relative to the input dir or list)
+    key: str  # unique name in the output
+    channel: int | str = "mix"
+    sample_rate: int = 0
+    start: int = 0  # first source sample
+    frames: int = 0  # source samples
+    samples: int = 0  # 24 kHz encoder input samples (after the framing's padding)
+    error: str | None = None
+    segment: tuple[float, float] | None = None  # (start, end) seconds, for segment items
+    file_frames: int = 0  # the whole file's samples and channels (for lhotse recordings)
+    file_channels: int = 0
+    where: str | None = None  # the input row it came from, for messages ("line 12")
+    kind: str = "file"  # see Entry
+    loc: tuple | None = None
+
+    @property
+    def duration(self) -> float:
+        """Seconds of source audio."""
+        return self.frames / self.sample_rate if self.sample_rate else 0.0
+
+
+@dataclass
+class Discovered:
+    items: list[Item]  # encodable
+    bad: list[Item]  # error rows (unreadable, duplicate, bad segment...)
+    warnings: list[str] = field(default_factory=list)
+    root: str = ""  # the input's identity, recorded in run.json
+    kind: str = "directory"
+    identity: dict = field(default_factory=dict)  # the kind's own description (shards, sizes, mtimes)
+
+
+def dataset_name(key: str) -> str:
+    """HDF5 dataset name for ``key``: flat and injective ('%' -> %25, '/' -> %2F, leading '.' ->
+    %2E), so no key can collide with another key's group (``a.wav#ch0`` vs ``a.wav#ch0/b.wav``)."""
+    name = key.replace("%", "%25").replace("/", "%2F")
+    return "%2E" + name[1:] if name.startswith(".") else name
+
+
+def _printable(name: str) -> str | None:
+    """None if ``name`` is valid UTF-8, else a readable rendering of its bytes."""
+    try:
+        name.encode("utf-8")
+        return None
+    except UnicodeEncodeError:
+        return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def _seconds(value, name: str) -> float | None:
+    """Seconds from a row, or None; anything but a finite number is refused (NaN and infinity
+    would otherwise reach the sample arithmetic and abort the whole run)."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} {value!r} is not a number") from None
+    if not math.isfinite(seconds):
+        raise ValueError(f"{name} {value!r} is not a finite number")
+    return seconds
+
+
+def _channel(value) -> int | None:
+    """A channel index from a row: a whole number >= 0 (``1.7`` or ``-1`` is an error, not channel 1)."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    raise ValueError(f"channel {value!r} is not a channel index (a whole number >= 0)")
+
+
+def text_problem(text: str) -> str | None:
+    """Why ``text`` cannot be a key or a name in the outputs (HDF5 names and attributes, JSON
+    rows), or None: an embedded NUL, or a lone surrogate (not encodable as UTF-8)."""
+    if "\x00" in text:
+        return "contains a NUL character"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "is not valid Unicode (a lone surrogate)"
+    return None
+
+
+def printable(text: str) -> str:
+    """``text`` with NULs and lone surrogates escaped: safe as an error row's key."""
+    return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def segment_fields(row: dict, entry: Entry) -> None:
+    """``start``, ``end`` or ``duration`` (seconds) and ``channel`` of a list row or a sidecar
+    into ``entry``; raises ValueError naming the field."""
+    entry.start = _seconds(row.get("start"), "start")
+    end = _seconds(row.get("end"), "end")
+    entry.duration = _seconds(row.get("duration"), "duration")
+    if end is not None:
+        if entry.duration is not None:
+            raise ValueError("give end or duration, not both")
+        entry.duration = end - (entry.start or 0.0)
+    if entry.duration is not None and entry.start is None:
+        entry.start = 0.0
+    entry.channel = _channel(row.get("channel"))
+
+
+# -- probing -------------------------------------------------------------------------------
+def seconds_to_samples(seconds: float, rate: int) -> int:
+    """lhotse's rounding (``compute_num_samples``: round to 8 digits, then half up), so a segment
+    read here starts and ends on the very samples lhotse's ``load_audio`` reads."""
+    return int(Decimal(round(seconds * rate, 8)).quantize(0, rounding=ROUND_HALF_UP))
+
+
+def _key_seconds(seconds: float) -> str:
+    """Seconds in a segment key, to the microsecond (below one sample at any audio rate), so that
+    distinct segments of a long recording get distinct keys (``%g`` kept six digits: 1234.56 and
+    1234.564 collided)."""
+    return f"{seconds:.6f}".rstrip("0").rstrip(".")
+
+
+def segment_key(rel: str, start: float, end: float) -> str:
+    return f"{rel}@{_key_seconds(start)}-{_key_seconds(end)}"
+
+
+@dataclass
+class Options:
+    """What a kind may need besides INPUT (the CLI's input options)."""
+
+    recordings: str | None = None  # lhotse supervisions: their recordings
+    exclude: str | None = None  # the run's OUT: never an input
+    audio_ext: tuple[str, ...] | None = None  # tar: which members are the audio (".flac",)
+    id_field: str | None = None  # tar: the sidecar field holding the id
+    audio_column: str | None = None  # parquet
+    id_column: str | None = None  # parquet
+
+
+class Source:
+    """One kind of input.  Subclasses set ``kind`` and implement ``detect``, ``entries`` and,
+    when their bytes are not plain files, ``open``; ``register`` makes them known."""
+
+    kind = ""
+
+    def __init__(self, path: str, options: Options):
+        self.path, self.options = path, options
+
+    @classmethod
+    def detect(cls, path: str) -> bool:
+        raise NotImplementedError
+
+    def entries(self, warnings: list[str]) -> list[Entry]:
+        raise NotImplementedError
+
+    def identity(self) -> dict:
+        """What run.json records about the input beyond its path (e.g. the shard list)."""
+        return {}
+
+    @staticmethod
+    def open(entry: Entry | Item):
+        """A path or a seekable binary file-like object with the entry's audio bytes; raises
+        :class:`SourceError` when they cannot be reached.  Runs wherever the item is encoded."""
+        if not os.path.exists(entry.path):
+            raise SourceError("file not found")
+        if os.path.getsize(entry.path) == 0:
+            raise SourceError("empty file (0 bytes)")
+        return entry.path
+
+    def probe(self, entry: Entry, channel_mode: str, framing: Framing) -> list[Item]:
+        return probe(entry, channel_mode, framing)
+
+
+REGISTRY: dict[str, type[Source]] = {}
+
+
+def register(cls: type[Source]) -> type[Source]:
+    REGISTRY[cls.kind] = cls
+    return cls
+
+
+def open_source(thing: Entry | Item):
+    """The bytes of an entry or item, opened by its kind (a path or a file-like object); plain
+    files (kind "file", what directories, lists and lhotse manifests name) by :meth:`Source.open`."""
+    return REGISTRY.get(thing.kind, Source).open(thing)
+
+
+def probe(entry: Entry, channel_mode: str = "mix", framing: Framing = Framing()) -> list[Item]:
+    """Header-only look at one entry -> its items (one per channel with ``each``), or one error item."""
+    if entry.error:
+        return probe_info(entry, None, channel_mode, framing)
+    handle = None
+    try:
+        handle = open_source(entry)
+        with open_soundfile(handle) as f:  # accurate message, decoder warnings captured
+            return probe_info(entry, f, channel_mode, framing)
+    except SourceError as e:
+        return probe_info(entry, str(e), channel_mode, framing)
+    except Exception as e:  # soundfile raises several types for garbage
+        return probe_info(entry, e, channel_mode, framing)
+    finally:
+        if handle is not None and not isinstance(handle, str):
+            handle.close()
+
+
+def probe_info(entry: Entry, info, channel_mode: str = "mix", framing: Framing = Framing()) -> list[Item]:
+    """Items of ``entry`` given its opened header ``info`` (anything with ``samplerate``, ``frames``
+    and ``channels``; a string: why its bytes cannot be reached; an exception: why they are not
+    audio; None: ``entry.error`` says why).
+
+    A segment given by ``start`` alone runs to the end of the file, and its key, its manifest
+    start/end and its lhotse cut all say so (they said start..start).  Every error names the
+    entry's row."""
+    key = entry.key or entry.rel
+    segment = None
+    if entry.start is not None and entry.duration is not None:
+        segment = (entry.start, entry.start + entry.duration)
+
+    def error(message: str, segment=segment) -> list[Item]:
+        k = key
+        if segment is not None and entry.key is None:
+            k = segment_key(entry.rel, *segment)
+        if entry.channel is not None and entry.key is None:
+            k = f"{k}#ch{entry.channel}"
+        if entry.where and not message.startswith(entry.where + ":"):
+            message = f"{entry.where}: {message}"
+        return [Item(entry.path, entry.rel, k, error=message, segment=segment, where=entry.where, kind=entry.kind,
+                     loc=entry.loc)]
+
+    if entry.error:
+        return error(entry.error)
+    if info is None or isinstance(info, str):
+        return error(info or "cannot open")
+    if isinstance(info, BaseException):
+        return error(f"unreadable or corrupt audio header: {info}")
+    if info.frames <= 0:
+        return error("no audio samples (zero-length)")
+    rate = info.samplerate
+    start, frames = 0, info.frames
+    if entry.start is not None:
+        if entry.start < 0:
+            return error(f"segment start {entry.start:g} s is negative")
+        open_ended = entry.duration is None
+        duration = info.frames / rate - entry.start if open_ended else entry.duration
+        if open_ended:
+            segment = (entry.start, info.frames / rate)
+        if duration <= 0:
+            return error(f"segment duration {duration:g} s is not positive", segment)
+        start, frames = seconds_to_samples(entry.start, rate), seconds_to_samples(duration, rate)
+        if open_ended:
+            frames = min(frames, info.frames - start)
+        if frames < 1:
+            return error(f"segment of {duration:g} s is shorter than one sample at {rate} Hz", segment)
+        if start + frames > info.frames:
+            return error(f"segment {entry.start:g}-{entry.start + duration:g} s is past the end of the file "
+                         f"({info.frames / rate:g} s)", segment)
+        if entry.key is None:
+            key = segment_key(entry.rel, *segment)
+    if entry.channel is not None and entry.key is None:
+        key = f"{key}#ch{entry.channel}"
+    samples = framing.input_length(frames, rate)
+    if channel_mode == "each" and entry.channel is None:
+        channels = list(range(info.channels))
+    else:
+        channels = [entry.channel if entry.channel is not None else channel_mode]
+    if entry.channel is not None and entry.channel >= info.channels:
+        return error(f"has {info.channels} channel(s), no channel {entry.channel}", segment)
+    return [
+        Item(entry.path, entry.rel, f"{key}#ch{c}" if channel_mode == "each" and entry.channel is None else key,
+             c, rate, start, frames, samples, segment=segment, file_frames=info.frames, file_channels=info.channels,
+             where=entry.where, kind=entry.kind, loc=entry.loc)
+        for c in channels
+    ]
+
+
+def safe_probe(source: Source, entry: Entry, channel: str, framing: Framing) -> list[Item]:
+    """``source.probe``, and any surprise it raises is this entry's error row, never the run's end."""
+    try:
+        return source.probe(entry, channel, framing)
+    except Exception as e:
+        return probe_info(Entry(entry.path, entry.rel, entry.key, where=entry.where, kind=entry.kind, loc=entry.loc,
+                                error=f"cannot probe: {type(e).__name__}: {e}"), None, channel, framing)
+
+
+def dedup(probed: list[Item]) -> tuple[list[Item], list[Item]]:
+    """(items, error items) with unique keys.  Only an encodable item reserves its key: a later
+    item with a taken key is a "duplicate key" error, but a bad row never shadows a good one.  An
+    error item whose key is taken gets its row's name appended, so every manifest row has its own
+    key and a resume (which skips keys already done) writes the same error rows again."""
+    seen: dict[str, Item] = {}
+    items, bad = [], []
+    for it in probed:
+        if it.error is not None:
+            bad.append(it)
+        elif it.key in seen:
+            first = seen[it.key]
+            it.error = f"duplicate key {it.key!r} (also {first.where + ': ' if first.where else ''}{first.rel})"
+            if it.where:
+                it.error = f"{it.where}: {it.error}"
+            bad.append(it)
+        else:
+            seen[it.key] = it
+            items.append(it)
+    taken = set(seen)
+    for it in bad:
+        if it.key in taken:
+            base, n = f"{it.key} [{it.where or it.rel}]", 1
+            it.key = base
+            while it.key in taken:
+                n += 1
+                it.key = f"{base} ({n})"
+        taken.add(it.key)
+    return items, bad
+
+
+
+
+def discover(source: str, channel: str = "mix", framing: Framing = Framing(), limit: int | None = None,
+             recordings: str | None = None, exclude: str | None = None, input_format: str | None = None,
+             options: Options | None = None) -> Discovered:
+    """Every item of ``source``, probed: its kind is ``input_format`` or the first registered kind
+    that detects it.  ``exclude``: the run's OUT, never an input."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    options = options or Options()
+    options.recordings = recordings or options.recordings
+    options.exclude = exclude or options.exclude
+    kind = source_kind(source, input_format)
+    src = REGISTRY[kind](source, options)
+    warnings: list[str] = []
+    entries = src.entries(warnings)[:limit]
+    with ThreadPoolExecutor(16) as pool:  # header reads are I/O bound (network file systems)
+        probed = [it for found in pool.map(lambda e: safe_probe(src, e, channel, framing), entries) for it in found]
+    items, bad = dedup(probed)
+    return Discovered(items, bad, warnings, os.path.realpath(source), kind, src.identity())
+
+
+def source_kind(source: str, input_format: str | None = None) -> str:
+    """The registered kind that reads ``source``; one clear error when none does."""
+    if input_format:
+        if input_format not in REGISTRY:
+            raise ValueError(f"--input-format {input_format!r}: choose from {', '.join(sorted(REGISTRY))}")
+        return input_format
+    if not os.path.exists(source) and not any(c in source for c in "*?{["):
+        raise FileNotFoundError(f"input {source!r} does not exist")
+    for kind, cls in REGISTRY.items():
+        if cls.detect(source):
+            return kind
+    if os.path.isfile(source):
+        raise ValueError(f"input {source!r} is a file but not a list (.txt .jsonl .csv .tsv), a lhotse manifest "
+                         "(.jsonl.gz) or another known input (" + ", ".join(sorted(REGISTRY)) + ")")
+    raise FileNotFoundError(f"input {source!r} matches nothing")

@@ -1,0 +1,141 @@
+"""Loose files: a directory walked recursively, or a list (``.txt``/``.jsonl``/``.csv``/``.tsv``)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+
+from .base import AUDIO_EXTENSIONS, Entry, Source, _printable, printable, register, segment_fields, text_problem
+
+LIST_EXTENSIONS = (".txt", ".lst", ".scp", ".jsonl", ".csv", ".tsv")
+
+
+def walk_directory(root: str, warnings: list[str], exclude: str | None = None) -> list[Entry]:
+    """Audio files below ``root`` (recursive, sorted for reproducible runs), each real directory once.
+
+    A symlink to a directory inside ``root`` is not followed (the directory is found by its real
+    path, so its files get their canonical keys); links to directories elsewhere are followed, and
+    a directory reached twice (a loop, two links) is searched once.  ``exclude`` (the run's OUT)
+    is never searched: what a run writes there (``decode``'s WAVs) must not become the next run's
+    input.  Each skip is a warning."""
+    found = []
+    top = os.path.realpath(root)
+    seen: dict[tuple[int, int], str] = {}
+    if exclude is not None and os.path.isdir(exclude):
+        st = os.stat(exclude)
+        seen[(st.st_dev, st.st_ino)] = ""
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        st = os.stat(dirpath)
+        here = (st.st_dev, st.st_ino)
+        if seen.get(here) == "":
+            warnings.append(f"skipped {dirpath}: the output directory ({exclude}) is inside the input; "
+                            "its files are never inputs")
+            dirnames[:] = []
+            continue
+        if here in seen:
+            warnings.append(f"skipped {dirpath}: the same directory as {seen[here]} (symlink), searched once")
+            dirnames[:] = []
+            continue
+        seen[here] = dirpath
+        keep = []
+        for d in sorted(dirnames):
+            full = os.path.join(dirpath, d)
+            real = os.path.realpath(full)
+            if os.path.islink(full) and (real == top or real.startswith(top + os.sep)):
+                warnings.append(f"skipped {full}: a symlink to {os.path.relpath(real, top)} inside the input, "
+                                "which is searched once by its real path")
+                continue
+            keep.append(d)
+        dirnames[:] = keep
+        for f in sorted(filenames):
+            if f.lower().endswith(AUDIO_EXTENSIONS):
+                path = os.path.join(dirpath, f)
+                rel = os.path.relpath(path, root).replace(os.sep, "/")
+                shown = _printable(rel)
+                error = f"file name is not valid UTF-8 ({shown}); rename the file" if shown else None
+                found.append(Entry(path, shown or rel, error=error))
+    return found
+
+
+def _list_entry(row: dict, base: str, where: str) -> Entry:
+    raw_id = row.get("id")
+    key = None if raw_id in (None, "") else str(raw_id)
+    path = str(row.get("path") or "").strip()
+    if key is not None and (problem := text_problem(key)):
+        return Entry("", printable(path) or where, key=printable(key), where=where, error=f"{where}: id {problem}")
+    if not path:
+        return Entry("", where, key=key or where, where=where, error=f"{where}: no path")
+    if problem := text_problem(path):
+        return Entry("", printable(path), key=key or printable(path), where=where, error=f"{where}: path {problem}")
+    full = path if os.path.isabs(path) else os.path.normpath(os.path.join(base, path))
+    entry = Entry(full, path, key=key, where=where)
+    try:
+        segment_fields(row, entry)
+    except ValueError as e:
+        entry.error = f"{where}: {e}"
+    return entry
+
+
+def read_list(path: str) -> list[Entry]:
+    """``.txt`` (one path per line) or ``.jsonl``/``.csv``/``.tsv`` with ``path`` and optional
+    ``id``, ``start``, ``end`` or ``duration`` (seconds) and ``channel``; relative paths resolve
+    against the list's folder."""
+    base = os.path.dirname(os.path.abspath(path))
+    name = path.lower()
+    entries = []
+    with open(path, encoding="utf-8", newline="") as f:
+        if name.endswith(".jsonl"):
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                    if not isinstance(row, dict):
+                        raise ValueError("not an object")
+                except ValueError as e:
+                    entries.append(Entry("", f"line {n}", key=f"line {n}", where=f"line {n}",
+                                         error=f"line {n}: not a JSON object ({e})"))
+                    continue
+                entries.append(_list_entry(row, base, f"line {n}"))
+        elif name.endswith((".csv", ".tsv")):
+            reader = csv.DictReader(f, delimiter="\t" if name.endswith(".tsv") else ",")
+            if "path" not in (reader.fieldnames or []):
+                raise ValueError(f"{path}: a CSV list needs a 'path' column (has {reader.fieldnames})")
+            for n, row in enumerate(reader, 2):
+                entries.append(_list_entry(row, base, f"line {n}"))
+        else:
+            for n, line in enumerate(f, 1):
+                if line.strip() and not line.lstrip().startswith("#"):
+                    entries.append(_list_entry({"path": line.strip()}, base, f"line {n}"))
+    return entries
+
+
+@register
+class DirectorySource(Source):
+    """A directory of audio files (recursive); see :func:`walk_directory`."""
+
+    kind = "directory"
+
+    @classmethod
+    def detect(cls, path: str) -> bool:
+        return os.path.isdir(path)
+
+    def entries(self, warnings: list[str]) -> list[Entry]:
+        return walk_directory(self.path, warnings, self.options.exclude)
+
+
+@register
+class ListSource(Source):
+    """A list of files, optionally with ids, segments and channels; see :func:`read_list`."""
+
+    kind = "list"
+
+    @classmethod
+    def detect(cls, path: str) -> bool:
+        from .lhotse import LhotseSource
+
+        return os.path.isfile(path) and path.lower().endswith(LIST_EXTENSIONS) and not LhotseSource.detect(path)
+
+    def entries(self, warnings: list[str]) -> list[Entry]:
+        return read_list(self.path)

@@ -1,0 +1,190 @@
+"""Day-to-day use (issue 18): light commands without torch, plain progress in logs, exit codes,
+failing items named, paths that travel, an offline first run, one resampler by default."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+
+from conftest import ROOT, cli, write_noise
+from test_reader import make_out
+
+FAST = ["--device", "cpu", "--cpu-workers", "1", "--num-workers", "1"]
+
+# runs the real CLI in a fresh interpreter, then says which heavy modules it imported
+PROBE = ("import atexit, sys, runpy\n"
+         "atexit.register(lambda: sys.stderr.write('HEAVY=' + ','.join(m for m in ('torch', 'transformers', 'lhotse')"
+         " if m in sys.modules) + '\\n'))\n"
+         "sys.argv = ['mimi-extract'] + sys.argv[1:]\n"
+         "runpy.run_module('mimi_extract', run_name='__main__')\n")
+
+
+def run_light(*args):
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    start = time.perf_counter()
+    p = subprocess.run([sys.executable, "-c", PROBE, *map(str, args)], env=env, capture_output=True, text=True)
+    return p, time.perf_counter() - start
+
+
+def test_light_commands_do_not_import_torch(tmp_path):
+    out = tmp_path / "out"
+    make_out(out, [f"{i}.wav" for i in range(3)])
+    for args in (["--version"], ["--help"], ["info", out], ["info", out, "--json"], ["status", out],
+                 ["cuts", out, "-o", tmp_path / "c.jsonl.gz"]):
+        p, seconds = run_light(*args)
+        assert p.returncode == 0, (args, p.stderr)
+        heavy = p.stderr.rsplit("HEAVY=", 1)[1].strip()
+        assert heavy == "", f"{args}: imported {heavy} ({seconds:.1f} s)"
+
+
+def test_cli_choices_are_the_modules_names():
+    from mimi_extract import audio, cli, settings
+
+    assert cli.CHANNEL_MODES == audio.CHANNEL_MODES and cli.FRAMINGS == audio.FRAMINGS
+    assert cli.DTYPES == tuple(settings.DTYPES) and cli.ENGINES == settings.ENGINES
+
+
+def test_log_gets_phase_lines_and_plain_progress(corpus, tiny_model_dir, tmp_path):
+    root, _ = corpus
+    result = cli("codes", root, tmp_path / "out", "--model", tiny_model_dir, *FAST, "--progress-seconds", 0)
+    assert result.exit_code == 0, result.output
+    text = result.text
+    for phase in ("starting 1 encoder worker(s) on cpu", "loading the model", "finding inputs in",
+                  "planning 7 readable inputs (3 unreadable)"):
+        assert phase in text, text
+    lines = [l for l in result.output.splitlines() if "x real time, ETA" in l]
+    assert len(lines) >= 2, result.output  # every piece (0 s interval) and the final line
+    assert "(100%), 10 files" in lines[-1] and "3 errors" in lines[-1], lines[-1]
+    assert "━" not in result.output  # no bar drawn into a log
+
+
+def test_exit_codes(tmp_path, tiny_model_dir):
+    (tmp_path / "tars").mkdir()
+    (tmp_path / "tars" / "shard-000.tar").write_bytes(b"not looked into")
+    result = cli("codes", tmp_path / "tars", tmp_path / "o1", "--model", tiny_model_dir, *FAST)
+    assert result.exit_code == 3 and "no input found" in result.text, result.output
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "a.wav").write_bytes(b"RIFF garbage")
+    (bad / "b.flac").write_bytes(b"fLaC garbage")
+    result = cli("codes", bad, tmp_path / "o2", "--model", tiny_model_dir, *FAST)
+    assert result.exit_code == 4 and "every input failed (2 of 2)" in result.text, result.output
+    write_noise(bad / "good.wav", 4000)
+    assert cli("codes", bad, tmp_path / "o3", "--model", tiny_model_dir, *FAST).exit_code == 0
+    assert cli("codes", bad, tmp_path / "o4", "--model", tiny_model_dir, *FAST, "--strict").exit_code == 1
+    help_text = cli("--help", env={"COLUMNS": "300"}).text
+    assert "Exit codes: 0 done" in help_text and "3 no input found" in help_text and "4 every input failed" in help_text
+
+
+def garbage_mp3(path):
+    """Random bytes with MPEG frame sync words: libmpg123 warns on stderr, libsndfile then says the
+    file "does not exist or is not a regular file"."""
+    data = bytearray(np.random.default_rng(0).integers(0, 256, 30000, dtype=np.uint8).tobytes())
+    for i in range(0, len(data), 400):
+        data[i:i + 4] = b"\xff\xfb\x90\x64"
+    path.write_bytes(bytes(data))
+
+
+def test_failing_items_named_with_true_decoder_errors(tmp_path, tiny_model_dir):
+    from conftest import cli_process
+
+    corpus = tmp_path / "in"
+    corpus.mkdir()
+    garbage_mp3(corpus / "broken.mp3")
+    write_noise(corpus / "good.wav", 4000)
+    out = tmp_path / "out"
+    p = cli_process("codes", corpus, out, "--model", tiny_model_dir, *FAST, cwd=tmp_path)
+    log, _ = p.communicate(timeout=300)
+    assert p.returncode == 0, log
+    assert "libmpg123" not in log and "Duh" not in log, log  # the decoder's C warnings are not in the log
+    row = next(json.loads(l) for l in open(out / "manifest.jsonl") if "broken" in l)
+    assert "possibly a pipe" not in row["error"] and "cannot be decoded: not a valid MP3 file" in row["error"], row
+    assert "libmpg123" in row["error"]  # ... they are in the error row
+    text = cli("info", out).text
+    assert f"broken.mp3 {corpus / 'broken.mp3'}: unreadable or corrupt audio header: cannot be decoded" in text, text
+    report = json.loads(cli("info", out, "--json").output)
+    assert report["failed"] == [{"key": "broken.mp3", "path": str(corpus / "broken.mp3"), "reason": row["error"]}]
+
+
+def test_paths_travel_to_another_directory(tmp_path, tiny_model_dir, monkeypatch):
+    import shutil
+
+    from lhotse import CutSet
+
+    work = tmp_path / "work"
+    (work / "corpus").mkdir(parents=True)
+    write_noise(work / "corpus" / "a.wav", 30_000)
+    shutil.copytree(tiny_model_dir, work / "tiny")
+    monkeypatch.chdir(work)
+    result = cli("codes", "corpus", "out", "--model", "tiny", *FAST)  # relative everything
+    assert result.exit_code == 0, result.output
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    out = work / "out"
+    assert json.load(open(out / "run.json"))["model"] == str((work / "tiny").resolve())
+    assert json.loads(open(out / "manifest.jsonl").readline())["source"]["path"] == str(work / "corpus" / "a.wav")
+    cut = next(iter(CutSet.from_jsonl_lazy(out / "cuts.jsonl.gz")))
+    audio = cut.load_audio()[0]  # was: ../corpus/a.wav, relative to where the run started: FileNotFoundError
+    assert np.array_equal(audio[:30_000], sf.read(work / "corpus" / "a.wav", dtype="float32")[0])
+    result = cli("verify", "--out", out, "--device", "cpu")  # the model from run.json, not the Hub
+    assert result.exit_code == 0 and "PASS" in result.text, result.output
+    result = cli("decode", out, "a.wav", "-o", elsewhere / "a.wav", "--device", "cpu")
+    assert result.exit_code == 0 and (elsewhere / "a.wav").exists(), result.output
+
+
+def test_offline_first_run_fails_fast_and_leaves_nothing(tmp_path, corpus, monkeypatch):
+    root, _ = corpus
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-empty"))  # nothing cached
+    out = tmp_path / "out"
+    start = time.perf_counter()
+    result = cli("codes", root, out, "--device", "cpu", env={"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf-empty")})
+    assert time.perf_counter() - start < 10
+    assert result.exit_code == 2, result.output
+    assert "HF_HUB_OFFLINE is set" in result.text and "--model DIR" in result.text
+    assert "make_demo.py demo --random-model tiny" in result.text
+    assert not out.exists()  # was: OUT/lock in an otherwise empty OUT
+
+
+def test_a_run_that_cannot_load_its_model_leaves_no_out(tmp_path, corpus):
+    root, _ = corpus
+    (tmp_path / "not-a-model").mkdir()  # a directory: passes the offline check, fails to load
+    out = tmp_path / "out"
+    result = cli("codes", root, out, "--model", tmp_path / "not-a-model", *FAST)
+    assert result.exit_code == 2 and "could not load Mimi" in result.text, result.output
+    assert not out.exists()
+
+
+def test_16k_default_is_what_torchaudio_plus_mimimodel_gives(tmp_path, tiny_model, tiny_model_dir):
+    import torchaudio.functional as taf
+
+    from mimi_extract import read
+    from mimi_extract.audio import causal_lookahead
+    from mimi_extract.encoder import reference_single
+
+    (tmp_path / "in").mkdir()
+    path = tmp_path / "in" / "a16k.wav"
+    write_noise(path, 16_000 + 77, rate=16_000, subtype="FLOAT")
+    wav = torch.from_numpy(sf.read(path, dtype="float32")[0])
+    out = tmp_path / "out"
+    assert cli("codes", tmp_path / "in", out, "--model", tiny_model_dir, *FAST).exit_code == 0
+    assert json.load(open(out / "run.json"))["causal_16k"] is False
+    with torch.no_grad():  # the user's own loop: torchaudio's resample, MimiModel on the item alone
+        user = tiny_model.encode(taf.resample(wav, 16_000, 24_000)[None, None], num_quantizers=8).audio_codes[0].T
+        delayed = taf.resample(torch.nn.functional.pad(wav, (causal_lookahead(16_000, 24_000), 0)), 16_000, 24_000)
+        causal = reference_single(tiny_model, delayed[: math.ceil(len(wav) * 1.5)], 8)["codes"]
+    got = torch.from_numpy(read(out, "a16k.wav").astype(np.int64))
+    assert got.shape == user.shape and torch.equal(got, user)
+    # the causal resampler stays available, and is recorded
+    out2 = tmp_path / "out2"
+    assert cli("codes", tmp_path / "in", out2, "--model", tiny_model_dir, *FAST, "--resampler", "causal").exit_code == 0
+    assert json.load(open(out2 / "run.json"))["causal_16k"] is True
+    got2 = torch.from_numpy(read(out2, "a16k.wav").astype(np.int64))
+    assert torch.equal(got2, causal) and not torch.equal(got2[0], user[0])
