@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from .settings import Settings
 
 CHANNEL_MODES = ("mix", "first", "each")  # audio.CHANNEL_MODES
-FRAMINGS = ("transformers", "moshi", "muvap")  # audio.FRAMINGS
+FRAMINGS = ("transformers", "moshi", "moshi-stream", "muvap")  # audio.FRAMINGS
 DTYPES = ("fp32", "bf16", "fp16")  # settings.DTYPES
 ENGINES = ("local", "ray")  # settings.ENGINES
 RESAMPLERS = ("torchaudio", "causal")
