@@ -288,6 +288,35 @@ class PaddedMimiEncoder(nn.Module):
         return math.prod(int(c.stride) for c in self.convs)
 
     @property
+    def step(self) -> int:
+        """Input samples per encoder-transformer step (960 at 24 kHz: one 25 Hz step)."""
+        return self.hop // (int(self.downsample.stride) if self.downsample is not None else 1)
+
+    @property
+    def receptive_field(self) -> int:
+        """Input samples before a latent frame's first sample that the frame can depend on.
+
+        Computed from the model, not a constant: a causal conv's output j reads its input from
+        ``j * stride - padding_total`` on (``padding_total`` = dilated kernel - stride), and every
+        transformer layer looks back ``window - 1`` steps (moshi's streaming mask never further).
+        Following the earliest input index from a latent frame back through the downsample, the
+        layers and every SEANet conv (all affine in the frame index) gives the look-back.  A piece of
+        a recording encoded from this many samples (rounded up to whole frames) before its first
+        frame, with absolute positions, gives the unchunked result for its frames: see
+        :func:`encode_piece`.  kyutai/mimi: 1,917,560 samples (79.9 s); the tiny test model 14,840."""
+        if self.window is None:
+            raise ValueError("the transformer attends to every past step: the receptive field is unbounded")
+        frame = 1 << 20  # any frame far from the start (every map below is affine in it)
+        first = frame
+        seanet = self.convs[:-1] if self.downsample is not None else self.convs
+        if self.downsample is not None:
+            first = first * int(self.downsample.stride) - int(self.downsample.padding_total)
+        first -= len(self.transformer.layers) * (self.window - 1)
+        for conv in reversed(seanet):
+            first = first * int(conv.stride) - int(conv.padding_total)
+        return frame * self.hop - first
+
+    @property
     def window(self) -> int | None:
         return getattr(self.config, "sliding_window", None)
 
@@ -614,15 +643,22 @@ def frames_of(output: EncoderOutput, tap: str, row: int) -> torch.Tensor:
 
 @torch.no_grad()
 def encode_chunked(encoder: PaddedMimiEncoder, items: list[torch.Tensor], chunk: int,
-                   taps: tuple[str, ...] = ("latent",), num_quantizers: int | None = None) -> list[dict]:
+                   taps: tuple[str, ...] = ("latent",), num_quantizers: int | None = None,
+                   starts: list[int] | None = None) -> list[dict]:
     """Encode whole 1-D items as streams of ``chunk``-sample chunks, all rows in one batch.
 
-    The simplest driver of the chunked path (tests, ``verify``); the extraction engine refills rows
-    as streams end (continuous batching).  Returns per item {tap: time-first tensor}."""
+    The simplest driver of the chunked path (tests, ``verify``, :func:`encode_piece`); the extraction
+    engine refills rows as streams end (continuous batching).  ``starts``: where each item begins in
+    its recording (samples, a multiple of :attr:`~PaddedMimiEncoder.hop`), so RoPE positions and
+    moshi's streaming calls stay absolute.  Returns per item {tap: time-first tensor}."""
     if chunk % encoder.hop:
         raise ValueError(f"chunk must be a multiple of {encoder.hop} samples")
     device = next(encoder.parameters()).device
     state = encoder.init_state(len(items))
+    if starts is not None:
+        if any(s % encoder.hop for s in starts):
+            raise ValueError(f"an item's start must be a multiple of {encoder.hop} samples")
+        state.position += torch.tensor([s // encoder.step for s in starts], device=state.position.device)
     pieces = [{t: [] for t in taps} for _ in items]
     start = 0
     while any(start < len(a) for a in items):
@@ -642,6 +678,42 @@ def encode_chunked(encoder: PaddedMimiEncoder, items: list[torch.Tensor], chunk:
                 pieces[i][t].append(frames_of(out, t, r))
         start += chunk
     return [{t: torch.cat(p[t]) for t in taps} for p in pieces]
+
+
+def split_bounds(total: int, pieces: int, warmup: int, hop: int) -> list[tuple[int, int, int]]:
+    """Cut a recording of ``total`` samples into ``pieces`` pieces at frame boundaries.
+
+    Returns ``(begin, first, end)`` per piece, in samples: the piece owns ``[first, end)`` (its
+    frames ``first / hop`` to ``ceil(end / hop)``; the last piece ends at ``total``, trailing partial
+    frame included) and is encoded from ``begin = max(0, first - warmup)`` rounded down to a frame,
+    so its frames see all the context the unchunked encode gives them (``warmup`` >= the encoder's
+    :attr:`~PaddedMimiEncoder.receptive_field`)."""
+    frames = -(-total // hop)
+    pieces = max(1, min(pieces, frames))
+    bounds = [frames * i // pieces for i in range(pieces + 1)]
+    out = []
+    for a, b in zip(bounds, bounds[1:]):
+        first = a * hop
+        begin = max(0, first - -(-warmup // hop) * hop)
+        out.append((begin, first, min(total, b * hop)))
+    return out
+
+
+@torch.no_grad()
+def encode_piece(encoder: PaddedMimiEncoder, audio: torch.Tensor, begin: int, first: int, chunk: int,
+                 taps: tuple[str, ...] = ("latent",), num_quantizers: int | None = None) -> dict:
+    """One piece of a recording, encoded on its own: ``audio`` is the recording's samples from
+    ``begin`` to the piece's end (see :func:`split_bounds`); returns each tap's frames from sample
+    ``first`` on.  The warm-up ``[begin, first)`` is encoded and dropped; positions are absolute, so
+    rounding (RoPE) and moshi's streaming calls are those of the unchunked encode.  Pieces are
+    independent: they can run on any worker, in any order, and their frames concatenated in order
+    equal the unchunked single-item encode to float noise (tested)."""
+    if begin % encoder.hop or first % encoder.hop or first < begin:
+        raise ValueError(f"begin <= first, both multiples of {encoder.hop} samples")
+    out = encode_chunked(encoder, [audio], chunk, taps, num_quantizers, starts=[begin])[0]
+    skip = {"encoder": (first - begin) // encoder.step}
+    skip["latent"] = skip["codes"] = (first - begin) // encoder.hop
+    return {t: v[skip[t]:] for t, v in out.items()}
 
 
 def moshi_stream_mask(steps: int, call_steps: int, window: int) -> torch.Tensor:

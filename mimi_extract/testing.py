@@ -51,7 +51,7 @@ def write_corpus(root: str, seed: int = 0) -> dict[str, str]:
         "noise_short.flac": (0.1 * rng.standard_normal(1000), sr, "noise shorter than one frame"),
         "sub/exact_frames.wav": (0.3 * rng.standard_normal(1920 * 7), sr, "exactly 7 frames"),
         "sub/deeper/chirp.flac": (0.4 * np.sin(2 * np.pi * (200 + 800 * t(sr * 3)) * t(sr * 3)), sr, "chirp 3 s"),
-        "rate16k.wav": (0.3 * np.sin(2 * np.pi * 300 * t(16000 * 2, 16000)), 16000, "16 kHz, causal resample"),
+        "rate16k.wav": (0.3 * np.sin(2 * np.pi * 300 * t(16000 * 2, 16000)), 16000, "16 kHz, torchaudio resample"),
         "rate44k.wav": (0.3 * rng.standard_normal(44100), 44100, "44.1 kHz, torchaudio resample"),
         "stereo.wav": (np.stack([0.3 * np.sin(2 * np.pi * 220 * t(sr)), 0.2 * rng.standard_normal(sr)], 1), sr,
                        "stereo"),
