@@ -242,6 +242,39 @@ def _mono(data: np.ndarray, channel: int | str) -> np.ndarray:
     return data[:, int(channel)]
 
 
+class PieceReader:
+    """The encoder-input samples ``[begin, end)`` of an item, read through its :class:`AudioReader`
+    (which must start at the item's start): what comes before ``begin`` is decoded and dropped, so
+    the piece's samples are exactly the unsplit item's (resampling and framing included).  Use a
+    reader that seeks instead where nothing before ``begin`` shapes the samples (24 kHz input)."""
+
+    def __init__(self, reader: "AudioReader", begin: int, end: int | None):
+        self.reader, self.left = reader, None if end is None else end - begin
+        try:
+            while begin > 0:
+                chunk, final = reader.next_chunk(min(begin, 1 << 18))
+                begin -= len(chunk)
+                if final and begin > 0:
+                    raise AudioError(f"ends {begin} samples before the piece starts")
+        except BaseException:
+            reader.close()
+            raise
+
+    def next_chunk(self, n: int) -> tuple[torch.Tensor, bool]:
+        if self.left is not None:
+            n = min(n, self.left)
+        chunk, final = self.reader.next_chunk(n)
+        if self.left is not None:
+            self.left -= len(chunk)
+            final = final or self.left <= 0
+        if final:
+            self.reader.close()
+        return chunk, final
+
+    def close(self) -> None:
+        self.reader.close()
+
+
 class AudioReader:
     """One item (a file, a segment of it, one channel) decoded incrementally to the encoder's input.
 

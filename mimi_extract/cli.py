@@ -100,6 +100,7 @@ PartOpt = Annotated[Optional[str], typer.Option(help="Encode part I/N (0-based) 
 EngineArg = Annotated[EngineOpt, typer.Option(help="local = processes on this machine; ray = actors on a Ray cluster (pip install 'mimi-extract\\[ray]').")]
 RayAddressOpt = Annotated[Optional[str], typer.Option(help="Ray cluster to join: auto, HOST:PORT \\[default: start a private local one].")]
 RayCpuOpt = Annotated[Optional[int], typer.Option(min=1, help="CPU actors on a cluster without GPUs \\[default: CPUs / 2].")]
+SplitOpt = Annotated[bool, typer.Option(help="Split a recording longer than a worker's fair share of the run into independent pieces on several workers/rows (exact: each piece is encoded from the model's receptive field, 80 s, before its first frame; only where that warm-up costs <= 15% of the piece). The plan line says what was split.")]
 RecordingsOpt = Annotated[Optional[str], typer.Option(help="lhotse RecordingSet for a SupervisionSet input.")]
 
 
@@ -213,6 +214,10 @@ def _run(input_path, out_dir, settings: "Settings", shard_size, shard_mb, limit,
         say(f"{s['inputs']} inputs ({s['skipped']} already done), {s['unreadable']} unreadable, {s['todo']} to encode: "
             f"{_hours(s['seconds'])} in {s['units']} work units ({s['streamed']} long files streamed), "
             f"padding {100 * s['padding']:.1f}% on " + (s["engine"] or on))
+        if s.get("split") and s["split"].items:
+            sp = s["split"]
+            say(f"split {sp.items} long recording(s) into {sp.pieces} pieces "
+                f"(warm-up {100 * sp.overhead:.1f}% of their audio encoded twice)")
         state["total"] = s["seconds"]
         state["task"] = progress.add_task("encoding", total=max(s["seconds"], 1e-9), audio=_hours(0),
                                           total_audio=_hours(s["seconds"]), items=0, speed=0.0, errors=0)
@@ -310,6 +315,7 @@ def features(
     ray_cpu_actors: RayCpuOpt = None,
     recordings: RecordingsOpt = None,
     progress_seconds: ProgressOpt = None,
+    split: SplitOpt = True,
 ):
     """Continuous Mimi features, one \\[frames, dim] dataset per input.
 
@@ -325,7 +331,7 @@ def features(
     settings = _settings(model, device, dtype, batch_size, max_batch_seconds, num_workers, channel,
                          _causal(resampler, causal_16k), cpu_workers, tap=tap.value, feature_dtype=feature_dtype.value, chunk_seconds=chunk_seconds,
                          framing=framing.value, frames_per_call=frames_per_call, engine=engine.value, ray_address=ray_address,
-                         ray_cpu_actors=ray_cpu_actors)
+                         ray_cpu_actors=ray_cpu_actors, split=split)
     _run(input_path, out_dir, settings, shard_size, shard_mb, limit, strict, part, recordings, progress_seconds)
 
 
@@ -360,6 +366,7 @@ def codes(
     ray_cpu_actors: RayCpuOpt = None,
     recordings: RecordingsOpt = None,
     progress_seconds: ProgressOpt = None,
+    split: SplitOpt = True,
 ):
     """Discrete Mimi codes, one int16 \\[frames, num_quantizers] dataset per input (12.5 Hz).
 
@@ -373,7 +380,7 @@ def codes(
     settings = _settings(model, device, dtype, batch_size, max_batch_seconds, num_workers, channel,
                          _causal(resampler, causal_16k), cpu_workers, tap="codes", num_quantizers=num_quantizers, chunk_seconds=chunk_seconds,
                          framing=framing.value, frames_per_call=frames_per_call, engine=engine.value, ray_address=ray_address,
-                         ray_cpu_actors=ray_cpu_actors)
+                         ray_cpu_actors=ray_cpu_actors, split=split)
     _run(input_path, out_dir, settings, shard_size, shard_mb, limit, strict, part, recordings, progress_seconds)
 
 

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from ._boot import worker_main
-from .audio import SAMPLE_RATE, AudioError, AudioReader
+from .audio import SAMPLE_RATE, AudioError, AudioReader, PieceReader
 from .encoder import PaddedMimiEncoder, frames_of, load_model, prepare
 from .plan import WorkUnit
 from .settings import DTYPES, Settings, threads_per_worker
@@ -160,15 +160,25 @@ class DeviceRunner:
         self.rows = settings.rows
         self.budget = max(int(settings.step_seconds * SAMPLE_RATE), self.chunk)
         self.state = None
-        self.failed: set[str] = set()  # streams that failed in the encoder (the feeder drops them)
+        self.failed: set[str] = set()  # streams (Item.uid) that failed in the encoder (the feeder drops them)
+        self.warmup: dict[tuple[str, str], int] = {}  # (piece uid, tap): warm-up frames still to drop
         self.stats = Stats()
         # step lengths rounded up to 4 frames (0.32 s): shapes repeat, so cuDNN's autotuning and
         # oneDNN's per-shape kernels are reused (CPU: a new shape costs ~30% more, measured)
         self._bucket = 4 * self.encoder.hop
 
     # -- feeder ----------------------------------------------------------------------------
-    def _open(self, item: Item) -> AudioReader:
-        return AudioReader(open_audio(item), item.channel, self.settings.framing_rule, item.start, item.frames)
+    def _open(self, item: Item) -> AudioReader | PieceReader:
+        framing = self.settings.framing_rule
+        if item.piece is None:
+            return AudioReader(open_audio(item), item.channel, framing, item.start, item.frames)
+        _, count, begin, _, end = item.piece
+        last = item.piece[0] == count - 1
+        if item.sample_rate == SAMPLE_RATE and framing.delay(SAMPLE_RATE) == 0:  # samples are the source's: seek
+            frames = item.frames - begin if last else end - begin
+            return AudioReader(open_audio(item), item.channel, framing, item.start + begin, frames)
+        return PieceReader(AudioReader(open_audio(item), item.channel, framing, item.start, item.frames),
+                           begin, None if last else end)
 
     def _read(self, stream: _Stream):
         try:
@@ -206,7 +216,7 @@ class DeviceRunner:
         try:
             while not stop.is_set():
                 errors: list[Piece] = []
-                for slot in [s for s, st in active.items() if st.item.key in self.failed]:
+                for slot in [s for s, st in active.items() if st.item.uid in self.failed]:
                     active.pop(slot).reader.close()
                     free.append(slot)
                 rows: list[tuple[_Stream, torch.Tensor, bool, bool]] = []
@@ -293,13 +303,16 @@ class DeviceRunner:
     def _forward(self, step: _Step):
         s = self.settings
         audio = step.audio.to(self.encoder.model.device, DTYPES[s.dtype], non_blocking=True)
-        if bool(step.fresh.all()) and bool(step.final.all()):
+        offsets = [(r, it.piece[2]) for r, it in enumerate(step.items) if it.piece and it.piece[2] and step.fresh[r]]
+        if bool(step.fresh.all()) and bool(step.final.all()) and not offsets:
             return self.encoder(audio, step.lengths, self.taps, s.num_quantizers)
         if self.state is None:
             self.state = self.encoder.init_state(self.rows)
         starting = torch.zeros(self.rows, dtype=torch.bool)
         starting[step.slots[step.fresh]] = True
         self.state.reset(starting)
+        for r, begin in offsets:  # a piece of a split recording: its positions are the recording's
+            self.state.position[int(step.slots[r])] = begin // self.encoder.step
         sub = self.state.select(step.slots)
         out = self.encoder(audio, step.lengths, self.taps, s.num_quantizers, state=sub, final=step.final)
         self.state.assign(step.slots, sub)  # only after success: an out-of-memory retry starts clean
@@ -315,7 +328,7 @@ class DeviceRunner:
                 torch.cuda.empty_cache()
             if len(step.items) == 1:
                 item = step.items[0]
-                self.failed.add(item.key)
+                self.failed.add(item.uid)
                 return [Piece(item, None, False, True, 0.0, "out of memory even alone; lower --chunk-seconds "
                               "or --max-batch-seconds, or use a device with more memory")]
             half = len(step.items) // 2
@@ -324,9 +337,9 @@ class DeviceRunner:
         pieces = []
         for r, item in enumerate(step.items):
             if self.multi:
-                data = {t: frames_of(out, t, r).to("cpu") for t in self.taps}
+                data = {t: self._own(item, t, frames_of(out, t, r), bool(step.fresh[r])).to("cpu") for t in self.taps}
             else:
-                data = frames_of(out, s.tap, r)
+                data = self._own(item, s.tap, frames_of(out, s.tap, r), bool(step.fresh[r]))
                 data = data.to("cpu").numpy().astype(np.int16) if s.tap == "codes" else \
                     data.float().to("cpu").numpy().astype(s.feature_dtype)
             pieces.append(Piece(item, data, bool(step.fresh[r]), bool(step.final[r]),
@@ -337,6 +350,21 @@ class DeviceRunner:
         self.stats.real += int(step.lengths.sum())
         self.stats.padded += step.audio.numel()
         return pieces
+
+    def _own(self, item: Item, tap: str, frames: torch.Tensor, fresh: bool) -> torch.Tensor:
+        """A split recording's piece drops its warm-up frames (they belong to the piece before)."""
+        if item.piece is None:
+            return frames
+        key = (item.uid, tap)
+        if fresh:
+            per_frame = self.encoder.step if tap == "encoder" else self.encoder.hop
+            self.warmup[key] = (item.piece[3] - item.piece[2]) // per_frame
+        drop = min(self.warmup.get(key, 0), frames.shape[0])
+        if drop:
+            self.warmup[key] -= drop
+            if not self.warmup[key]:
+                del self.warmup[key]
+        return frames[drop:]
 
     def run(self, next_unit, emit, stop) -> Stats:
         """Encode every unit ``next_unit(block)`` returns (None: no more; LATER: none yet, only when
@@ -357,13 +385,13 @@ class DeviceRunner:
                 if isinstance(step, BaseException):
                     raise step
                 for e in step.errors:
-                    if e.item.key not in self.failed:  # not already failed here (out of memory alone)
+                    if e.item.uid not in self.failed:  # not already failed here (out of memory alone)
                         emit(e)
                 if feeder_stop.is_set():
                     continue  # drain: the feeder is stopping
                 if not step.items:
                     continue
-                keep = [r for r, it in enumerate(step.items) if it.key not in self.failed]
+                keep = [r for r, it in enumerate(step.items) if it.uid not in self.failed]
                 if len(keep) < len(step.items):
                     if not keep:
                         continue
@@ -512,8 +540,8 @@ class ProcessEngine:
         self.start()
         procs, inboxes, out_q, mp_stop = self.procs, self.inboxes, self.out_q, self.mp_stop
         todo: deque[WorkUnit] = deque(units)
-        keys_left = {u.index: {it.key for it in u.items} for u in units}
-        unit_of = {it.key: u.index for u in units for it in u.items}
+        keys_left = {u.index: {it.uid for it in u.items} for u in units}
+        unit_of = {it.uid: u.index for u in units for it in u.items}
         taken: dict[int, set[int]] = {w: set() for w in range(len(procs))}
         waiting: list[int] = []
         finished: set[int] = set()
@@ -547,7 +575,7 @@ class ProcessEngine:
                                 waiting.remove(wid)
                             lost = [i for i in taken[wid] if keys_left[i]]
                             # only the items not yet delivered: a delivered one has its row already
-                            todo.extendleft(replace(u, items=[it for it in u.items if it.key in keys_left[u.index]])
+                            todo.extendleft(replace(u, items=[it for it in u.items if it.uid in keys_left[u.index]])
                                             for u in reversed(units) if u.index in lost)
                             self.notes.append(f"worker on {self.settings.devices[wid]} died (exit code {p.exitcode}); "
                                               f"its {len(lost)} unfinished work units were handed to the others")
@@ -560,9 +588,9 @@ class ProcessEngine:
                     hand_out()
                 elif kind == "piece":
                     if payload.final:
-                        left = keys_left.get(unit_of.get(payload.item.key, -1))
+                        left = keys_left.get(unit_of.get(payload.item.uid, -1))
                         if left is not None:
-                            left.discard(payload.item.key)
+                            left.discard(payload.item.uid)
                         hand_out()
                     yield payload
                 elif kind == "done":

@@ -10,7 +10,9 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+import numpy as np
 
 from .sources import Item
 
@@ -105,6 +107,91 @@ def plan_units(items: list[Item], chunk_samples: int, max_batch_seconds: float, 
     for i, u in enumerate(units):
         u.index = i
     return units
+
+
+@dataclass
+class Split:
+    """What splitting long recordings did to a plan (see :func:`split_items`)."""
+
+    items: int = 0  # recordings split
+    pieces: int = 0
+    warmup_seconds: float = 0.0  # encoded twice: each piece's warm-up
+    seconds: float = 0.0  # the split recordings' own audio
+
+    @property
+    def overhead(self) -> float:
+        return self.warmup_seconds / self.seconds if self.seconds else 0.0
+
+
+def split_items(items: list[Item], lanes: int, warmup: int, hop: int, max_overhead: float = 0.15,
+                rate: int = 24_000) -> tuple[list[Item], Split]:
+    """Cut recordings that would keep one lane busy while the others idle into independent pieces.
+
+    A recording is one causal stream: unsplit, its chunks run one after another on one row of one
+    device.  Mimi's receptive field is finite (``warmup`` samples, see
+    ``PaddedMimiEncoder.receptive_field``), so a piece encoded from ``warmup`` samples before its
+    first frame gives the unsplit result for its frames (``encoder.split_bounds``).  Split only where
+    it pays: a recording longer than a lane's fair share of the work (total / ``lanes``), into at most
+    ``lanes`` pieces, each long enough that its warm-up costs at most ``max_overhead`` of it."""
+    from .encoder import split_bounds
+
+    warm = -(-warmup // hop) * hop
+    shortest = max(hop, int(warm / max_overhead))  # a piece's own audio: warm-up <= max_overhead of it
+    fair = sum(it.samples for it in items) / max(1, lanes)
+    out, split = [], Split()
+    for it in items:
+        count = min(lanes, it.samples // shortest)
+        if lanes < 2 or count < 2 or it.samples <= fair or it.piece is not None:
+            out.append(it)
+            continue
+        bounds = split_bounds(it.samples, count, warm, hop)
+        for i, (begin, first, end) in enumerate(bounds):
+            out.append(replace(it, piece=(i, len(bounds), begin, first, end), samples=end - begin))
+        split.items += 1
+        split.pieces += len(bounds)
+        split.warmup_seconds += sum(first - begin for begin, first, _ in bounds) / rate
+        split.seconds += it.samples / rate
+    return out, split
+
+
+class Stitcher:
+    """Collects a split recording's pieces, as the engines deliver them (any order, interleaved),
+    into the item's one array: ``add`` returns ``(item, array, None)`` once every piece is in,
+    ``(item, None, error)`` at the first piece that fails (later ones are ignored), else None.
+    Nothing of an item reaches OUT before it is whole, so a kill mid-item loses no committed data
+    and a resume encodes the item again."""
+
+    def __init__(self):
+        self._parts: dict[str, dict[int, list]] = {}
+        self._failed: set[str] = set()
+        self._ends: dict[str, int] = {}
+
+    def add(self, item: Item, data, final: bool, error: str | None):
+        key, (index, count) = item.key, item.piece[:2]
+        if key in self._failed:
+            return None
+        if error is not None:
+            self._failed.add(key)
+            self._parts.pop(key, None)
+            self._ends.pop(key, None)
+            return replace(item, piece=None), None, error
+        if index == count - 1:
+            self._ends[key] = item.piece[4]  # the last piece ends where the recording does
+        parts = self._parts.setdefault(key, {})
+        chunks = parts.setdefault(index, [])
+        chunks.append(data)
+        if final:
+            chunks.append(None)  # the piece is complete
+        if len(parts) == count and all(c and c[-1] is None for c in parts.values()):
+            del self._parts[key]
+            arrays = [a for i in range(count) for a in parts[i][:-1]]
+            whole = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+            return replace(item, piece=None, samples=self._ends.pop(key)), whole, None
+        return None
+
+    @property
+    def open_items(self) -> int:
+        return len(self._parts)
 
 
 def padding_fraction(batches: list[list[Item]]) -> float:

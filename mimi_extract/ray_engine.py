@@ -54,12 +54,12 @@ class RayEncoder:
 
         def collect(piece: Piece):
             if piece.error is not None:
-                merged.pop(piece.item.key, None)
+                merged.pop(piece.item.uid, None)
                 pieces.append(piece)
                 return
-            held = merged.get(piece.item.key)
+            held = merged.get(piece.item.uid)
             if held is None or piece.first:
-                merged[piece.item.key] = held = Piece(piece.item, [], True, False, 0.0)
+                merged[piece.item.uid] = held = Piece(piece.item, [], True, False, 0.0)
             held.data.append(piece.data)
             held.seconds += piece.seconds
             if piece.final:
@@ -67,7 +67,7 @@ class RayEncoder:
 
                 held.data = np.concatenate(held.data) if len(held.data) > 1 else held.data[0]
                 held.final = True
-                pieces.append(merged.pop(piece.item.key))
+                pieces.append(merged.pop(piece.item.uid))
 
         self.runner.run(lambda block=True: next(todo, None), collect, threading.Event())
         return pieces, self.runner.stats

@@ -20,8 +20,8 @@ from dataclasses import asdict
 from . import __version__
 from .audio import SAMPLE_RATE
 from .encoder import PaddedMimiEncoder, _from_pretrained, config_hash, weights_hash
-from .engines import Stats, make_engine
-from .plan import Part, padding_fraction, part_of, plan_units
+from .engines import Piece, Stats, make_engine
+from .plan import Part, Split, Stitcher, padding_fraction, part_of, plan_units, split_items
 from .settings import Settings
 from .sources import Item, dataset_name, discover
 from .writer import (OutputError, ShardWriter, _write_atomic, check_run_info, lock_run_dir, recover, run_dirs)
@@ -231,16 +231,23 @@ def _extract_with(engine, source, run_dir, settings, shard_size, shard_mb, limit
     todo = [it for it in items if it.key not in done]
     bad = [it for it in bad if it.key not in done]
     planned = getattr(engine, "plan_settings", settings)  # a Ray cluster's actors decide the unit sizes
+    count, streamed = len(todo), sum(it.samples > planned.chunk_samples() for it in todo)
+    split = Split()
+    if settings.split:
+        encoder = PaddedMimiEncoder(model)
+        if encoder.window is not None:
+            todo, split = split_items(todo, len(planned.devices) * planned.rows, encoder.receptive_field, encoder.hop)
+        del encoder
     units = plan_units(todo, planned.chunk_samples(), planned.step_seconds, planned.rows,
                        long_group=planned.rows if settings.engine == "ray" else 1)
     short = [u.items for u in units if not u.stream]
     summary = {
-        "run_dir": run_dir, "inputs": len(items) + len(bad), "skipped": len(done), "todo": len(todo),
-        "unreadable": len(bad), "units": len(units), "streamed": sum(len(u.items) for u in units if u.stream),
+        "run_dir": run_dir, "inputs": len(items) + len(bad), "skipped": len(done), "todo": count,
+        "unreadable": len(bad), "units": len(units), "streamed": streamed,
         "seconds": sum(it.samples for it in todo) / SAMPLE_RATE, "padding": padding_fraction(short),
         "ok": 0, "errors": 0, "notes": notes, "warnings": found.warnings, "frame_rate": frame_rate(settings.tap, config),
         "devices": planned.devices, "stats": Stats(), "engine_notes": [],
-        "engine": engine.describe() if hasattr(engine, "describe") else None,
+        "engine": engine.describe() if hasattr(engine, "describe") else None, "split": split,
     }
     if on_plan:
         on_plan(summary)
@@ -259,8 +266,17 @@ def _extract_with(engine, source, run_dir, settings, shard_size, shard_mb, limit
         started = time.perf_counter()
         pieces = engine.run(units, stop, model)
         del model
+        stitcher = Stitcher()
         for piece in pieces:
             item = piece.item
+            if item.piece is not None:  # a piece of a split recording: stored once every piece is in
+                whole = stitcher.add(item, piece.data, piece.final, piece.error)
+                if whole is None:
+                    if on_progress:
+                        on_progress(0, piece.seconds, 0)
+                    continue
+                item, data, error = whole
+                piece = Piece(item, data, True, True, piece.seconds, error)
             if piece.error is not None:
                 writer.drop_stream(item.key)
                 writer.add_error(row_for(item), piece.error)

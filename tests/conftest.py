@@ -1,4 +1,5 @@
 import os
+import signal
 import subprocess
 import sys
 
@@ -74,5 +75,8 @@ def cli_process(*args, **kwargs) -> subprocess.Popen:
     """The real CLI in a subprocess (python -m mimi_extract), for kill/signal tests."""
     env = {**os.environ, "PYTHONPATH": ROOT, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
            "OMP_NUM_THREADS": "1", **kwargs.pop("env", {})}
+    # as from a terminal: SIGINT is not ignored (a test session started in the background, `pytest &`,
+    # inherits SIG_IGN for it, and Python then keeps ignoring it until the run installs its handlers)
+    kwargs.setdefault("preexec_fn", lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     return subprocess.Popen([sys.executable, "-m", "mimi_extract", *map(str, args)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kwargs)

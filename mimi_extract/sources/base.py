@@ -63,6 +63,14 @@ class Item:
     where: str | None = None  # the input row it came from, for messages ("line 12")
     kind: str = "file"  # see Entry
     loc: tuple | None = None
+    # one piece of a split recording (see plan.split_items): (index, count, begin, first, end), in
+    # encoder-input samples; ``samples`` is then the piece's own stream length (end - begin)
+    piece: tuple[int, int, int, int, int] | None = None
+
+    @property
+    def uid(self) -> str:
+        """What the engines track a unit of work by: the key, or the key and the piece."""
+        return self.key if self.piece is None else f"{self.key}\x00piece{self.piece[0]}"
 
     @property
     def duration(self) -> float:
