@@ -166,7 +166,7 @@ class Stitcher:
         self._failed: set[str] = set()
         self._ends: dict[str, int] = {}
 
-    def add(self, item: Item, data, final: bool, error: str | None):
+    def add(self, item: Item, data, first: bool, final: bool, error: str | None):
         key, (index, count) = item.key, item.piece[:2]
         if key in self._failed:
             return None
@@ -178,6 +178,8 @@ class Stitcher:
         if index == count - 1:
             self._ends[key] = item.piece[4]  # the last piece ends where the recording does
         parts = self._parts.setdefault(key, {})
+        if first:  # a piece (re)starts: a piece re-handed after its worker died starts over
+            parts[index] = []
         chunks = parts.setdefault(index, [])
         chunks.append(data)
         if final:

@@ -270,7 +270,7 @@ def _extract_with(engine, source, run_dir, settings, shard_size, shard_mb, limit
         for piece in pieces:
             item = piece.item
             if item.piece is not None:  # a piece of a split recording: stored once every piece is in
-                whole = stitcher.add(item, piece.data, piece.final, piece.error)
+                whole = stitcher.add(item, piece.data, piece.first, piece.final, piece.error)
                 if whole is None:
                     if on_progress:
                         on_progress(0, piece.seconds, 0)

@@ -87,3 +87,28 @@ def test_short_warmup_leaks(tiny_model):
     exact, _ = worst(stitched(encoder, audio, 3, encoder.receptive_field, FRAME * 4), ref)
     short, equal = worst(stitched(encoder, audio, 3, 2 * FRAME, FRAME * 4), ref)
     assert exact <= 1 and short > 1000 and equal < 1, (exact, short, equal)
+
+
+def test_stitcher_orders_pieces_and_restarts_a_rehanded_one():
+    """Pieces arrive interleaved and out of order; a piece re-handed after its worker died starts
+    again from its first chunk (the partial one is dropped); the first error ends the item once."""
+    import numpy as np
+
+    from mimi_extract.plan import Stitcher
+    from mimi_extract.sources import Item
+
+    item = Item("/a.wav", "a.wav", "a.wav", sample_rate=24_000, frames=100, samples=100)
+    piece = lambda i: Item(**{**item.__dict__, "piece": (i, 3, 0, 0, 40 * (i + 1) if i < 2 else 100)})  # noqa: E731
+    arr = lambda *v: np.array(v)  # noqa: E731
+    s = Stitcher()
+    assert s.add(piece(2), arr(5), True, False, None) is None
+    assert s.add(piece(0), arr(1), True, False, None) is None
+    assert s.add(piece(1), arr(9), True, False, None) is None  # its worker dies after this chunk
+    assert s.add(piece(2), arr(6), False, True, None) is None
+    assert s.add(piece(0), arr(2), False, True, None) is None
+    assert s.add(piece(1), arr(3), True, False, None) is None  # re-handed: starts over
+    whole_item, whole, error = s.add(piece(1), arr(4), False, True, None)
+    assert whole.tolist() == [1, 2, 3, 4, 5, 6] and error is None
+    assert whole_item.piece is None and whole_item.samples == 100 and s.open_items == 0
+    assert s.add(piece(0), arr(1), True, False, "cannot decode")[2] == "cannot decode"
+    assert s.add(piece(1), arr(1), True, True, "again") is None and s.open_items == 0
