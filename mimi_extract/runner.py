@@ -24,7 +24,9 @@ from .engines import Stats, make_engine
 from .plan import Part, padding_fraction, part_of, plan_units
 from .settings import Settings
 from .sources import Item, dataset_name, discover
-from .writer import (OutputError, ShardWriter, _write_atomic, check_run_info, lock_run_dir, recover, run_dirs)
+from .formats import get_format
+from .formats.common import (OutputError, ShardWriter, _write_atomic, check_run_info, lock_run_dir, recover,
+                             run_dirs)
 
 PLAN_INFO = "plan.json"
 
@@ -246,7 +248,8 @@ def _extract_with(engine, source, run_dir, settings, shard_size, shard_mb, limit
         on_plan(summary)
     if stop.is_set():
         return summary
-    writer = ShardWriter(run_dir, file_attrs(settings, config, identity), shard_size, int(shard_mb * 2**20))
+    writer = ShardWriter(run_dir, get_format("hdf5"), file_attrs(settings, config, identity), shard_size,
+                         int(shard_mb * 2**20))
     attrs_of = lambda it: {"duration": it.duration, "source_sample_rate": it.sample_rate,  # noqa: E731
                            **({"start": it.segment[0], "end": it.segment[1]} if it.segment else {})}
     pieces = None
