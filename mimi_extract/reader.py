@@ -258,15 +258,24 @@ class ManifestCuts:
 def read_cuts(out_dir: str):
     """A lazy lhotse ``CutSet`` of every committed ok item of OUT (all parts of a job array): cuts are
     built from the manifests while it is iterated, as ``CutSet.from_jsonl_lazy`` reads a file.
-    ``.to_eager()`` loads them all; ``mimi-extract cuts OUT -o FILE`` writes them to one file."""
+    ``.to_eager()`` loads them all; ``mimi-extract cuts OUT -o FILE`` writes them to one file.
+    A Shar OUT: lhotse's own ``CutSet.from_shar`` over the committed shards of every part."""
     from ._optional import lhotse as _lhotse
 
+    dirs = _cut_run_dirs(os.path.abspath(out_dir))
+    if read_run_info(dirs[0]).get("format", "hdf5") == "shar":
+        from .formats.shar import shar_fields
+
+        return _lhotse().CutSet.from_shar(fields=shar_fields(dirs))
     return _lhotse().CutSet(ManifestCuts(out_dir))
 
 
 def write_merged_cuts(out_dir: str, path: str) -> int:
     """Write one ``cuts.jsonl.gz`` (or ``.jsonl``) with the cuts of every part of OUT; returns the
     number of cuts.  Written to ``path.tmp`` and renamed, so a reader never sees half a file."""
+    if read_run_info(_cut_run_dirs(out_dir)[0]).get("format", "hdf5") != "hdf5":
+        raise ValueError(f"{out_dir} is a Shar OUT: its cuts are shar/cuts.*.jsonl.gz beside the tars they need; "
+                         "read them with mimi_extract.read_cuts(OUT) or lhotse's CutSet.from_shar")
     n = 0
     tmp = path + ".tmp"
     opener = gzip.open if path.endswith(".gz") else builtins.open

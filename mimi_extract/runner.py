@@ -15,7 +15,7 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 from . import __version__
 from .audio import SAMPLE_RATE
@@ -74,7 +74,7 @@ def file_attrs(settings: Settings, config, identity: dict) -> dict:
 
 
 def run_info(settings: Settings, identity: dict, input_root: str, kind: str, part: Part) -> dict:
-    keep = ("model", "tap", "channel", "causal_16k", "feature_dtype", "dtype", "framing")
+    keep = ("model", "tap", "channel", "causal_16k", "feature_dtype", "dtype", "framing", "format")
     info = {k: v for k, v in asdict(settings).items() if k in keep}
     if settings.tap == "codes":
         info["num_quantizers"] = settings.num_quantizers
@@ -218,6 +218,11 @@ def _extract_with(engine, source, run_dir, settings, shard_size, shard_mb, limit
                      exclude=run_dir if part.whole else os.path.dirname(run_dir))  # OUT is never input
     on_phase(f"planning {len(found.items)} readable inputs ({len(found.bad)} unreadable)")
     items, bad = found.items, found.bad
+    fmt = get_format(settings.format)
+    refused = {it.key: why for it in items if (why := fmt.key_problem(it.key))}
+    if refused:  # keys the output format cannot store (a Shar cut id): error rows, not a crash mid-run
+        bad = bad + [replace(it, error=refused[it.key]) for it in items if it.key in refused]
+        items = [it for it in items if it.key not in refused]
     if not part.whole:
         items = [it for it in items if part_of(it.key, part.count) == part.index]
         bad = [it for it in bad if part_of(it.key, part.count) == part.index]
@@ -248,7 +253,7 @@ def _extract_with(engine, source, run_dir, settings, shard_size, shard_mb, limit
         on_plan(summary)
     if stop.is_set():
         return summary
-    writer = ShardWriter(run_dir, get_format("hdf5"), file_attrs(settings, config, identity), shard_size,
+    writer = ShardWriter(run_dir, get_format(settings.format), file_attrs(settings, config, identity), shard_size,
                          int(shard_mb * 2**20))
     attrs_of = lambda it: {"duration": it.duration, "source_sample_rate": it.sample_rate,  # noqa: E731
                            **({"start": it.segment[0], "end": it.segment[1]} if it.segment else {})}

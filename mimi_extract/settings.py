@@ -33,6 +33,7 @@ class Settings:
     frames_per_call: int = 1  # --framing moshi-stream: frames per moshi streaming call
     feature_dtype: str = "float32"
     engine: str = "local"
+    format: str = "hdf5"  # output format: a name of the formats registry (hdf5, shar)
     ray_address: str | None = None
     ray_cpu_actors: int | None = None
 

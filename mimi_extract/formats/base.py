@@ -90,6 +90,12 @@ class Format:
     def shard_name(self, index: int) -> str:
         raise NotImplementedError
 
+    def for_run(self, file_attrs: dict) -> "Format":
+        """This format as one run writes it (the writer calls it with the run's settings); a
+        format whose shard names depend on them (Shar: ``mimi_codes`` or ``mimi_latent``) returns
+        a configured copy."""
+        return self
+
     def builder(self, file_attrs: dict) -> ShardBuilder:
         raise NotImplementedError
 
@@ -123,6 +129,11 @@ class Format:
     def item_attrs(self, path: str, row: dict) -> dict:
         """Per-item metadata stored with an item (``duration``, ``start``...); ``{}`` if none."""
         return {}
+
+    def key_problem(self, key: str) -> str | None:
+        """Why this format cannot store an item keyed ``key`` (the runner makes it an error row
+        before encoding), or None."""
+        return None
 
     def is_shard(self, name: str) -> bool:
         return isinstance(name, str) and bool(self.shard_re.fullmatch(name))

@@ -247,7 +247,7 @@ def valid_shard_name(name) -> bool:
 def _is_tmp(name: str) -> bool:
     """One of the temporary names this tool writes in a run directory (or a format's folder)."""
     return bool(_TMP_RE.fullmatch(name)) or (
-        name.endswith(".tmp") and any(f.is_file(name[:-4]) for f in registry.formats()))
+        name.endswith(".tmp") and any(f.is_file(name[:-4].replace("__", "/")) for f in registry.formats()))
 
 
 def _format_files(run_dir: str):
@@ -328,6 +328,7 @@ _EXPLAIN = {
 
 
 def _differences(old: dict, new: dict, ignore: tuple[str, ...]) -> str:
+    old = {"format": "hdf5", **old}  # run.json of a version before --format: HDF5
     diff = {k: (old.get(k), v) for k, v in new.items() if k not in ignore and old.get(k) != v}
     return "; ".join(f"{k}: {a!r} -> {b!r}" + (f" ({_EXPLAIN[k]})" if k in _EXPLAIN else "") for k, (a, b) in diff.items())
 
@@ -470,12 +471,21 @@ def next_shard_index(run_dir: str) -> int:
 
 
 # -- writing -------------------------------------------------------------------------------
+def tmp_path(run_dir: str, name: str) -> str:
+    """Where the commit protocol writes ``name`` (relative to the run directory) before renaming
+    it into place: always the run directory itself, never a format's folder (``shar/x`` ->
+    ``shar__x.tmp``): lhotse's ``from_shar(in_dir=...)`` takes every file of the Shar folder as a
+    field, a half-written one included.  A rename between two folders of one file system is
+    atomic all the same."""
+    return os.path.join(run_dir, name.replace("/", "__") + ".tmp")
+
+
 def commit_files(run_dir: str, files: dict[str, bytes], append_rows) -> None:
     """The commit protocol, for any format: ``files`` (relative names -> bytes; the shard last)
-    each to ``NAME.tmp`` + fsync; ``append_rows()`` (the manifest rows, fsynced); rename each into
-    place, in order; fsync the directories.  Raises :class:`OutputError`; a failure before the
-    renames removes the ``.tmp`` files (rows torn on disk name a shard that never exists, and
-    resume drops them)."""
+    each to its :func:`tmp_path` + fsync; ``append_rows()`` (the manifest rows, fsynced); rename
+    each into place, in order; fsync the directories.  Raises :class:`OutputError`; a failure
+    before the renames removes the ``.tmp`` files (rows torn on disk name a shard that never
+    exists, and resume drops them)."""
     written = []
     try:
         for name, data in files.items():
@@ -487,20 +497,20 @@ def commit_files(run_dir: str, files: dict[str, bytes], append_rows) -> None:
                     _fsync_dir(run_dir)
                 except OSError as e:
                     raise _write_error(e, folder) from e
-            _write_file(path + ".tmp", data)
-            written.append(path)
+            _write_file(tmp_path(run_dir, name), data)
+            written.append((tmp_path(run_dir, name), path))
         append_rows()
     except OutputError:
-        for path in written:
+        for tmp, _ in written:
             try:
-                os.remove(path + ".tmp")
+                os.remove(tmp)
             except OSError:
                 pass
         raise
-    folders = []
-    for path in written:
+    folders = [run_dir]
+    for tmp, path in written:
         try:
-            os.replace(path + ".tmp", path)
+            os.replace(tmp, path)
         except OSError as e:
             raise _write_error(e, path) from e
         if os.path.dirname(path) not in folders:
@@ -523,7 +533,7 @@ class ShardWriter:
     def __init__(self, run_dir: str, fmt: Format, file_attrs: dict, max_items: int = 1000,
                  max_bytes: int = 256 << 20):
         self.run_dir = run_dir
-        self.format = fmt
+        self.format = fmt.for_run(file_attrs)  # a format whose shard names depend on the run (Shar's field)
         self.file_attrs = file_attrs
         self.max_items, self.max_bytes = max_items, max_bytes
         self.index = next_shard_index(run_dir)

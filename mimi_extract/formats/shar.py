@@ -1,0 +1,247 @@
+"""lhotse Shar shards: ``shar/cuts.NNNNNN.jsonl.gz`` + ``shar/<field>.NNNNNN.tar``, the layout
+``CutSet.to_shar`` writes, so that ``CutSet.from_shar(in_dir=RUN_DIR/shar)`` followed by
+``cut.load_custom(field)`` returns exactly what ``mimi_extract.read`` returns.
+
+The field is ``mimi_codes``, ``mimi_latent`` or ``mimi_encoder`` (by tap).  The folder holds
+nothing else: lhotse's ``from_shar(in_dir=...)`` takes every file in it as a field, so the
+manifest, lock, run.json and even the commit protocol's temporaries live one level up.
+
+One shard = one cuts file and one tar, committed together by the shared protocol: the cuts file
+is a companion, the tar is the shard (renamed last: the commit point; rows point into it).
+
+* The tar is written with lhotse's own :class:`~lhotse.shar.writers.tar.TarWriter` (into
+  memory), member by member as lhotse's ``ArrayTarWriter`` writes them: ``KEY.npy``
+  (``np.save``) then ``KEY.json`` (the field's ``TemporalArray`` manifest with ``shar``
+  placeholder storage, which lhotse's reader fills with the bytes).  Unlike ``ArrayTarWriter``
+  the manifest keeps the item's ``start`` (a segment's offset in its recording): the cuts carry
+  their real recording and offset (so ``cut.load_audio()`` is the item's audio), and a
+  ``TemporalArray`` whose start differs from its cut's would be sliced at the wrong frames.
+* The run's settings ride in the tar's PAX global header (``mimi_extract.attrs``, JSON):
+  tar readers, lhotse's included, skip it, so the tar stays a plain Shar field.
+* Each ok row records where its ``.npy`` member's bytes sit (``offset``, ``nbytes``), so
+  ``mimi_extract.read`` is one ``pread``, not a scan of the tar.
+* Cuts are the same ``MonoCut``/``MultiCut`` as the HDF5 output's ``cuts.jsonl.gz`` (recording:
+  the source file, absolute path; segment offset, duration spanning the item's frame grid,
+  channel), with the field's storage a Shar placeholder.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import re
+import tarfile
+from pathlib import PurePosixPath
+
+import numpy as np
+
+from .base import Format, ShardBuilder
+from .registry import register
+
+FOLDER = "shar"
+FIELDS = {"codes": "mimi_codes", "latent": "mimi_latent", "encoder": "mimi_encoder"}
+PAX_KEY = "mimi_extract.attrs"  # the run's settings, in each tar's PAX global header
+_FIELD_RE = "mimi_(?:codes|latent|encoder)"
+
+
+def field_for(tap: str) -> str:
+    return FIELDS[tap]
+
+
+def frame_shift_for(tap: str) -> float:
+    return 0.04 if tap == "encoder" else 0.08
+
+
+def cuts_name(shard: str) -> str:
+    """``shar/mimi_codes.000003.tar`` -> ``shar/cuts.000003.jsonl.gz`` (its companion)."""
+    folder, name = shard.rsplit("/", 1) if "/" in shard else ("", shard)
+    index = name.split(".")[1]
+    return f"{folder}/cuts.{index}.jsonl.gz" if folder else f"cuts.{index}.jsonl.gz"
+
+
+def key_problem(key: str) -> str | None:
+    """Why ``key`` cannot be a Shar cut id, or None.  lhotse's reader matches a tar member to its
+    cut by ``Path(member).parent / Path(member).stem == cut.id``, which a key such as ``a//b`` or
+    ``./a`` does not survive."""
+    p = PurePosixPath(key + ".npy")
+    if not key or str(p.parent / p.stem) != key:
+        return f"key {key!r} cannot name a lhotse Shar tar member (lhotse would read it back as {str(p.parent / p.stem)!r})"
+    return None
+
+
+def _memory_tar_writer(pax_headers: dict):
+    """lhotse's ``TarWriter`` writing into memory (with a PAX global header) instead of a path:
+    the shared commit protocol, not tarfile, writes the bytes to OUT."""
+    from .._optional import need
+
+    TarWriter = need("lhotse.shar.writers.tar", "--format shar (lhotse's Shar tar writer) and lhotse cuts").TarWriter
+
+    class MemoryTarWriter(TarWriter):
+        def __init__(self):
+            super().__init__("memory.tar", shard_size=None)
+
+        def _next_stream(self):
+            self.stream = io.BytesIO()
+            self.tarstream = tarfile.open(fileobj=self.stream, mode="w|", format=tarfile.PAX_FORMAT,
+                                          pax_headers=pax_headers)
+            self.num_items = 0
+
+        def image(self) -> bytes:
+            self.tarstream.close()
+            return self.stream.getvalue()
+
+    return MemoryTarWriter()
+
+
+def _placeholder(data_shape: tuple, frame_shift: float, start: float) -> dict:
+    """The field's ``TemporalArray`` manifest as Shar stores it (lhotse fills the storage on read)."""
+    return {"array": {"storage_type": "shar", "storage_path": "", "storage_key": "", "shape": list(data_shape)},
+            "temporal_dim": 0, "frame_shift": frame_shift, "start": start}
+
+
+def cut_for(row: dict, field: str, frame_shift: float, shape: tuple) -> dict:
+    """The Shar cut of one ok row: the HDF5 output's cut (``lhotse_io.cut_dict``) with Shar storage."""
+    from ..lhotse_io import cut_dict
+
+    cut = cut_dict({**row, "shard": "", "frames": shape[0]}, "", field, frame_shift)
+    cut["custom"][field] = _placeholder(shape, frame_shift, cut["custom"][field]["start"])
+    return cut
+
+
+class SharShard(ShardBuilder):
+    def __init__(self, file_attrs: dict):
+        super().__init__(file_attrs)
+        self.field = field_for(file_attrs["tap"])
+        self.frame_shift = frame_shift_for(file_attrs["tap"])
+        self._tar = _memory_tar_writer({PAX_KEY: json.dumps(file_attrs, sort_keys=True, default=_plain)})
+        self._cuts: list[str] = []
+
+    def add(self, key: str, data: np.ndarray, row: dict, attrs: dict) -> dict:
+        problem = key_problem(key)
+        if problem:
+            raise ValueError(problem)
+        npy = io.BytesIO()
+        np.save(npy, data, allow_pickle=False)
+        nbytes = npy.getbuffer().nbytes
+        self._tar.write(f"{key}.npy", npy)
+        offset = self._tar.tarstream.offset - -(-nbytes // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+        cut = cut_for(row, self.field, self.frame_shift, data.shape)
+        meta = io.BytesIO((json.dumps(cut["custom"][self.field]) + "\n").encode("utf-8"))
+        self._tar.write(f"{key}.json", meta, count=False)
+        self._cuts.append(json.dumps(cut, ensure_ascii=False) + "\n")
+        return {"offset": offset, "nbytes": nbytes}
+
+    def files(self, shard_name: str) -> dict[str, bytes]:
+        cuts = gzip.compress("".join(self._cuts).encode("utf-8"), 6, mtime=0)
+        return {cuts_name(shard_name): cuts, shard_name: self._tar.image()}
+
+    def close(self) -> None:
+        self._cuts = []
+        self._tar = None
+
+
+def _plain(value):
+    return value.item() if isinstance(value, np.generic) else str(value)
+
+
+def _npy_shape(f) -> tuple:
+    version = np.lib.format.read_magic(f)
+    shape, _, _ = (np.lib.format.read_array_header_1_0(f) if version == (1, 0)
+                   else np.lib.format.read_array_header_2_0(f))
+    return shape
+
+
+@register
+class Shar(Format):
+    name = "shar"
+    folder = FOLDER
+    shard_re = re.compile(rf"{FOLDER}/{_FIELD_RE}\.(\d{{6,}})\.tar")
+    file_re = re.compile(rf"{FOLDER}/(?:{_FIELD_RE}\.(\d{{6,}})\.tar|cuts\.(\d{{6,}})\.jsonl\.gz)")
+
+    def __init__(self, field: str = "mimi_latent"):
+        self.field = field
+
+    def for_run(self, file_attrs: dict) -> "Shar":
+        """This format with the run's field (``mimi_codes``...): shard names depend on the tap."""
+        return type(self)(field_for(file_attrs["tap"]))
+
+    def key_problem(self, key: str) -> str | None:
+        return key_problem(key)
+
+    def shard_name(self, index: int) -> str:
+        return f"{FOLDER}/{self.field}.{index:06d}.tar"
+
+    def builder(self, file_attrs: dict) -> ShardBuilder:
+        return SharShard(file_attrs)
+
+    def companions(self, shard: str) -> list[str]:
+        return [cuts_name(shard)]
+
+    def check(self, path: str, rows: list[dict]) -> str | None:
+        """The tar holds exactly ``KEY.npy`` + ``KEY.json`` per row, in row order, each array where
+        its row says with its frame count; the cuts file names the same keys in the same order."""
+        try:
+            with tarfile.open(path, "r:") as tar:
+                members = tar.getmembers()
+                names = [m.name for m in members]
+                want = [n for r in rows for n in (f"{r['key']}.npy", f"{r['key']}.json")]
+                if names != want:
+                    have = {n[:-4] for n in names if n.endswith(".npy")}
+                    keys = {r["key"] for r in rows}
+                    return (f"{len(keys - have)} arrays missing, {len(have - keys)} without a manifest row"
+                            if have != keys else "members out of order")
+                for m, row in zip(members[::2], rows):
+                    if (m.offset_data, m.size) != (row.get("offset"), row.get("nbytes")):
+                        return f"{row['key']}: array at byte {m.offset_data}, manifest says {row.get('offset')}"
+                    frames = _npy_shape(tar.extractfile(m))[0]
+                    if frames != row.get("frames"):
+                        return f"{row['key']}: {frames} frames, manifest says {row.get('frames')}"
+                end = max(m.offset_data + m.size for m in members)
+            if os.path.getsize(path) < end + 2 * tarfile.BLOCKSIZE:
+                return "truncated"
+            cuts = os.path.join(os.path.dirname(path), os.path.basename(cuts_name(os.path.basename(path))))
+            with gzip.open(cuts, "rt", encoding="utf-8") as f:
+                ids = [json.loads(line)["id"] for line in f]
+            if ids != [r["key"] for r in rows]:
+                return f"{os.path.basename(cuts)} names other cuts than the manifest"
+        except Exception as e:  # truncated, zeroed, not a tar, companion missing or damaged
+            return f"unreadable ({type(e).__name__}: {e})"
+        return None
+
+    def open(self, path: str):
+        return io.open(path, "rb", buffering=0)
+
+    def load(self, path: str, row: dict, handle=None) -> np.ndarray:
+        if handle is None:
+            with self.open(path) as f:
+                return self.load(path, row, f)
+        data = os.pread(handle.fileno(), row["nbytes"], row["offset"])
+        if len(data) != row["nbytes"]:
+            raise OSError(f"{path}: {row['key']!r} ends past the end of the file (truncated?)")
+        return np.load(io.BytesIO(data), allow_pickle=False)
+
+    def attrs(self, path: str) -> dict:
+        with tarfile.open(path, "r:") as tar:
+            return json.loads(tar.pax_headers[PAX_KEY])
+
+
+def shar_fields(run_dirs: list[str]) -> dict[str, list[str]]:
+    """``CutSet.from_shar(fields=...)`` of the committed shards of these run directories (every
+    part of an OUT), in shard order: only pairs whose rows are committed, so a kill's leftovers
+    (a cuts file whose tar was never renamed into place) are never read."""
+    from .common import committed_rows
+
+    fields: dict[str, list[str]] = {"cuts": []}
+    for d in run_dirs:
+        shards = sorted({r["shard"] for r in committed_rows(d) if r.get("status") == "ok" and r.get("shard")},
+                        key=lambda s: int(s.rsplit(".", 2)[1]))
+        for shard in shards:
+            field = os.path.basename(shard).split(".")[0]
+            fields.setdefault(field, []).append(os.path.join(d, shard))
+            fields["cuts"].append(os.path.join(d, cuts_name(shard)))
+    if len(fields) > 2:
+        raise ValueError(f"Shar shards of several fields ({', '.join(sorted(set(fields) - {'cuts'}))}) in one OUT")
+    return fields
+
