@@ -262,3 +262,50 @@ def test_kill_9_at_random_points_then_resume(many, tiny_model_dir, shar_referenc
     summary = extract(many, out, Settings(model=tiny_model_dir, tap="codes", num_workers=1, format="shar"), shard_size=7)
     assert summary["skipped"] == committed and summary["ok"] == 60 - committed, summary
     assert_same(out, shar_reference)
+
+
+def test_commit_renames_into_shar_from_the_run_dir_and_survives_a_full_disk(shar_input, tiny_model_dir, tmp_path,
+                                                                           monkeypatch):
+    """Each pair is written as temporaries in the run directory (lhotse's ``from_shar(in_dir)``
+    would take a temporary inside ``shar/`` for a field) and renamed in, the cuts first and the
+    tar (the commit point) last.  ENOSPC part-way: a clean error, a consistent OUT, and a resume
+    that ends equal to an uninterrupted run."""
+    import errno
+
+    from mimi_extract.formats import common
+    from mimi_extract.formats.common import OutputError
+
+    settings = Settings(model=tiny_model_dir, tap="codes", num_workers=0, format="shar")
+    source = str(shar_input / "list.jsonl")
+    ref = str(tmp_path / "ref")
+    extract(source, ref, settings, shard_size=2)
+    reference = check_shar(ref)
+
+    out = str(tmp_path / "out")
+    renames, real_replace, real_write = [], os.replace, os.write
+    total = sum(os.path.getsize(os.path.join(ref, "shar", n)) for n in os.listdir(os.path.join(ref, "shar")))
+    budget = {"left": total // 2}  # the disk fills half-way through the shards
+
+    def replace(src, dst):
+        renames.append((os.path.relpath(src, out), os.path.relpath(dst, out)))
+        return real_replace(src, dst)
+
+    def write(fd, data):
+        if budget["left"] <= 0:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        budget["left"] -= len(data)
+        return real_write(fd, data)
+
+    monkeypatch.setattr(common.os, "replace", replace)
+    monkeypatch.setattr(common.os, "write", write)
+    with pytest.raises(OutputError, match="no space left on device while writing"):
+        extract(source, out, settings, shard_size=2)
+    monkeypatch.setattr(common.os, "write", real_write)
+    pairs = [(s, d) for s, d in renames if d.startswith("shar/")]
+    assert pairs and all(s == d.replace("/", "__") + ".tmp" and "/" not in s for s, d in pairs), renames
+    assert [d.split(".")[0] for _, d in pairs[:2]] == ["shar/cuts", "shar/mimi_codes"]
+    partial = check_shar(out)
+    assert 0 < len(partial) < len(reference)
+    extract(source, out, settings, shard_size=2)
+    assert check_shar(out).keys() == reference.keys()
+    assert all(np.array_equal(check_shar(out)[k], v) for k, v in reference.items())
