@@ -120,7 +120,7 @@ def _is_shard_input(path: str, extensions) -> bool:
     if os.path.isdir(path):
         names = os.listdir(path)
         return any(n.lower().endswith(extensions) for n in names) and not any(
-            n.lower().endswith(DECODED_EXTENSIONS) for n in names)
+            n.lower().endswith(DECODED_EXTENSIONS) or n.startswith("cuts.") for n in names)  # cuts.*: lhotse Shar
     if _PATTERN.search(path):
         try:
             shards = shard_list(path)
