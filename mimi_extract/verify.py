@@ -35,7 +35,7 @@ from .encoder import PaddedMimiEncoder, encode_chunked, encoder_parts, load_mode
 from .engines import DeviceRunner
 from .plan import plan_units
 from .settings import Settings
-from .sources import Item, discover, seconds_to_samples
+from .sources import Item, Options, discover, open_audio, seconds_to_samples
 from .formats.common import _PART_RE, item_attrs, load_row, read_manifest, read_run_info, shard_attrs
 
 EPS32 = float(torch.finfo(torch.float32).eps)
@@ -173,12 +173,12 @@ def _compare_features(check: FileCheck, tap: str, got: torch.Tensor, ref: torch.
 
 # -- audit 1: the engine path --------------------------------------------------------------
 def verify_source(source: str, settings: Settings, limit: int | None = 50, rtol: float = 1e-5, atol: float = 1e-6,
-                  max_reference_seconds: float = 600.0, on_file=None) -> list[FileCheck]:
+                  max_reference_seconds: float = 600.0, on_file=None, options: Options | None = None) -> list[FileCheck]:
     """Encode ``source`` through the extraction engine (``settings.dtype``) and each file alone
     (fp32 transformers); compare the encoder output, the latent and the codes."""
     device = settings.devices[0]
     reference = load_model(settings.model, device, torch.float32)
-    found = discover(source, settings.channel, settings.framing_rule, limit)
+    found = discover(source, settings.channel, settings.framing_rule, limit, options=options)
     checks = [FileCheck(it.key, it.duration, note=f"unreadable: {it.error}") for it in found.bad]
     if not found.items:
         return checks
@@ -206,7 +206,8 @@ def verify_source(source: str, settings: Settings, limit: int | None = 50, rtol:
         elif item.samples / 24_000 > max_reference_seconds:
             check.note = f"longer than {max_reference_seconds:g} s: not compared (the unchunked reference would not fit)"
         else:
-            audio = load(item.path, item.channel, framing=settings.framing_rule, start=item.start, frames=item.frames)
+            audio = load(open_audio(item), item.channel, framing=settings.framing_rule, start=item.start,
+                         frames=item.frames)
             ref = reference_single(reference, audio.to(device), settings.num_quantizers,
                                    settings.framing_rule.stream_frames)
             got = {t: torch.cat(v) for t, v in results[item.key].items()}
@@ -230,7 +231,8 @@ def _item_of_row(row: dict) -> Item:
     start = seconds_to_samples(row.get("start") or 0.0, rate)  # the very samples discovery read
     frames = seconds_to_samples(row["end"] - row["start"], rate) if row.get("end") is not None else src["frames"]
     channel = row["channel"] if row.get("channel") is not None else None
-    return Item(src["path"], row["path"], row["key"], channel, rate, start, frames)
+    loc = tuple(src["loc"]) if src.get("loc") is not None else None
+    return Item(src["path"], row["path"], row["key"], channel, rate, start, frames, kind=src.get("kind", "file"), loc=loc)
 
 
 def verify_outputs(out_dir: str, sample: int | None = 20, seed: int = 0, device: str = "cpu", model: str | None = None,
@@ -267,7 +269,7 @@ def verify_outputs(out_dir: str, sample: int | None = 20, seed: int = 0, device:
         check = FileCheck(row["key"], row.get("duration", 0.0))
         try:
             channel = item.channel if item.channel is not None else info.get("channel", "mix")
-            audio = load(item.path, channel, framing=framing, start=item.start, frames=item.frames)
+            audio = load(open_audio(item), channel, framing=framing, start=item.start, frames=item.frames)
         except Exception as e:
             check.error = f"cannot re-read the source: {e}"
             checks.append(check)
