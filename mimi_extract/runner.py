@@ -79,6 +79,8 @@ def run_info(settings: Settings, identity: dict, input_root: str, kind: str, par
              input_identity: dict | None = None) -> dict:
     keep = ("model", "tap", "channel", "causal_16k", "feature_dtype", "dtype", "framing", "format")
     info = {k: v for k, v in asdict(settings).items() if k in keep}
+    if settings.shar_extend:
+        info["shar_extend"] = True
     if settings.tap == "codes":
         info["num_quantizers"] = settings.num_quantizers
     if settings.framing_rule.stream_frames is not None:  # the codes depend on it
@@ -234,6 +236,12 @@ def _extract_with(engine, source, run_dir, settings, shard_size, shard_mb, limit
     if not part.whole:
         items = [it for it in items if part_of(it.key, part.count) == part.index]
         bad = [it for it in bad if part_of(it.key, part.count) == part.index]
+    layout, warnings = None, list(found.warnings)
+    if settings.shar_extend:  # a new field for the input's Shar shards, one tar each
+        from .formats.shar import plan_extend
+
+        layout, items, bad, more = plan_extend(source, found.kind, items, bad, part.whole, settings.format)
+        warnings += more
     siblings = [d for d in run_dirs(os.path.dirname(run_dir)) if d != run_dir] if not part.whole else []
     attrs = file_attrs(settings, config, identity)
     check_run_info(run_dir, run_info(settings, identity, found.root, found.kind, part, found.identity), siblings, attrs)
@@ -246,14 +254,20 @@ def _extract_with(engine, source, run_dir, settings, shard_size, shard_mb, limit
     todo = [it for it in items if it.key not in done]
     bad = [it for it in bad if it.key not in done]
     planned = getattr(engine, "plan_settings", settings)  # a Ray cluster's actors decide the unit sizes
-    units = plan_units(todo, planned.chunk_samples(), planned.step_seconds, planned.rows,
-                       long_group=planned.rows if settings.engine == "ray" else 1)
+    plan = lambda todo: plan_units(todo, planned.chunk_samples(), planned.step_seconds, planned.rows,  # noqa: E731
+                                   long_group=planned.rows if settings.engine == "ray" else 1)
+    if layout is not None:
+        from .formats.shar import extend_units
+
+        units = extend_units(todo, layout, plan)
+    else:
+        units = plan(todo)
     short = [u.items for u in units if not u.stream]
     summary = {
         "run_dir": run_dir, "inputs": len(items) + len(bad), "skipped": len(done), "todo": len(todo),
         "unreadable": len(bad), "units": len(units), "streamed": sum(len(u.items) for u in units if u.stream),
         "seconds": sum(it.samples for it in todo) / SAMPLE_RATE, "padding": padding_fraction(short),
-        "ok": 0, "errors": 0, "notes": notes, "warnings": found.warnings, "frame_rate": frame_rate(settings.tap, config),
+        "ok": 0, "errors": 0, "notes": notes, "warnings": warnings, "frame_rate": frame_rate(settings.tap, config),
         "devices": planned.devices, "stats": Stats(), "engine_notes": [],
         "engine": engine.describe() if hasattr(engine, "describe") else None,
     }
@@ -261,8 +275,12 @@ def _extract_with(engine, source, run_dir, settings, shard_size, shard_mb, limit
         on_plan(summary)
     if stop.is_set():
         return summary
-    writer = ShardWriter(run_dir, get_format(settings.format), file_attrs(settings, config, identity), shard_size,
-                         int(shard_mb * 2**20))
+    if layout is not None:
+        from .formats.shar import extend_writer
+
+        writer = extend_writer(run_dir, fmt, file_attrs(settings, config, identity), layout)
+    else:
+        writer = ShardWriter(run_dir, fmt, file_attrs(settings, config, identity), shard_size, int(shard_mb * 2**20))
     attrs_of = lambda it: {"duration": it.duration, "source_sample_rate": it.sample_rate,  # noqa: E731
                            **({"start": it.segment[0], "end": it.segment[1]} if it.segment else {})}
     pieces = None
@@ -297,6 +315,7 @@ def _extract_with(engine, source, run_dir, settings, shard_size, shard_mb, limit
             pass
         raise
     summary["engine_notes"] = getattr(engine, "notes", [])
+    summary["held_peak_bytes"] = getattr(writer, "peak_held_bytes", None)  # --shar-extend: outputs held at once
     summary["stats"] = stats = engine.stats
     _write_atomic(os.path.join(run_dir, "stats.json"), json.dumps({  # this run's timing, for bench and users
         "wall": stats.wall, "busy": stats.busy, "wait_input": stats.wait_input, "wait_output": stats.wait_output,

@@ -34,6 +34,7 @@ class Settings:
     feature_dtype: str = "float32"
     engine: str = "local"
     format: str = "hdf5"  # output format: a name of the formats registry (hdf5, shar)
+    shar_extend: bool = False  # --shar-extend: one field tar per input Shar shard (format shar)
     ray_address: str | None = None
     ray_cpu_actors: int | None = None
 

@@ -3,6 +3,7 @@
 every reader works, and the HDF5 guarantees hold (damaged shards, kill -9, error rows, parts)."""
 
 import gzip
+import io
 import json
 import os
 import random
@@ -309,3 +310,90 @@ def test_commit_renames_into_shar_from_the_run_dir_and_survives_a_full_disk(shar
     extract(source, out, settings, shard_size=2)
     assert check_shar(out).keys() == reference.keys()
     assert all(np.array_equal(check_shar(out)[k], v) for k, v in reference.items())
+
+
+# -- --shar-extend -----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def shar_dataset(tmp_path_factory):
+    """A Shar dataset written by lhotse itself (flac recordings, 3 cuts a shard: 3 + 3 + 1), one
+    recording's bytes garbage (its cut fails to decode; lhotse iterates it all the same), and the
+    recordings as loose files (the single-item reference reads them)."""
+    root = tmp_path_factory.mktemp("shar-dataset")
+    loose = root / "loose"
+    loose.mkdir()
+    rng = np.random.default_rng(7)
+    for i, seconds in enumerate([0.5, 2.1, 1.3, 0.9, 2.6, 1.7, 0.33]):
+        rate = 16_000 if i == 2 else 24_000
+        write_noise(loose / f"r{i}.wav", int(seconds * rate), rate, rng, channels=2 if i == 4 else 1)
+    recs = [lhotse.Recording.from_file(str(loose / f"r{i}.wav"), recording_id=f"utt/{i}") for i in range(7)]
+    cuts = lhotse.CutSet.from_manifests(recordings=lhotse.RecordingSet.from_recordings(recs))
+    cuts = lhotse.CutSet.from_cuts(c.with_id(c.recording_id) for c in cuts)
+    shar = root / "shar"
+    shar.mkdir()
+    cuts.to_shar(str(shar), fields={"recording": "flac"}, shard_size=3)
+    import tarfile
+
+    tar = shar / "recording.000001.tar"
+    with tarfile.open(tar) as tf:
+        members = [(m, tf.extractfile(m).read()) for m in tf.getmembers()]
+    with tarfile.open(tar, "w") as tf:
+        for m, data in members:
+            if m.name.startswith("utt/4."):
+                data = b"not flac" * 10 if m.name.endswith(".flac") else data
+                m.size = len(data)
+            tf.addfile(m, io.BytesIO(data))
+    return str(shar), str(loose)
+
+
+def test_shar_extend_adds_a_field_aligned_with_each_input_shard(shar_dataset, tiny_model, tiny_model_dir, tmp_path):
+    """One mimi_codes.NNNNNN.tar per input shard, in its cut order: lhotse's from_shar lines it up
+    1:1 with the input's cuts and recordings; arrays equal the single-item reference; a cut that
+    fails gets lhotse's placeholder (no field) and an error row; an interrupted run commits whole
+    shards only and resumes; a damaged tar is quarantined and redone; held memory is about one
+    shard's outputs."""
+    import threading
+
+    shar, loose = shar_dataset
+    settings = Settings(model=tiny_model_dir, tap="codes", num_workers=0, format="shar", shar_extend=True, batch_size=1)
+    out = str(tmp_path / "out")
+    stop, seen = threading.Event(), []
+    extract(shar, out, settings, stop=stop, on_progress=lambda *a: seen.append(1) or (len(seen) == 5 and stop.set()))
+    partial = sorted(os.listdir(os.path.join(out, "shar")))
+    assert 0 < len(partial) < 3 and all(n.startswith("mimi_codes.") for n in partial), partial
+    summary = extract(shar, out, settings)
+    ours = sorted(os.path.join(out, "shar", n) for n in os.listdir(os.path.join(out, "shar")))
+    assert [os.path.basename(p) for p in ours] == [f"mimi_codes.{i:06d}.tar" for i in range(3)]
+    theirs = lambda field: sorted(os.path.join(shar, n) for n in os.listdir(shar) if n.startswith(field + "."))  # noqa: E731
+    shard_bytes = [sum(r["nbytes"] for r in read_manifest(out) if r.get("shard", "").endswith(f"{i:06d}.tar")
+                       and r["status"] == "ok") for i in range(3)]
+    assert 0 < summary["held_peak_bytes"] <= 2 * max(shard_bytes), (summary["held_peak_bytes"], shard_bytes)
+
+    rows = {r["key"]: r for r in read_manifest(out)}
+    assert rows["utt/4"]["status"] == "error" and rows["utt/4"]["shard"] == "shar/mimi_codes.000001.tar"
+    cuts = lhotse.CutSet.from_shar(fields={"cuts": theirs("cuts"), "recording": theirs("recording"),
+                                           "mimi_codes": ours})
+    ids = []
+    for cut in cuts:
+        ids.append(cut.id)
+        if cut.id == "utt/4":
+            assert not cut.has_custom("mimi_codes")  # the placeholder: lined up, no array
+            continue
+        stored = read(out, cut.id)
+        audio = load(os.path.join(loose, f"r{cut.id.split('/')[1]}.wav"))
+        assert np.array_equal(stored, reference_single(tiny_model, audio, 8)["codes"].numpy()), cut.id
+        n = rhu(cut.duration / 0.08)  # the input cut's duration decides what lhotse loads
+        assert np.array_equal(cut.load_custom("mimi_codes"), stored[:n]) and n >= len(stored) - 1, cut.id
+        assert cut.load_audio().shape[-1] == cut.recording.num_samples  # the input's own recording field
+    assert ids == [f"utt/{i}" for i in range(7)]
+    assert [c.id for c in read_cuts(out) if c.has_custom("mimi_codes")] == [f"utt/{i}" for i in range(7) if i != 4]
+
+    with open(ours[2], "r+b") as f:  # damaged: quarantined and redone
+        f.truncate(1000)
+    summary = extract(shar, out, settings)
+    assert summary["ok"] == 1 and any("mimi_codes.000002.tar" in n for n in summary["notes"]), summary["notes"]
+    assert np.array_equal(read(out, "utt/6"), reference_single(tiny_model, load(os.path.join(loose, "r6.wav")), 8)[
+        "codes"].numpy())
+    assert extract(shar, out, settings)["todo"] == 0  # the error placeholder is part of its committed shard
+
+    with pytest.raises(Exception, match="Shar folder"):
+        extract(loose, str(tmp_path / "bad"), settings)

@@ -398,7 +398,8 @@ def _quarantine(run_dir: str, name: str) -> str:
 def recover(run_dir: str, expected_attrs: dict | None = None, damaged: dict[str, str] | None = None
             ) -> tuple[dict[str, dict], list[str]]:
     """Make a run directory consistent after any interruption; return (committed ok rows by key,
-    messages about what was repaired).  Error rows are dropped so those inputs are retried.
+    messages about what was repaired).  Error rows are dropped so those inputs are retried (but for
+    the error rows committed inside a shard, as --shar-extend placeholders: they are returned with it).
     ``expected_attrs``: the settings this run writes into its shards; a readable committed shard
     holding others is refused (:func:`check_shard_settings`), not quarantined: it is not damaged,
     it is another run's.  ``damaged``: shards already known to be damaged (name -> why, e.g. from
@@ -413,8 +414,8 @@ def recover(run_dir: str, expected_attrs: dict | None = None, damaged: dict[str,
     by_shard: dict[str, list[dict]] = {}
     seen: set[str] = set()
     rows = read_rows(run_dir)
-    for row in rows:
-        if row.get("status") != "ok" or not row.get("shard"):
+    for row in rows:  # an error row with a shard is part of it (a --shar-extend placeholder): kept with it
+        if row.get("status") not in ("ok", "error") or not row.get("shard"):
             continue
         if not os.path.exists(os.path.join(run_dir, row["shard"])):
             continue  # killed between manifest append and rename: re-encode

@@ -111,8 +111,12 @@ def cut_for(row: dict, field: str, frame_shift: float, shape: tuple) -> dict:
 
 
 class SharShard(ShardBuilder):
+    """One Shar shard in memory: the tar and (unless ``--shar-extend``, whose cuts are the
+    input's) its cuts file."""
+
     def __init__(self, file_attrs: dict):
         super().__init__(file_attrs)
+        self.extend = bool(file_attrs.get("shar_extend"))
         self.field = field_for(file_attrs["tap"])
         self.frame_shift = frame_shift_for(file_attrs["tap"])
         self._tar = _memory_tar_writer({PAX_KEY: json.dumps(file_attrs, sort_keys=True, default=_plain)})
@@ -133,7 +137,15 @@ class SharShard(ShardBuilder):
         self._cuts.append(json.dumps(cut, ensure_ascii=False) + "\n")
         return {"offset": offset, "nbytes": nbytes}
 
+    def add_placeholder(self, key: str) -> None:
+        """No array for this cut (its error row says why): lhotse's own placeholder pair, as
+        ``ArrayTarWriter.write_placeholder`` writes it, so the tar still lines up with the cuts."""
+        self._tar.write(f"{key}.nodata", io.BytesIO())
+        self._tar.write(f"{key}.nometa", io.BytesIO(), count=False)
+
     def files(self, shard_name: str) -> dict[str, bytes]:
+        if self.extend:
+            return {shard_name: self._tar.image()}
         cuts = gzip.compress("".join(self._cuts).encode("utf-8"), 6, mtime=0)
         return {cuts_name(shard_name): cuts, shard_name: self._tar.image()}
 
@@ -185,14 +197,18 @@ class Shar(Format):
         try:
             with tarfile.open(path, "r:") as tar:
                 members = tar.getmembers()
+                extend = bool(json.loads(tar.pax_headers.get(PAX_KEY, "{}")).get("shar_extend"))
                 names = [m.name for m in members]
-                want = [n for r in rows for n in (f"{r['key']}.npy", f"{r['key']}.json")]
+                want = [n for r in rows for n in ((f"{r['key']}.npy", f"{r['key']}.json") if r.get("status") == "ok"
+                                                  else (f"{r['key']}.nodata", f"{r['key']}.nometa"))]
                 if names != want:
-                    have = {n[:-4] for n in names if n.endswith(".npy")}
+                    have = {n.rsplit(".", 1)[0] for n in names}
                     keys = {r["key"] for r in rows}
-                    return (f"{len(keys - have)} arrays missing, {len(have - keys)} without a manifest row"
-                            if have != keys else "members out of order")
+                    return (f"{len(keys - have)} items missing, {len(have - keys)} without a manifest row"
+                            if have != keys else "members out of order, or an array where a placeholder belongs")
                 for m, row in zip(members[::2], rows):
+                    if row.get("status") != "ok":
+                        continue
                     if (m.offset_data, m.size) != (row.get("offset"), row.get("nbytes")):
                         return f"{row['key']}: array at byte {m.offset_data}, manifest says {row.get('offset')}"
                     frames = _npy_shape(tar.extractfile(m))[0]
@@ -201,6 +217,8 @@ class Shar(Format):
                 end = max(m.offset_data + m.size for m in members)
             if os.path.getsize(path) < end + 2 * tarfile.BLOCKSIZE:
                 return "truncated"
+            if extend:  # a field of the input's shards: no cuts of its own
+                return None
             cuts = os.path.join(os.path.dirname(path), os.path.basename(cuts_name(os.path.basename(path))))
             with gzip.open(cuts, "rt", encoding="utf-8") as f:
                 ids = [json.loads(line)["id"] for line in f]
@@ -230,18 +248,179 @@ class Shar(Format):
 def shar_fields(run_dirs: list[str]) -> dict[str, list[str]]:
     """``CutSet.from_shar(fields=...)`` of the committed shards of these run directories (every
     part of an OUT), in shard order: only pairs whose rows are committed, so a kill's leftovers
-    (a cuts file whose tar was never renamed into place) are never read."""
-    from .common import committed_rows
+    (a cuts file whose tar was never renamed into place) are never read.  A ``--shar-extend`` OUT:
+    the input's own fields (its cuts, recordings...) of the committed shard numbers, and ours."""
+    from .common import committed_rows, read_run_info
 
     fields: dict[str, list[str]] = {"cuts": []}
     for d in run_dirs:
-        shards = sorted({r["shard"] for r in committed_rows(d) if r.get("status") == "ok" and r.get("shard")},
+        shards = sorted({r["shard"] for r in committed_rows(d) if r.get("shard")},
                         key=lambda s: int(s.rsplit(".", 2)[1]))
+        info = read_run_info(d) or {}
+        theirs: dict[str, dict[str, str]] = {}
+        if info.get("shar_extend"):
+            for name in sorted(os.listdir(info["input"])):
+                parts = name.split(".")
+                if len(parts) > 2 and parts[1].isdigit():
+                    theirs.setdefault(parts[1], {})[parts[0]] = os.path.join(info["input"], name)
         for shard in shards:
-            field = os.path.basename(shard).split(".")[0]
+            field, number = os.path.basename(shard).split(".")[:2]
             fields.setdefault(field, []).append(os.path.join(d, shard))
-            fields["cuts"].append(os.path.join(d, cuts_name(shard)))
-    if len(fields) > 2:
-        raise ValueError(f"Shar shards of several fields ({', '.join(sorted(set(fields) - {'cuts'}))}) in one OUT")
+            if info.get("shar_extend"):
+                for name, path in theirs.get(number, {}).items():
+                    fields.setdefault(name, []).append(path)
+            else:
+                fields["cuts"].append(os.path.join(d, cuts_name(shard)))
+    ours = {f for f in fields if f in FIELDS.values()}
+    if len(ours) > 1:
+        raise ValueError(f"Shar shards of several fields ({', '.join(sorted(ours))}) in one OUT")
     return fields
+
+
+# -- --shar-extend: a new field for an existing Shar dataset ---------------------------------
+_INPUT_CUTS = re.compile(r"cuts\.(\d+)\.jsonl(?:\.gz)?")
+
+
+def input_cut_ids(shar_dir: str) -> dict[str, list[str]]:
+    """Cut ids of each ``cuts.NNNNNN.jsonl.gz`` of a Shar folder, in order, by shard number (its
+    digits as written), read with lhotse's own JSONL reader."""
+    from .._optional import need
+
+    LazyJsonlIterator = need("lhotse.lazy", "--shar-extend").LazyJsonlIterator
+    layout = {}
+    for name in sorted(os.listdir(shar_dir)):
+        if (m := _INPUT_CUTS.fullmatch(name)):
+            layout[m.group(1)] = [d["id"] for d in LazyJsonlIterator(os.path.join(shar_dir, name))]
+    return layout
+
+
+def plan_extend(source: str, kind: str, items: list, bad: list, whole: bool, output_format: str = "shar"):
+    """What ``--shar-extend`` encodes: ``(layout, items, bad, warnings)``.  ``layout`` maps each input
+    shard number to its cut ids in order; every cut of a shard in the layout has exactly one item
+    (ok or bad) keyed by its id.  A shard where a cut has no such item (a cut split by channel,
+    ``--limit``) is left out with a warning: its tar could not line up with its cuts."""
+    from .common import OutputError
+
+    if output_format != "shar":
+        raise OutputError(f"--shar-extend writes a lhotse Shar field: use it with --format shar, not {output_format}")
+    if kind != "shar":
+        raise OutputError(f"--shar-extend adds a field to a lhotse Shar dataset: INPUT must be a Shar folder "
+                          f"(cuts.NNNNNN.jsonl.gz + recording.NNNNNN.tar), not a {kind} input")
+    if not whole:
+        raise OutputError("--shar-extend writes one tar per input shard: run it whole (no --part)")
+    layout = input_cut_ids(source)
+    short = sorted(n for n in layout if len(n) < 6)
+    if short:
+        raise OutputError(f"--shar-extend: input shard number {short[0]!r} has fewer than 6 digits "
+                          "(lhotse writes cuts.%06d.jsonl.gz); rename the shards")
+    have = {it.key for it in items} | {it.key for it in bad}
+    warnings, keep = [], {}
+    for n, ids in layout.items():
+        missing = [i for i in ids if i not in have]
+        if missing:
+            warnings.append(f"--shar-extend: shard {n} left out: cut {missing[0]!r} has no item of its own"
+                            + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
+                            + " (a cut split by channel: use --channel mix or first; or --limit)")
+        elif len(set(ids)) != len(ids):
+            warnings.append(f"--shar-extend: shard {n} left out: it holds a cut id twice")
+        else:
+            keep[n] = ids
+    wanted = {i for ids in keep.values() for i in ids}
+    return keep, [it for it in items if it.key in wanted], [it for it in bad if it.key in wanted], warnings
+
+
+def extend_units(todo: list, layout: dict[str, list[str]], plan) -> list:
+    """Work units shard by shard, in input order (``plan(items)`` batches one shard's items), so
+    the writer holds the outputs of about one shard at a time, not of the whole run."""
+    shard_of = {key: n for n, ids in layout.items() for key in ids}
+    by_shard: dict[str, list] = {}
+    for it in todo:
+        by_shard.setdefault(shard_of[it.key], []).append(it)
+    units = [u for n in layout for u in plan(by_shard.get(n, []))]
+    for i, u in enumerate(units):
+        u.index = i
+    return units
+
+
+def _extend_writer_class():
+    from .common import ShardWriter, commit_files
+
+    class SharExtendWriter(ShardWriter):
+        """``--shar-extend``: one ``<field>.NNNNNN.tar`` per input Shar shard, named by its number,
+        holding that shard's cuts in its order (an array, or lhotse's placeholder pair for a cut
+        that failed), so ``CutSet.from_shar(fields={"cuts": input, ..., field: these})`` lines up.
+
+        A finished item is held until every cut of its shard is final, then the shard is
+        committed by the shared protocol (error rows too: they are part of the shard).  Memory:
+        the held outputs of the shards not yet complete; units are planned shard by shard in
+        input order (:func:`extend_units`), so that is about the shards that units in flight
+        touch (one or two), not the run: ``peak_held_bytes`` reports it."""
+
+        def __init__(self, run_dir: str, fmt: Format, file_attrs: dict, layout: dict[str, list[str]]):
+            super().__init__(run_dir, fmt, {**file_attrs, "shar_extend": True}, max_items=1 << 62, max_bytes=1 << 62)
+            self.layout = layout
+            self.shard_of = {key: n for n, ids in layout.items() for key in ids}
+            self.pending: dict[str, dict[str, tuple]] = {}
+            self.held_bytes = self.peak_held_bytes = 0
+
+        def add(self, key: str, data: np.ndarray, row: dict, attrs: dict | None = None) -> None:
+            if key in self.written or key not in self.shard_of:
+                return
+            self.written.add(key)
+            self.held_bytes += data.nbytes
+            self.peak_held_bytes = max(self.peak_held_bytes, self.held_bytes)
+            self._hold(key, ("ok", data, {**row, "key": key}))
+
+        def add_error(self, row: dict, message: str) -> None:
+            if row["key"] in self.written or row["key"] not in self.shard_of:
+                return
+            self.written.add(row["key"])
+            self._hold(row["key"], ("error", None, {**row, "status": "error", "error": message}))
+
+        def _hold(self, key: str, entry: tuple) -> None:
+            n = self.shard_of[key]
+            held = self.pending.setdefault(n, {})
+            held[key] = entry
+            if len(held) == len(self.layout[n]):
+                self._commit_shard(n)
+
+        def _commit_shard(self, n: str) -> None:
+            held = self.pending.pop(n)
+            name = f"{FOLDER}/{self.format.field}.{n}.tar"
+            shard = SharShard(self.file_attrs)
+            rows = []
+            for key in self.layout[n]:
+                status, data, row = held[key]
+                if status == "ok":
+                    extra = shard.add(key, data, row, {})
+                    rows.append({**row, **extra, "shard": name, "status": "ok", "error": None})
+                    self.held_bytes -= data.nbytes
+                else:
+                    shard.add_placeholder(key)
+                    rows.append({**row, "shard": name})
+            files = shard.files(name)
+            shard.close()
+            commit_files(self.run_dir, files, lambda: self._append(rows))
+            self.commits += 1
+
+        def commit(self) -> None:  # shards commit when complete, never part-way
+            pass
+
+        def abort(self) -> None:
+            for held in self.pending.values():
+                for key in held:
+                    self.written.discard(key)
+            self.pending.clear()
+            self.held_bytes = 0
+            self._streams.clear()
+
+        def close(self) -> None:
+            self.pending.clear()  # shards not complete: encoded again on resume
+            super().close()
+
+    return SharExtendWriter
+
+
+def extend_writer(run_dir: str, fmt: Format, file_attrs: dict, layout: dict[str, list[str]]):
+    return _extend_writer_class()(run_dir, fmt, file_attrs, layout)
 
