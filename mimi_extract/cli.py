@@ -104,6 +104,7 @@ EngineArg = Annotated[EngineOpt, typer.Option(help="local = processes on this ma
 RayAddressOpt = Annotated[Optional[str], typer.Option(help="Ray cluster to join: auto, HOST:PORT \\[default: start a private local one].")]
 RayCpuOpt = Annotated[Optional[int], typer.Option(min=1, help="CPU actors on a cluster without GPUs \\[default: CPUs / 2].")]
 RecordingsOpt = Annotated[Optional[str], typer.Option(help="lhotse RecordingSet for a SupervisionSet input.")]
+SharExtendOpt = Annotated[bool, typer.Option("--shar-extend", help="INPUT is a lhotse Shar dataset: add our field to it. Writes only OUT/shar/<field>.NNNNNN.tar, one per input shard, in that shard's cut order (a failed cut: lhotse's placeholder), so CutSet.from_shar(fields={'cuts': INPUT's cuts, 'recording': INPUT's recordings, 'mimi_codes': OUT's tars}) lines up. Implies --format shar; holds about one shard's outputs in memory.")]
 # -- input options (packaged corpora: tar shards, Parquet / HF datasets, lhotse Shar) --
 _INPUTS = "Input"
 InputFormatOpt = Annotated[Optional[str], typer.Option(rich_help_panel=_INPUTS, help="Read INPUT as this kind instead of detecting it: directory, list, lhotse, tar, parquet, shar.")]
@@ -141,6 +142,11 @@ def _model_path(model: str) -> str:
     """A local model directory as an absolute, resolved path (stored in run.json: ``verify --out``
     and ``decode`` then find it from any directory); a hub id as typed."""
     return os.path.realpath(model) if os.path.isdir(model) else model
+
+
+def _shar_extend(shar_extend: bool) -> dict:
+    """--shar-extend writes a lhotse Shar field: the shar format."""
+    return {"shar_extend": True, "format": "shar"} if shar_extend else {}
 
 
 def _settings(model, device, dtype, batch_size, max_batch_seconds, num_workers, channel, causal_16k,
@@ -335,6 +341,7 @@ def features(
     id_field: IdFieldOpt = None,
     audio_column: AudioColumnOpt = None,
     id_column: IdColumnOpt = None,
+    shar_extend: SharExtendOpt = False,
 ):
     """Continuous Mimi features, one \\[frames, dim] dataset per input.
 
@@ -350,7 +357,7 @@ def features(
     settings = _settings(model, device, dtype, batch_size, max_batch_seconds, num_workers, channel,
                          _causal(resampler, causal_16k), cpu_workers, tap=tap.value, feature_dtype=feature_dtype.value, chunk_seconds=chunk_seconds,
                          framing=framing.value, frames_per_call=frames_per_call, engine=engine.value, ray_address=ray_address,
-                         ray_cpu_actors=ray_cpu_actors)
+                         ray_cpu_actors=ray_cpu_actors, **_shar_extend(shar_extend))
     _run(input_path, out_dir, settings, shard_size, shard_mb, limit, strict, part, recordings, progress_seconds,
          _input_options(recordings, input_format, audio_ext, id_field, audio_column, id_column))
 
@@ -391,6 +398,7 @@ def codes(
     id_field: IdFieldOpt = None,
     audio_column: AudioColumnOpt = None,
     id_column: IdColumnOpt = None,
+    shar_extend: SharExtendOpt = False,
 ):
     """Discrete Mimi codes, one int16 \\[frames, num_quantizers] dataset per input (12.5 Hz).
 
@@ -404,7 +412,7 @@ def codes(
     settings = _settings(model, device, dtype, batch_size, max_batch_seconds, num_workers, channel,
                          _causal(resampler, causal_16k), cpu_workers, tap="codes", num_quantizers=num_quantizers, chunk_seconds=chunk_seconds,
                          framing=framing.value, frames_per_call=frames_per_call, engine=engine.value, ray_address=ray_address,
-                         ray_cpu_actors=ray_cpu_actors)
+                         ray_cpu_actors=ray_cpu_actors, **_shar_extend(shar_extend))
     _run(input_path, out_dir, settings, shard_size, shard_mb, limit, strict, part, recordings, progress_seconds,
          _input_options(recordings, input_format, audio_ext, id_field, audio_column, id_column))
 

@@ -397,3 +397,10 @@ def test_shar_extend_adds_a_field_aligned_with_each_input_shard(shar_dataset, ti
 
     with pytest.raises(Exception, match="Shar folder"):
         extract(loose, str(tmp_path / "bad"), settings)
+    cli_out = str(tmp_path / "cli")  # the flag (implies --format shar), same tars
+    result = cli("codes", shar, cli_out, "--shar-extend", "--model", tiny_model_dir, *ONE_WORKER)
+    assert result.exit_code == 0, result.output
+    for name in os.listdir(os.path.join(cli_out, "shar")):
+        assert get_format("shar").check(os.path.join(cli_out, "shar", name), [
+            r for r in read_manifest(cli_out) if r["shard"] == f"shar/{name}"]) is None
+    assert all(np.array_equal(read(cli_out, k), read(out, k)) for k in rows if rows[k]["status"] == "ok")
