@@ -103,6 +103,156 @@ def open_soundfile(source, info_only: bool = False):
     return result
 
 
+# -- decoders ------------------------------------------------------------------------------
+# Which library decodes a file is decided by its extension alone (never by trying one and falling
+# back per file), so every file of one format in a run -- and in its resumes -- goes through the same
+# decoder: MP3 priming and AAC edit lists are handled differently by libsndfile and FFmpeg, and two
+# decoders' sample counts for one format must never meet in one OUT.  run.json records both
+# libraries' versions (``decoder_versions``); a resume with other versions is refused.
+SOUNDFILE_EXTENSIONS = (".wav", ".flac", ".ogg", ".oga", ".opus", ".mp3", ".aiff", ".aif", ".aifc", ".caf", ".w64",
+                        ".rf64", ".au", ".snd")
+PYAV_EXTENSIONS = (".m4a", ".mp4", ".aac", ".alac", ".wma", ".asf", ".webm", ".mka", ".mkv", ".ac3", ".amr", ".3gp")
+DECODED_EXTENSIONS = SOUNDFILE_EXTENSIONS + PYAV_EXTENSIONS
+
+
+def decoder_for(name: str) -> str:
+    """"pyav" for the containers libsndfile cannot read (by extension), else "soundfile" (also for a
+    name without a known extension: libsndfile then identifies the format from the bytes)."""
+    return "pyav" if name.lower().endswith(PYAV_EXTENSIONS) else "soundfile"
+
+
+def decoder_versions() -> dict:
+    """The decoders a run uses and their versions (run.json): a resume must decode the same way."""
+    versions = {"soundfile": f"soundfile {sf.__version__}, libsndfile {sf.__libsndfile_version__}",
+                "pyav": None, "pyav_extensions": list(PYAV_EXTENSIONS)}
+    try:
+        import av
+
+        codec = av.library_versions.get("libavcodec")
+        versions["pyav"] = f"av {av.__version__}, libavcodec {'.'.join(map(str, codec)) if codec else '?'}"
+    except ImportError:
+        pass
+    return versions
+
+
+_SCALE = {"s16": 1 / 32768, "s32": 1 / 2147483648, "flt": None, "dbl": None, "u8": 1 / 128, "s64": 2.0 ** -63}
+
+
+def _frame_array(frame) -> np.ndarray:
+    """An FFmpeg audio frame as float32 [samples, channels] (integer formats scaled as libsndfile
+    scales them: s16 / 32768, s32 / 2^31, u8 centred)."""
+    fmt = frame.format.name.rstrip("p")
+    data = frame.to_ndarray()
+    channels = len(frame.layout.channels)
+    data = data if frame.format.is_planar else data.reshape(-1, channels).T
+    if fmt == "u8":
+        data = data.astype(np.float32) - 128
+    scale = _SCALE.get(fmt)
+    data = data.astype(np.float32) if scale is None else data.astype(np.float32) * np.float32(scale)
+    return np.ascontiguousarray(data.T)
+
+
+class PyAVFile:
+    """What AudioReader needs of ``sf.SoundFile`` (``samplerate``, ``channels``, ``frames``,
+    ``read``, ``seek``, ``close``), decoded by PyAV (FFmpeg) from a path or a seekable file-like
+    object.  ``frames`` is counted by a full decode (these containers do not state the decoded
+    length exactly: AAC priming, edit lists), once, when asked (probing); ``seek`` decodes and drops."""
+
+    def __init__(self, source):
+        import av
+
+        self.source = source
+        self.name = os.fspath(source) if isinstance(source, (str, os.PathLike)) else getattr(source, "name", "")
+        self._open(av)
+        ctx = self.stream.codec_context
+        self.samplerate = int(ctx.sample_rate or 0)
+        self.channels = int(ctx.channels if hasattr(ctx, "channels") else len(ctx.layout.channels))
+        if self.samplerate <= 0 or self.channels <= 0:
+            self.close()
+            raise AudioError("no audio stream with a sample rate and channels")
+        self._frames = None
+
+    def _open(self, av) -> None:
+        if not isinstance(self.source, (str, os.PathLike)):
+            self.source.seek(0)
+        self.container = av.open(self.source, mode="r", metadata_errors="ignore")
+        if not self.container.streams.audio:
+            self.container.close()
+            raise AudioError("no audio stream")
+        self.stream = self.container.streams.audio[0]
+        self.stream.thread_type = "SLICE"
+        self._decoded = self._frames_of(self.container.decode(self.stream))
+        self.buffer = np.zeros((0, 0), np.float32)
+
+    @staticmethod
+    def _frames_of(frames):
+        for frame in frames:
+            yield _frame_array(frame)
+
+    @property
+    def frames(self) -> int:
+        if self._frames is None:
+            import av
+
+            counter = PyAVFile.__new__(PyAVFile)
+            counter.source, counter.name = self.source, self.name
+            if isinstance(self.source, (str, os.PathLike)):
+                counter._open(av)
+                self._frames = sum(len(a) for a in counter._decoded)
+                counter.container.close()
+            else:  # one handle: count, then rewind this reader
+                self._frames = sum(len(a) for a in self._decoded)
+                self.container.close()
+                self._open(av)
+        return self._frames
+
+    def read(self, n: int, dtype: str = "float32", always_2d: bool = True) -> np.ndarray:
+        parts, have = [self.buffer] if len(self.buffer) else [], len(self.buffer)
+        while have < n:
+            block = next(self._decoded, None)
+            if block is None:
+                break
+            parts.append(block)
+            have += len(block)
+        data = np.concatenate(parts) if parts else np.zeros((0, self.channels), np.float32)
+        self.buffer = data[n:]
+        return data[:n]
+
+    def seek(self, frames: int) -> int:
+        while frames > 0:
+            got = len(self.read(min(frames, 1 << 16)))
+            if got == 0:
+                raise AudioError(f"cannot seek past the end ({frames} samples short)")
+            frames -= got
+        return frames
+
+    def close(self) -> None:
+        container = getattr(self, "container", None)
+        if container is not None:
+            container.close()
+            self.container = None
+
+
+def open_decoder(source, name: str | None = None):
+    """The decoder for ``source`` (a path or a seekable file-like object; ``name`` or its name
+    decides the format, see :func:`decoder_for`): ``sf.SoundFile`` or :class:`PyAVFile`, opened;
+    AudioError with an accurate message if it cannot be decoded."""
+    if name is None:
+        name = os.fspath(source) if isinstance(source, (str, os.PathLike)) else str(getattr(source, "name", "") or "")
+    if decoder_for(name) == "soundfile":
+        return open_soundfile(source)
+    try:
+        import av
+    except ImportError:
+        raise AudioError(f"{os.path.splitext(name)[1]} files are decoded by PyAV: pip install 'mimi-extract[av]'") from None
+    try:
+        return PyAVFile(source)
+    except AudioError:
+        raise
+    except (av.error.FFmpegError, ValueError, OSError, StopIteration) as e:
+        raise AudioError(f"cannot be decoded by FFmpeg: {e}") from e
+
+
 @lru_cache(maxsize=16)
 def _sinc_kernel(orig: int, new: int, width_zeros: int = 6, rolloff: float = 0.99) -> tuple[torch.Tensor, int]:
     """Hann-windowed sinc polyphase kernel [new, 1, 2*width + orig] (torchaudio's formula).
@@ -290,7 +440,7 @@ class AudioReader:
         self.path, self.channel, self.framing = path, channel, framing
         self.handle = None if isinstance(path, (str, bytes, os.PathLike)) else path
         try:
-            self.file = open_soundfile(path)
+            self.file = open_decoder(path)
         except AudioError as e:
             self._close_handle()
             raise AudioError(f"cannot decode: {e}") from e
@@ -328,6 +478,8 @@ class AudioReader:
         want = min(_BLOCK, self.remaining) if self.remaining is not None else _BLOCK
         try:
             data = self.file.read(want, dtype="float32", always_2d=True) if want > 0 else np.zeros((0, 1), np.float32)
+        except AudioError:
+            raise
         except Exception as e:
             raise AudioError(f"cannot decode at sample {self.source_samples}: {e}") from e
         if len(data) and not np.isfinite(data).all():

@@ -75,8 +75,11 @@ Resampler = _choices("Resampler", RESAMPLERS)
 
 
 InputArg = Annotated[str, typer.Argument(metavar="INPUT", help="A directory (searched recursively), a list "
-                                         "(.txt/.jsonl/.csv: path[,id,start,end|duration,channel]) or a lhotse "
-                                         "manifest (recordings/cuts/supervisions .jsonl.gz).")]
+                                         "(.txt/.jsonl/.csv: path[,id,start,end|duration,channel]), a lhotse "
+                                         "manifest (recordings/cuts/supervisions .jsonl.gz), tar shards (a .tar, a "
+                                         "folder of them, or a pattern: 'shards/en-{000000..000123}.tar'), Parquet "
+                                         "(a .parquet, a folder of them, a datasets save_to_disk folder) or a lhotse "
+                                         "Shar folder (cuts.*.jsonl.gz + recording.*.tar).")]
 OutArg = Annotated[str, typer.Argument(metavar="OUT", help="Output directory (shards + manifest.jsonl + cuts.jsonl.gz).")]
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Hub id or local directory (save_pretrained layout).")]
 DeviceOpt = Annotated[str, typer.Option(help="auto (all GPUs, else cpu), cpu, cuda, cuda:N, or a list: cuda:0,cuda:1.")]
@@ -102,6 +105,24 @@ RayAddressOpt = Annotated[Optional[str], typer.Option(help="Ray cluster to join:
 RayCpuOpt = Annotated[Optional[int], typer.Option(min=1, help="CPU actors on a cluster without GPUs \\[default: CPUs / 2].")]
 SplitOpt = Annotated[bool, typer.Option(help="Split a recording longer than a worker's fair share of the run into independent pieces on several workers/rows (exact: each piece is encoded from the model's receptive field, 80 s, before its first frame; only where that warm-up costs <= 15% of the piece). The plan line says what was split.")]
 RecordingsOpt = Annotated[Optional[str], typer.Option(help="lhotse RecordingSet for a SupervisionSet input.")]
+SharExtendOpt = Annotated[bool, typer.Option("--shar-extend", help="INPUT is a lhotse Shar dataset: add our field to it. Writes only OUT/shar/<field>.NNNNNN.tar, one per input shard, in that shard's cut order (a failed cut: lhotse's placeholder), so CutSet.from_shar(fields={'cuts': INPUT's cuts, 'recording': INPUT's recordings, 'mimi_codes': OUT's tars}) lines up. Implies --format shar; holds about one shard's outputs in memory.")]
+# -- input options (packaged corpora: tar shards, Parquet / HF datasets, lhotse Shar) --
+_INPUTS = "Input"
+InputFormatOpt = Annotated[Optional[str], typer.Option(rich_help_panel=_INPUTS, help="Read INPUT as this kind instead of detecting it: directory, list, lhotse, tar, parquet, shar.")]
+AudioExtOpt = Annotated[Optional[str], typer.Option(rich_help_panel=_INPUTS, help="Tar/Shar samples: the member extension(s) that hold the audio, comma-separated (e.g. flac) \\[default: the first member with an audio extension].")]
+IdFieldOpt = Annotated[Optional[str], typer.Option(rich_help_panel=_INPUTS, help="Tar samples: the field of the .json sidecar that holds the id \\[default: key = <shard file name>/<sample key>].")]
+AudioColumnOpt = Annotated[Optional[str], typer.Option(rich_help_panel=_INPUTS, help="Parquet: the audio column \\[default: the first struct of bytes and path, the datasets Audio feature].")]
+IdColumnOpt = Annotated[Optional[str], typer.Option(rich_help_panel=_INPUTS, help="Parquet: the id column \\[default: key = <file>/<row>].")]
+
+
+def _input_options(recordings=None, input_format=None, audio_ext=None, id_field=None, audio_column=None, id_column=None):
+    from .sources import REGISTRY, Options
+
+    if input_format and input_format not in REGISTRY:
+        _fail(f"--input-format {input_format!r}: choose from {', '.join(sorted(REGISTRY))}")
+    exts = tuple(e.strip().lstrip(".") for e in audio_ext.split(",") if e.strip()) if audio_ext else None
+    return Options(recordings=recordings, input_format=input_format, audio_ext=exts, id_field=id_field,
+                   audio_column=audio_column, id_column=id_column)
 
 
 def _hours(seconds: float) -> str:
@@ -122,6 +143,11 @@ def _model_path(model: str) -> str:
     """A local model directory as an absolute, resolved path (stored in run.json: ``verify --out``
     and ``decode`` then find it from any directory); a hub id as typed."""
     return os.path.realpath(model) if os.path.isdir(model) else model
+
+
+def _shar_extend(shar_extend: bool) -> dict:
+    """--shar-extend writes a lhotse Shar field: the shar format."""
+    return {"shar_extend": True, "format": "shar"} if shar_extend else {}
 
 
 def _settings(model, device, dtype, batch_size, max_batch_seconds, num_workers, channel, causal_16k,
@@ -172,7 +198,7 @@ class _PlainProgress:
 
 
 def _run(input_path, out_dir, settings: "Settings", shard_size, shard_mb, limit, strict, part, recordings,
-         progress_seconds: float | None = None) -> None:
+         progress_seconds: float | None = None, options=None) -> None:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from .hub import offline_problem
@@ -244,7 +270,7 @@ def _run(input_path, out_dir, settings: "Settings", shard_size, shard_mb, limit,
 
     try:
         summary = extract(input_path, out_dir, settings, shard_size, shard_mb, limit, part, recordings,
-                          on_plan, on_progress, on_signal, on_phase=on_phase)
+                          on_plan, on_progress, on_signal, on_phase=on_phase, options=options)
     except KeyboardInterrupt:
         progress.stop()
         say(("interrupted", "yellow"), " before encoding started; run the same command again to resume.")
@@ -316,6 +342,12 @@ def features(
     recordings: RecordingsOpt = None,
     progress_seconds: ProgressOpt = None,
     split: SplitOpt = True,
+    input_format: InputFormatOpt = None,
+    audio_ext: AudioExtOpt = None,
+    id_field: IdFieldOpt = None,
+    audio_column: AudioColumnOpt = None,
+    id_column: IdColumnOpt = None,
+    shar_extend: SharExtendOpt = False,
 ):
     """Continuous Mimi features, one \\[frames, dim] dataset per input.
 
@@ -331,8 +363,9 @@ def features(
     settings = _settings(model, device, dtype, batch_size, max_batch_seconds, num_workers, channel,
                          _causal(resampler, causal_16k), cpu_workers, tap=tap.value, feature_dtype=feature_dtype.value, chunk_seconds=chunk_seconds,
                          framing=framing.value, frames_per_call=frames_per_call, engine=engine.value, ray_address=ray_address,
-                         ray_cpu_actors=ray_cpu_actors, split=split)
-    _run(input_path, out_dir, settings, shard_size, shard_mb, limit, strict, part, recordings, progress_seconds)
+                         ray_cpu_actors=ray_cpu_actors, split=split, **_shar_extend(shar_extend))
+    _run(input_path, out_dir, settings, shard_size, shard_mb, limit, strict, part, recordings, progress_seconds,
+         _input_options(recordings, input_format, audio_ext, id_field, audio_column, id_column))
 
 
 features.__doc__ += _RUN_HELP
@@ -367,6 +400,12 @@ def codes(
     recordings: RecordingsOpt = None,
     progress_seconds: ProgressOpt = None,
     split: SplitOpt = True,
+    input_format: InputFormatOpt = None,
+    audio_ext: AudioExtOpt = None,
+    id_field: IdFieldOpt = None,
+    audio_column: AudioColumnOpt = None,
+    id_column: IdColumnOpt = None,
+    shar_extend: SharExtendOpt = False,
 ):
     """Discrete Mimi codes, one int16 \\[frames, num_quantizers] dataset per input (12.5 Hz).
 
@@ -380,8 +419,9 @@ def codes(
     settings = _settings(model, device, dtype, batch_size, max_batch_seconds, num_workers, channel,
                          _causal(resampler, causal_16k), cpu_workers, tap="codes", num_quantizers=num_quantizers, chunk_seconds=chunk_seconds,
                          framing=framing.value, frames_per_call=frames_per_call, engine=engine.value, ray_address=ray_address,
-                         ray_cpu_actors=ray_cpu_actors, split=split)
-    _run(input_path, out_dir, settings, shard_size, shard_mb, limit, strict, part, recordings, progress_seconds)
+                         ray_cpu_actors=ray_cpu_actors, split=split, **_shar_extend(shar_extend))
+    _run(input_path, out_dir, settings, shard_size, shard_mb, limit, strict, part, recordings, progress_seconds,
+         _input_options(recordings, input_format, audio_ext, id_field, audio_column, id_column))
 
 
 codes.__doc__ += _RUN_HELP
@@ -448,6 +488,11 @@ def verify(
     rtol: Annotated[float, typer.Option(help="Relative feature tolerance: max|Δ| <= rtol * max|reference| + atol, per file.")] = 1e-5,
     atol: Annotated[float, typer.Option(help="Absolute floor of the feature tolerance.")] = 1e-6,
     max_real_mismatches: Annotated[int, typer.Option(min=0, help="Real (non-tie) code mismatches allowed per file.")] = 0,
+    input_format: InputFormatOpt = None,
+    audio_ext: AudioExtOpt = None,
+    id_field: IdFieldOpt = None,
+    audio_column: AudioColumnOpt = None,
+    id_column: IdColumnOpt = None,
 ):
     """Check outputs against transformers' own single-item MimiModel encode, file by file.
 
@@ -489,7 +534,8 @@ def verify(
                                  framing=framing.value, frames_per_call=frames_per_call)
             settings.devices = settings.devices[:1]
             settings.num_workers = 1
-            checks, problems = verify_source(input_path, settings, limit, rtol, atol), []
+            checks, problems = verify_source(input_path, settings, limit, rtol, atol, options=_input_options(
+                None, input_format, audio_ext, id_field, audio_column, id_column)), []
             title = f"engine ({settings.dtype}) vs single-item (fp32, transformers)"
             shown = ("encoder", "latent")
     except (ValueError, FileNotFoundError, RuntimeError, OSError, KeyError) as e:

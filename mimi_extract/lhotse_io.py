@@ -68,7 +68,8 @@ def write_cuts(run_dir: str) -> str | None:
     """(Re)write ``run_dir/cuts.jsonl.gz`` from the manifest's committed ok rows, atomically.  Every
     run ends with it, an interrupted one too; after a kill -9 it lags the manifest until the next
     run of that directory (``read_cuts`` never does: it reads the manifest)."""
-    if read_run_info(run_dir) is None:
+    info = read_run_info(run_dir)
+    if info is None or info.get("format", "hdf5") != "hdf5":  # Shar's cuts are its shar/cuts.* files
         return None
     lines = [json.dumps(c, ensure_ascii=False) for c in cut_dicts(run_dir)]
     path = os.path.join(run_dir, CUTS)

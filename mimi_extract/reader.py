@@ -4,7 +4,7 @@
 rows), so a training loop over a real OUT was unusable.  :class:`Reader` parses the manifests
 once (``committed_rows`` of each run directory: the same rows resume trusts), keeps the ok rows
 in shard order and an index by key, and keeps shard files open (a bounded number) so an item costs
-one HDF5 dataset read.  ``read()`` goes through a per-OUT cached reader that is rebuilt when a
+one read from its shard (an HDF5 dataset, a Parquet row...).  ``read()`` goes through a per-OUT cached reader that is rebuilt when a
 manifest changes (its size or mtime) or a shard appears, so it stays right while a run is adding
 to OUT.
 
@@ -25,10 +25,10 @@ import os
 import threading
 from collections import OrderedDict
 
-import h5py
 import numpy as np
 
-from .writer import MANIFEST, RUN_INFO, committed_rows, load_row, read_run_info, run_dirs
+from .formats.common import (MANIFEST, RUN_INFO, close_shard, committed_rows, load_row, open_shard, read_run_info,
+                             run_dirs)
 
 _OPEN_SHARDS = 64  # shard files a reader keeps open (file descriptors are a bounded resource)
 
@@ -77,7 +77,7 @@ class Reader:
         # shard order: by shard path, then the order the rows were written (= datasets in the shard)
         order = {s: i for i, s in enumerate(sorted({r["shard"] for r in index.values()}))}
         self._index = dict(sorted(index.items(), key=lambda kv: order[kv[1]["shard"]]))
-        self._open: OrderedDict[str, h5py.File] = OrderedDict()
+        self._open: OrderedDict[str, object] = OrderedDict()  # shard -> its format's handle
         self._pid = os.getpid()
         self._lock = threading.Lock()
 
@@ -102,15 +102,15 @@ class Reader:
         return [r for r in self._rows if status is None or r.get("status") == status]
 
     # -- arrays ----------------------------------------------------------------------------
-    def _shard(self, shard: str) -> h5py.File:
+    def _shard(self, shard: str):
         if self._pid != os.getpid():  # a forked DataLoader worker: HDF5 handles do not survive fork
             self._open, self._pid = OrderedDict(), os.getpid()
         f = self._open.get(shard)
         if f is None:
-            f = h5py.File(os.path.join(self.out_dir, shard), "r")
+            f = open_shard(self.out_dir, shard)
             self._open[shard] = f
             if len(self._open) > _OPEN_SHARDS:
-                self._open.popitem(last=False)[1].close()
+                close_shard(*self._open.popitem(last=False))
         else:
             self._open.move_to_end(shard)
         return f
@@ -147,8 +147,8 @@ class Reader:
     def close(self) -> None:
         with self._lock:
             if self._pid == os.getpid():
-                for f in self._open.values():
-                    f.close()
+                for shard, f in self._open.items():
+                    close_shard(shard, f)
             self._open.clear()
 
     def __enter__(self):
@@ -258,15 +258,24 @@ class ManifestCuts:
 def read_cuts(out_dir: str):
     """A lazy lhotse ``CutSet`` of every committed ok item of OUT (all parts of a job array): cuts are
     built from the manifests while it is iterated, as ``CutSet.from_jsonl_lazy`` reads a file.
-    ``.to_eager()`` loads them all; ``mimi-extract cuts OUT -o FILE`` writes them to one file."""
+    ``.to_eager()`` loads them all; ``mimi-extract cuts OUT -o FILE`` writes them to one file.
+    A Shar OUT: lhotse's own ``CutSet.from_shar`` over the committed shards of every part."""
     from ._optional import lhotse as _lhotse
 
+    dirs = _cut_run_dirs(os.path.abspath(out_dir))
+    if read_run_info(dirs[0]).get("format", "hdf5") == "shar":
+        from .formats.shar import shar_fields
+
+        return _lhotse().CutSet.from_shar(fields=shar_fields(dirs))
     return _lhotse().CutSet(ManifestCuts(out_dir))
 
 
 def write_merged_cuts(out_dir: str, path: str) -> int:
     """Write one ``cuts.jsonl.gz`` (or ``.jsonl``) with the cuts of every part of OUT; returns the
     number of cuts.  Written to ``path.tmp`` and renamed, so a reader never sees half a file."""
+    if read_run_info(_cut_run_dirs(out_dir)[0]).get("format", "hdf5") != "hdf5":
+        raise ValueError(f"{out_dir} is a Shar OUT: its cuts are shar/cuts.*.jsonl.gz beside the tars they need; "
+                         "read them with mimi_extract.read_cuts(OUT) or lhotse's CutSet.from_shar")
     n = 0
     tmp = path + ".tmp"
     opener = gzip.open if path.endswith(".gz") else builtins.open

@@ -15,16 +15,18 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 from . import __version__
-from .audio import SAMPLE_RATE
+from .audio import SAMPLE_RATE, decoder_versions
 from .encoder import PaddedMimiEncoder, _from_pretrained, config_hash, weights_hash
 from .engines import Piece, Stats, make_engine
 from .plan import Part, Split, Stitcher, padding_fraction, part_of, plan_units, split_items
 from .settings import Settings
-from .sources import Item, dataset_name, discover
-from .writer import (OutputError, ShardWriter, _write_atomic, check_run_info, lock_run_dir, recover, run_dirs)
+from .sources import Item, Options, dataset_name, discover
+from .formats import get_format
+from .formats.common import (OutputError, ShardWriter, _write_atomic, check_run_info, lock_run_dir, recover,
+                             run_dirs)
 
 PLAN_INFO = "plan.json"
 
@@ -48,6 +50,8 @@ def row_for(item: Item) -> dict:
     if item.error is None:  # what a lhotse Recording needs, without probing the file again; the path
         # absolute, so that the cuts load their audio (and verify --out re-reads it) from any directory
         row["source"] = {"path": os.path.abspath(item.path), "frames": item.file_frames, "channels": item.file_channels}
+        if item.kind != "file":  # a member of a container: how to reach its bytes again (verify --out)
+            row["source"].update(kind=item.kind, loc=list(item.loc) if item.loc is not None else None)
     return row
 
 
@@ -71,13 +75,19 @@ def file_attrs(settings: Settings, config, identity: dict) -> dict:
     return attrs
 
 
-def run_info(settings: Settings, identity: dict, input_root: str, kind: str, part: Part) -> dict:
-    keep = ("model", "tap", "channel", "causal_16k", "feature_dtype", "dtype", "framing")
+def run_info(settings: Settings, identity: dict, input_root: str, kind: str, part: Part,
+             input_identity: dict | None = None) -> dict:
+    keep = ("model", "tap", "channel", "causal_16k", "feature_dtype", "dtype", "framing", "format")
     info = {k: v for k, v in asdict(settings).items() if k in keep}
+    if settings.shar_extend:
+        info["shar_extend"] = True
     if settings.tap == "codes":
         info["num_quantizers"] = settings.num_quantizers
     if settings.framing_rule.stream_frames is not None:  # the codes depend on it
         info["frames_per_call"] = settings.frames_per_call
+    info["decoders"] = decoder_versions()  # a resume must decode every format the same way
+    if input_identity:  # e.g. tar shards: each shard's size and mtime
+        info["input_identity"] = input_identity
     return {**info, **identity, "input": input_root, "input_kind": kind, "part": str(part),
             "tool_version": __version__}
 
@@ -161,12 +171,13 @@ class _Signals:
 def extract(source: str, out_dir: str, settings: Settings, shard_size: int = 1000, shard_mb: float = 256,
             limit: int | None = None, part: Part = Part(), recordings: str | None = None,
             on_plan=None, on_progress=None, on_signal=None, stop: threading.Event | None = None,
-            on_phase=None) -> dict:
+            on_phase=None, options: Options | None = None) -> dict:
     """Encode every item of ``source`` (or of this ``part`` of it) into ``out_dir``; resumes.
 
     ``on_plan(summary)`` is called once the work is planned, ``on_progress(items, seconds, errors)``
     as pieces are written, ``on_signal(name)`` on the first SIGINT/SIGTERM, ``on_phase(text)`` as each
-    start-up phase begins (loading the model, finding inputs, planning).  Returns counts."""
+    start-up phase begins (loading the model, finding inputs, planning).  ``options``: the input's
+    options (``--input-format``, ``--audio-ext``, ``--id-column``...).  Returns counts."""
     stop = stop or threading.Event()
     fresh = not os.path.exists(out_dir)
     run_dir, lock = run_dir_for(out_dir, part)
@@ -174,7 +185,7 @@ def extract(source: str, out_dir: str, settings: Settings, shard_size: int = 100
     try:
         with _Signals(stop, on_signal) as signals:
             summary = _extract_locked(source, run_dir, settings, shard_size, shard_mb, limit, part, recordings,
-                                      on_plan, on_progress, stop, on_phase or (lambda text: None))
+                                      on_plan, on_progress, stop, on_phase or (lambda text: None), options)
             started = True
             summary["interrupted"] = signals.received if stop.is_set() else None
             return summary
@@ -196,32 +207,44 @@ def _remove_if_only_lock(run_dir: str, out_dir: str) -> None:
 
 
 def _extract_locked(source, run_dir, settings, shard_size, shard_mb, limit, part, recordings, on_plan, on_progress,
-                    stop, on_phase) -> dict:
+                    stop, on_phase, options=None) -> dict:
     on_phase(f"starting {len(settings.devices)} encoder worker(s) on {', '.join(sorted(set(settings.devices)))}"
              if settings.engine == "local" else f"starting the {settings.engine} engine")
     engine = make_engine(settings)  # first: worker processes load the weights while we check them
     try:
         return _extract_with(engine, source, run_dir, settings, shard_size, shard_mb, limit, part, recordings, on_plan,
-                             on_progress, stop, on_phase)
+                             on_progress, stop, on_phase, options)
     finally:
         engine.close()
 
 
 def _extract_with(engine, source, run_dir, settings, shard_size, shard_mb, limit, part, recordings, on_plan,
-                  on_progress, stop, on_phase=lambda text: None) -> dict:
+                  on_progress, stop, on_phase=lambda text: None, options=None) -> dict:
     on_phase(f"loading the model {settings.model} and hashing its weights")
     model, config, identity = load_identity(settings)
     on_phase(f"finding inputs in {source} and reading their headers")
     found = discover(source, settings.channel, settings.framing_rule, limit, recordings,
-                     exclude=run_dir if part.whole else os.path.dirname(run_dir))  # OUT is never input
+                     exclude=run_dir if part.whole else os.path.dirname(run_dir),  # OUT is never input
+                     options=options)
     on_phase(f"planning {len(found.items)} readable inputs ({len(found.bad)} unreadable)")
     items, bad = found.items, found.bad
+    fmt = get_format(settings.format)
+    refused = {it.key: why for it in items if (why := fmt.key_problem(it.key))}
+    if refused:  # keys the output format cannot store (a Shar cut id): error rows, not a crash mid-run
+        bad = bad + [replace(it, error=refused[it.key]) for it in items if it.key in refused]
+        items = [it for it in items if it.key not in refused]
     if not part.whole:
         items = [it for it in items if part_of(it.key, part.count) == part.index]
         bad = [it for it in bad if part_of(it.key, part.count) == part.index]
+    layout, warnings = None, list(found.warnings)
+    if settings.shar_extend:  # a new field for the input's Shar shards, one tar each
+        from .formats.shar import plan_extend
+
+        layout, items, bad, more = plan_extend(source, found.kind, items, bad, part.whole, settings.format)
+        warnings += more
     siblings = [d for d in run_dirs(os.path.dirname(run_dir)) if d != run_dir] if not part.whole else []
     attrs = file_attrs(settings, config, identity)
-    check_run_info(run_dir, run_info(settings, identity, found.root, found.kind, part), siblings, attrs)
+    check_run_info(run_dir, run_info(settings, identity, found.root, found.kind, part, found.identity), siblings, attrs)
     done, notes = recover(run_dir, attrs)
     refuse_changed_inputs(items, done)
     _write_atomic(os.path.join(run_dir, PLAN_INFO), json.dumps(
@@ -233,19 +256,25 @@ def _extract_with(engine, source, run_dir, settings, shard_size, shard_mb, limit
     planned = getattr(engine, "plan_settings", settings)  # a Ray cluster's actors decide the unit sizes
     count, streamed = len(todo), sum(it.samples > planned.chunk_samples() for it in todo)
     split = Split()
-    if settings.split:
+    if settings.split and layout is None:  # (--shar-extend plans shard by shard: whole items)
         encoder = PaddedMimiEncoder(model)
         if encoder.window is not None:
             todo, split = split_items(todo, len(planned.devices) * planned.rows, encoder.receptive_field, encoder.hop)
         del encoder
-    units = plan_units(todo, planned.chunk_samples(), planned.step_seconds, planned.rows,
-                       long_group=planned.rows if settings.engine == "ray" else 1)
+    plan = lambda todo: plan_units(todo, planned.chunk_samples(), planned.step_seconds, planned.rows,  # noqa: E731
+                                   long_group=planned.rows if settings.engine == "ray" else 1)
+    if layout is not None:
+        from .formats.shar import extend_units
+
+        units = extend_units(todo, layout, plan)
+    else:
+        units = plan(todo)
     short = [u.items for u in units if not u.stream]
     summary = {
         "run_dir": run_dir, "inputs": len(items) + len(bad), "skipped": len(done), "todo": count,
         "unreadable": len(bad), "units": len(units), "streamed": streamed,
         "seconds": sum(it.samples for it in todo) / SAMPLE_RATE, "padding": padding_fraction(short),
-        "ok": 0, "errors": 0, "notes": notes, "warnings": found.warnings, "frame_rate": frame_rate(settings.tap, config),
+        "ok": 0, "errors": 0, "notes": notes, "warnings": warnings, "frame_rate": frame_rate(settings.tap, config),
         "devices": planned.devices, "stats": Stats(), "engine_notes": [],
         "engine": engine.describe() if hasattr(engine, "describe") else None, "split": split,
     }
@@ -253,7 +282,12 @@ def _extract_with(engine, source, run_dir, settings, shard_size, shard_mb, limit
         on_plan(summary)
     if stop.is_set():
         return summary
-    writer = ShardWriter(run_dir, file_attrs(settings, config, identity), shard_size, int(shard_mb * 2**20))
+    if layout is not None:
+        from .formats.shar import extend_writer
+
+        writer = extend_writer(run_dir, fmt, file_attrs(settings, config, identity), layout)
+    else:
+        writer = ShardWriter(run_dir, fmt, file_attrs(settings, config, identity), shard_size, int(shard_mb * 2**20))
     attrs_of = lambda it: {"duration": it.duration, "source_sample_rate": it.sample_rate,  # noqa: E731
                            **({"start": it.segment[0], "end": it.segment[1]} if it.segment else {})}
     pieces = None
@@ -297,6 +331,7 @@ def _extract_with(engine, source, run_dir, settings, shard_size, shard_mb, limit
             pass
         raise
     summary["engine_notes"] = getattr(engine, "notes", [])
+    summary["held_peak_bytes"] = getattr(writer, "peak_held_bytes", None)  # --shar-extend: outputs held at once
     summary["stats"] = stats = engine.stats
     _write_atomic(os.path.join(run_dir, "stats.json"), json.dumps({  # this run's timing, for bench and users
         "wall": stats.wall, "busy": stats.busy, "wait_input": stats.wait_input, "wait_output": stats.wait_output,

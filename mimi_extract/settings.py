@@ -34,6 +34,8 @@ class Settings:
     feature_dtype: str = "float32"
     engine: str = "local"
     split: bool = True  # long recordings split across idle workers/rows (plan.split_items)
+    format: str = "hdf5"  # output format: a name of the formats registry (hdf5, shar)
+    shar_extend: bool = False  # --shar-extend: one field tar per input Shar shard (format shar)
     ray_address: str | None = None
     ray_cpu_actors: int | None = None
 

@@ -27,7 +27,6 @@ import random
 import threading
 from dataclasses import dataclass, field
 
-import h5py
 import numpy as np
 import torch
 
@@ -36,8 +35,8 @@ from .encoder import PaddedMimiEncoder, encode_chunked, encoder_parts, load_mode
 from .engines import DeviceRunner
 from .plan import plan_units
 from .settings import Settings
-from .sources import Item, dataset_name, discover, seconds_to_samples
-from .writer import read_manifest, read_run_info
+from .sources import Item, Options, discover, open_audio, seconds_to_samples
+from .formats.common import _PART_RE, item_attrs, load_row, read_manifest, read_run_info, shard_attrs
 
 EPS32 = float(torch.finfo(torch.float32).eps)
 
@@ -174,12 +173,12 @@ def _compare_features(check: FileCheck, tap: str, got: torch.Tensor, ref: torch.
 
 # -- audit 1: the engine path --------------------------------------------------------------
 def verify_source(source: str, settings: Settings, limit: int | None = 50, rtol: float = 1e-5, atol: float = 1e-6,
-                  max_reference_seconds: float = 600.0, on_file=None) -> list[FileCheck]:
+                  max_reference_seconds: float = 600.0, on_file=None, options: Options | None = None) -> list[FileCheck]:
     """Encode ``source`` through the extraction engine (``settings.dtype``) and each file alone
     (fp32 transformers); compare the encoder output, the latent and the codes."""
     device = settings.devices[0]
     reference = load_model(settings.model, device, torch.float32)
-    found = discover(source, settings.channel, settings.framing_rule, limit)
+    found = discover(source, settings.channel, settings.framing_rule, limit, options=options)
     checks = [FileCheck(it.key, it.duration, note=f"unreadable: {it.error}") for it in found.bad]
     if not found.items:
         return checks
@@ -207,7 +206,8 @@ def verify_source(source: str, settings: Settings, limit: int | None = 50, rtol:
         elif item.samples / 24_000 > max_reference_seconds:
             check.note = f"longer than {max_reference_seconds:g} s: not compared (the unchunked reference would not fit)"
         else:
-            audio = load(item.path, item.channel, framing=settings.framing_rule, start=item.start, frames=item.frames)
+            audio = load(open_audio(item), item.channel, framing=settings.framing_rule, start=item.start,
+                         frames=item.frames)
             ref = reference_single(reference, audio.to(device), settings.num_quantizers,
                                    settings.framing_rule.stream_frames)
             got = {t: torch.cat(v) for t, v in results[item.key].items()}
@@ -231,7 +231,8 @@ def _item_of_row(row: dict) -> Item:
     start = seconds_to_samples(row.get("start") or 0.0, rate)  # the very samples discovery read
     frames = seconds_to_samples(row["end"] - row["start"], rate) if row.get("end") is not None else src["frames"]
     channel = row["channel"] if row.get("channel") is not None else None
-    return Item(src["path"], row["path"], row["key"], channel, rate, start, frames)
+    loc = tuple(src["loc"]) if src.get("loc") is not None else None
+    return Item(src["path"], row["path"], row["key"], channel, rate, start, frames, kind=src.get("kind", "file"), loc=loc)
 
 
 def verify_outputs(out_dir: str, sample: int | None = 20, seed: int = 0, device: str = "cpu", model: str | None = None,
@@ -249,7 +250,8 @@ def verify_outputs(out_dir: str, sample: int | None = 20, seed: int = 0, device:
         return [], [f"{out_dir} holds no encoded items"]
     infos = {}
     for row in rows:
-        run_dir = os.path.join(out_dir, os.path.dirname(row["shard"]))
+        top = row["shard"].split("/")[0]  # a part's folder, or a shard (or a format's folder) of a whole run
+        run_dir = os.path.join(out_dir, top) if _PART_RE.fullmatch(top) else out_dir
         infos.setdefault(run_dir, read_run_info(run_dir))
     info = next(iter(infos.values()))
     name = model or info["model"]
@@ -267,7 +269,7 @@ def verify_outputs(out_dir: str, sample: int | None = 20, seed: int = 0, device:
         check = FileCheck(row["key"], row.get("duration", 0.0))
         try:
             channel = item.channel if item.channel is not None else info.get("channel", "mix")
-            audio = load(item.path, channel, framing=framing, start=item.start, frames=item.frames)
+            audio = load(open_audio(item), channel, framing=framing, start=item.start, frames=item.frames)
         except Exception as e:
             check.error = f"cannot re-read the source: {e}"
             checks.append(check)
@@ -282,10 +284,8 @@ def verify_outputs(out_dir: str, sample: int | None = 20, seed: int = 0, device:
             check.error = f"cannot re-encode: {type(e).__name__}: {e}"
             checks.append(check)
             continue
-        with h5py.File(os.path.join(out_dir, row["shard"]), "r") as f:
-            ds = f[row.get("dataset") or dataset_name(row["key"])]
-            stored = torch.from_numpy(np.asarray(ds[()]))
-            attrs, ds_attrs = dict(f.attrs), dict(ds.attrs)
+        stored = torch.from_numpy(np.asarray(load_row(out_dir, row)))  # through the shard's format
+        attrs, ds_attrs = shard_attrs(out_dir, row["shard"]), item_attrs(out_dir, row)
         for key, want in (("tap", tap), ("framing", framing.name), ("weights", info.get("weights"))):
             if attrs.get(key) is not None and attrs.get(key) != want:
                 check.error = f"shard attribute {key}={attrs.get(key)!r}, run.json says {want!r}"

@@ -12,7 +12,8 @@ how an engine gets an item's bytes, whatever its kind.
 from __future__ import annotations
 
 from ..audio import AudioError
-from . import files, lhotse  # noqa: F401  (registers the kinds, in detection order)
+from . import shar, tar, parquet  # noqa: F401  (registers the kinds, in detection order: containers first,
+from . import files, lhotse  # noqa: F401, E402  then any directory, lists and manifests)
 from .base import (AUDIO_EXTENSIONS, REGISTRY, Discovered, Entry, Item, Options, Source, SourceError, dataset_name,
                    dedup, discover, open_source, printable, probe, probe_info, register, seconds_to_samples,
                    segment_fields, segment_key, source_kind, text_problem)

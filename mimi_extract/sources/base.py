@@ -19,9 +19,10 @@ from dataclasses import dataclass, field
 from decimal import ROUND_HALF_UP, Decimal
 
 
-from ..audio import Framing, open_soundfile
+from ..audio import DECODED_EXTENSIONS, Framing, open_decoder
 
-AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg", ".mp3", ".opus", ".aiff", ".aif")
+# what a directory walk picks up: every extension a decoder reads, but not video containers
+AUDIO_EXTENSIONS = tuple(e for e in DECODED_EXTENSIONS if e not in (".mp4", ".mkv", ".3gp", ".asf", ".snd", ".au"))
 
 
 class SourceError(Exception):
@@ -191,6 +192,8 @@ class Options:
     id_field: str | None = None  # tar: the sidecar field holding the id
     audio_column: str | None = None  # parquet
     id_column: str | None = None  # parquet
+    input_format: str | None = None  # a registered kind, instead of detecting it
+    sort_buffer_mb: float = 512  # compressed tar: the bounded sorting buffer
 
 
 class Source:
@@ -248,8 +251,12 @@ def probe(entry: Entry, channel_mode: str = "mix", framing: Framing = Framing())
     handle = None
     try:
         handle = open_source(entry)
-        with open_soundfile(handle) as f:  # accurate message, decoder warnings captured
+        name = entry.loc[-1] if entry.loc and isinstance(entry.loc[-1], str) else entry.path
+        f = open_decoder(handle, name)  # accurate message, decoder warnings captured
+        try:
             return probe_info(entry, f, channel_mode, framing)
+        finally:
+            f.close()
     except SourceError as e:
         return probe_info(entry, str(e), channel_mode, framing)
     except Exception as e:  # soundfile raises several types for garbage
@@ -381,7 +388,7 @@ def discover(source: str, channel: str = "mix", framing: Framing = Framing(), li
     options = options or Options()
     options.recordings = recordings or options.recordings
     options.exclude = exclude or options.exclude
-    kind = source_kind(source, input_format)
+    kind = source_kind(source, input_format or options.input_format)
     src = REGISTRY[kind](source, options)
     warnings: list[str] = []
     entries = src.entries(warnings)[:limit]

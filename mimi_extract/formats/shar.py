@@ -1,0 +1,426 @@
+"""lhotse Shar shards: ``shar/cuts.NNNNNN.jsonl.gz`` + ``shar/<field>.NNNNNN.tar``, the layout
+``CutSet.to_shar`` writes, so that ``CutSet.from_shar(in_dir=RUN_DIR/shar)`` followed by
+``cut.load_custom(field)`` returns exactly what ``mimi_extract.read`` returns.
+
+The field is ``mimi_codes``, ``mimi_latent`` or ``mimi_encoder`` (by tap).  The folder holds
+nothing else: lhotse's ``from_shar(in_dir=...)`` takes every file in it as a field, so the
+manifest, lock, run.json and even the commit protocol's temporaries live one level up.
+
+One shard = one cuts file and one tar, committed together by the shared protocol: the cuts file
+is a companion, the tar is the shard (renamed last: the commit point; rows point into it).
+
+* The tar is written with lhotse's own :class:`~lhotse.shar.writers.tar.TarWriter` (into
+  memory), member by member as lhotse's ``ArrayTarWriter`` writes them: ``KEY.npy``
+  (``np.save``) then ``KEY.json`` (the field's ``TemporalArray`` manifest with ``shar``
+  placeholder storage, which lhotse's reader fills with the bytes).  Unlike ``ArrayTarWriter``
+  the manifest keeps the item's ``start`` (a segment's offset in its recording): the cuts carry
+  their real recording and offset (so ``cut.load_audio()`` is the item's audio), and a
+  ``TemporalArray`` whose start differs from its cut's would be sliced at the wrong frames.
+* The run's settings ride in the tar's PAX global header (``mimi_extract.attrs``, JSON):
+  tar readers, lhotse's included, skip it, so the tar stays a plain Shar field.
+* Each ok row records where its ``.npy`` member's bytes sit (``offset``, ``nbytes``), so
+  ``mimi_extract.read`` is one ``pread``, not a scan of the tar.
+* Cuts are the same ``MonoCut``/``MultiCut`` as the HDF5 output's ``cuts.jsonl.gz`` (recording:
+  the source file, absolute path; segment offset, duration spanning the item's frame grid,
+  channel), with the field's storage a Shar placeholder.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import re
+import tarfile
+from pathlib import PurePosixPath
+
+import numpy as np
+
+from .base import Format, ShardBuilder
+from .registry import register
+
+FOLDER = "shar"
+FIELDS = {"codes": "mimi_codes", "latent": "mimi_latent", "encoder": "mimi_encoder"}
+PAX_KEY = "mimi_extract.attrs"  # the run's settings, in each tar's PAX global header
+_FIELD_RE = "mimi_(?:codes|latent|encoder)"
+
+
+def field_for(tap: str) -> str:
+    return FIELDS[tap]
+
+
+def frame_shift_for(tap: str) -> float:
+    return 0.04 if tap == "encoder" else 0.08
+
+
+def cuts_name(shard: str) -> str:
+    """``shar/mimi_codes.000003.tar`` -> ``shar/cuts.000003.jsonl.gz`` (its companion)."""
+    folder, name = shard.rsplit("/", 1) if "/" in shard else ("", shard)
+    index = name.split(".")[1]
+    return f"{folder}/cuts.{index}.jsonl.gz" if folder else f"cuts.{index}.jsonl.gz"
+
+
+def key_problem(key: str) -> str | None:
+    """Why ``key`` cannot be a Shar cut id, or None.  lhotse's reader matches a tar member to its
+    cut by ``Path(member).parent / Path(member).stem == cut.id``, which a key such as ``a//b`` or
+    ``./a`` does not survive."""
+    p = PurePosixPath(key + ".npy")
+    if not key or str(p.parent / p.stem) != key:
+        return f"key {key!r} cannot name a lhotse Shar tar member (lhotse would read it back as {str(p.parent / p.stem)!r})"
+    return None
+
+
+def _memory_tar_writer(pax_headers: dict):
+    """lhotse's ``TarWriter`` writing into memory (with a PAX global header) instead of a path:
+    the shared commit protocol, not tarfile, writes the bytes to OUT."""
+    from .._optional import need
+
+    TarWriter = need("lhotse.shar.writers.tar", "--format shar (lhotse's Shar tar writer) and lhotse cuts").TarWriter
+
+    class MemoryTarWriter(TarWriter):
+        def __init__(self):
+            super().__init__("memory.tar", shard_size=None)
+
+        def _next_stream(self):
+            self.stream = io.BytesIO()
+            self.tarstream = tarfile.open(fileobj=self.stream, mode="w|", format=tarfile.PAX_FORMAT,
+                                          pax_headers=pax_headers)
+            self.num_items = 0
+
+        def image(self) -> bytes:
+            self.tarstream.close()
+            return self.stream.getvalue()
+
+    return MemoryTarWriter()
+
+
+def _placeholder(data_shape: tuple, frame_shift: float, start: float) -> dict:
+    """The field's ``TemporalArray`` manifest as Shar stores it (lhotse fills the storage on read)."""
+    return {"array": {"storage_type": "shar", "storage_path": "", "storage_key": "", "shape": list(data_shape)},
+            "temporal_dim": 0, "frame_shift": frame_shift, "start": start}
+
+
+def cut_for(row: dict, field: str, frame_shift: float, shape: tuple) -> dict:
+    """The Shar cut of one ok row: the HDF5 output's cut (``lhotse_io.cut_dict``) with Shar storage."""
+    from ..lhotse_io import cut_dict
+
+    cut = cut_dict({**row, "shard": "", "frames": shape[0]}, "", field, frame_shift)
+    cut["custom"][field] = _placeholder(shape, frame_shift, cut["custom"][field]["start"])
+    return cut
+
+
+class SharShard(ShardBuilder):
+    """One Shar shard in memory: the tar and (unless ``--shar-extend``, whose cuts are the
+    input's) its cuts file."""
+
+    def __init__(self, file_attrs: dict):
+        super().__init__(file_attrs)
+        self.extend = bool(file_attrs.get("shar_extend"))
+        self.field = field_for(file_attrs["tap"])
+        self.frame_shift = frame_shift_for(file_attrs["tap"])
+        self._tar = _memory_tar_writer({PAX_KEY: json.dumps(file_attrs, sort_keys=True, default=_plain)})
+        self._cuts: list[str] = []
+
+    def add(self, key: str, data: np.ndarray, row: dict, attrs: dict) -> dict:
+        problem = key_problem(key)
+        if problem:
+            raise ValueError(problem)
+        npy = io.BytesIO()
+        np.save(npy, data, allow_pickle=False)
+        nbytes = npy.getbuffer().nbytes
+        self._tar.write(f"{key}.npy", npy)
+        offset = self._tar.tarstream.offset - -(-nbytes // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+        cut = cut_for(row, self.field, self.frame_shift, data.shape)
+        meta = io.BytesIO((json.dumps(cut["custom"][self.field]) + "\n").encode("utf-8"))
+        self._tar.write(f"{key}.json", meta, count=False)
+        self._cuts.append(json.dumps(cut, ensure_ascii=False) + "\n")
+        return {"offset": offset, "nbytes": nbytes}
+
+    def add_placeholder(self, key: str) -> None:
+        """No array for this cut (its error row says why): lhotse's own placeholder pair, as
+        ``ArrayTarWriter.write_placeholder`` writes it, so the tar still lines up with the cuts."""
+        self._tar.write(f"{key}.nodata", io.BytesIO())
+        self._tar.write(f"{key}.nometa", io.BytesIO(), count=False)
+
+    def files(self, shard_name: str) -> dict[str, bytes]:
+        if self.extend:
+            return {shard_name: self._tar.image()}
+        cuts = gzip.compress("".join(self._cuts).encode("utf-8"), 6, mtime=0)
+        return {cuts_name(shard_name): cuts, shard_name: self._tar.image()}
+
+    def close(self) -> None:
+        self._cuts = []
+        self._tar = None
+
+
+def _plain(value):
+    return value.item() if isinstance(value, np.generic) else str(value)
+
+
+def _npy_shape(f) -> tuple:
+    version = np.lib.format.read_magic(f)
+    shape, _, _ = (np.lib.format.read_array_header_1_0(f) if version == (1, 0)
+                   else np.lib.format.read_array_header_2_0(f))
+    return shape
+
+
+@register
+class Shar(Format):
+    name = "shar"
+    folder = FOLDER
+    shard_re = re.compile(rf"{FOLDER}/{_FIELD_RE}\.(\d{{6,}})\.tar")
+    file_re = re.compile(rf"{FOLDER}/(?:{_FIELD_RE}\.(\d{{6,}})\.tar|cuts\.(\d{{6,}})\.jsonl\.gz)")
+
+    def __init__(self, field: str = "mimi_latent"):
+        self.field = field
+
+    def for_run(self, file_attrs: dict) -> "Shar":
+        """This format with the run's field (``mimi_codes``...): shard names depend on the tap."""
+        return type(self)(field_for(file_attrs["tap"]))
+
+    def key_problem(self, key: str) -> str | None:
+        return key_problem(key)
+
+    def shard_name(self, index: int) -> str:
+        return f"{FOLDER}/{self.field}.{index:06d}.tar"
+
+    def builder(self, file_attrs: dict) -> ShardBuilder:
+        return SharShard(file_attrs)
+
+    def companions(self, shard: str) -> list[str]:
+        return [cuts_name(shard)]
+
+    def check(self, path: str, rows: list[dict]) -> str | None:
+        """The tar holds exactly ``KEY.npy`` + ``KEY.json`` per row, in row order, each array where
+        its row says with its frame count; the cuts file names the same keys in the same order."""
+        try:
+            with tarfile.open(path, "r:") as tar:
+                members = tar.getmembers()
+                extend = bool(json.loads(tar.pax_headers.get(PAX_KEY, "{}")).get("shar_extend"))
+                names = [m.name for m in members]
+                want = [n for r in rows for n in ((f"{r['key']}.npy", f"{r['key']}.json") if r.get("status") == "ok"
+                                                  else (f"{r['key']}.nodata", f"{r['key']}.nometa"))]
+                if names != want:
+                    have = {n.rsplit(".", 1)[0] for n in names}
+                    keys = {r["key"] for r in rows}
+                    return (f"{len(keys - have)} items missing, {len(have - keys)} without a manifest row"
+                            if have != keys else "members out of order, or an array where a placeholder belongs")
+                for m, row in zip(members[::2], rows):
+                    if row.get("status") != "ok":
+                        continue
+                    if (m.offset_data, m.size) != (row.get("offset"), row.get("nbytes")):
+                        return f"{row['key']}: array at byte {m.offset_data}, manifest says {row.get('offset')}"
+                    frames = _npy_shape(tar.extractfile(m))[0]
+                    if frames != row.get("frames"):
+                        return f"{row['key']}: {frames} frames, manifest says {row.get('frames')}"
+                end = max(m.offset_data + m.size for m in members)
+            if os.path.getsize(path) < end + 2 * tarfile.BLOCKSIZE:
+                return "truncated"
+            if extend:  # a field of the input's shards: no cuts of its own
+                return None
+            cuts = os.path.join(os.path.dirname(path), os.path.basename(cuts_name(os.path.basename(path))))
+            with gzip.open(cuts, "rt", encoding="utf-8") as f:
+                ids = [json.loads(line)["id"] for line in f]
+            if ids != [r["key"] for r in rows]:
+                return f"{os.path.basename(cuts)} names other cuts than the manifest"
+        except Exception as e:  # truncated, zeroed, not a tar, companion missing or damaged
+            return f"unreadable ({type(e).__name__}: {e})"
+        return None
+
+    def open(self, path: str):
+        return io.open(path, "rb", buffering=0)
+
+    def load(self, path: str, row: dict, handle=None) -> np.ndarray:
+        if handle is None:
+            with self.open(path) as f:
+                return self.load(path, row, f)
+        data = os.pread(handle.fileno(), row["nbytes"], row["offset"])
+        if len(data) != row["nbytes"]:
+            raise OSError(f"{path}: {row['key']!r} ends past the end of the file (truncated?)")
+        return np.load(io.BytesIO(data), allow_pickle=False)
+
+    def attrs(self, path: str) -> dict:
+        with tarfile.open(path, "r:") as tar:
+            return json.loads(tar.pax_headers[PAX_KEY])
+
+
+def shar_fields(run_dirs: list[str]) -> dict[str, list[str]]:
+    """``CutSet.from_shar(fields=...)`` of the committed shards of these run directories (every
+    part of an OUT), in shard order: only pairs whose rows are committed, so a kill's leftovers
+    (a cuts file whose tar was never renamed into place) are never read.  A ``--shar-extend`` OUT:
+    the input's own fields (its cuts, recordings...) of the committed shard numbers, and ours."""
+    from .common import committed_rows, read_run_info
+
+    fields: dict[str, list[str]] = {"cuts": []}
+    for d in run_dirs:
+        shards = sorted({r["shard"] for r in committed_rows(d) if r.get("shard")},
+                        key=lambda s: int(s.rsplit(".", 2)[1]))
+        info = read_run_info(d) or {}
+        theirs: dict[str, dict[str, str]] = {}
+        if info.get("shar_extend"):
+            for name in sorted(os.listdir(info["input"])):
+                parts = name.split(".")
+                if len(parts) > 2 and parts[1].isdigit():
+                    theirs.setdefault(parts[1], {})[parts[0]] = os.path.join(info["input"], name)
+        for shard in shards:
+            field, number = os.path.basename(shard).split(".")[:2]
+            fields.setdefault(field, []).append(os.path.join(d, shard))
+            if info.get("shar_extend"):
+                for name, path in theirs.get(number, {}).items():
+                    fields.setdefault(name, []).append(path)
+            else:
+                fields["cuts"].append(os.path.join(d, cuts_name(shard)))
+    ours = {f for f in fields if f in FIELDS.values()}
+    if len(ours) > 1:
+        raise ValueError(f"Shar shards of several fields ({', '.join(sorted(ours))}) in one OUT")
+    return fields
+
+
+# -- --shar-extend: a new field for an existing Shar dataset ---------------------------------
+_INPUT_CUTS = re.compile(r"cuts\.(\d+)\.jsonl(?:\.gz)?")
+
+
+def input_cut_ids(shar_dir: str) -> dict[str, list[str]]:
+    """Cut ids of each ``cuts.NNNNNN.jsonl.gz`` of a Shar folder, in order, by shard number (its
+    digits as written), read with lhotse's own JSONL reader."""
+    from .._optional import need
+
+    LazyJsonlIterator = need("lhotse.lazy", "--shar-extend").LazyJsonlIterator
+    layout = {}
+    for name in sorted(os.listdir(shar_dir)):
+        if (m := _INPUT_CUTS.fullmatch(name)):
+            layout[m.group(1)] = [d["id"] for d in LazyJsonlIterator(os.path.join(shar_dir, name))]
+    return layout
+
+
+def plan_extend(source: str, kind: str, items: list, bad: list, whole: bool, output_format: str = "shar"):
+    """What ``--shar-extend`` encodes: ``(layout, items, bad, warnings)``.  ``layout`` maps each input
+    shard number to its cut ids in order; every cut of a shard in the layout has exactly one item
+    (ok or bad) keyed by its id.  A shard where a cut has no such item (a cut split by channel,
+    ``--limit``) is left out with a warning: its tar could not line up with its cuts."""
+    from .common import OutputError
+
+    if output_format != "shar":
+        raise OutputError(f"--shar-extend writes a lhotse Shar field: use it with --format shar, not {output_format}")
+    if kind != "shar":
+        raise OutputError(f"--shar-extend adds a field to a lhotse Shar dataset: INPUT must be a Shar folder "
+                          f"(cuts.NNNNNN.jsonl.gz + recording.NNNNNN.tar), not a {kind} input")
+    if not whole:
+        raise OutputError("--shar-extend writes one tar per input shard: run it whole (no --part)")
+    layout = input_cut_ids(source)
+    short = sorted(n for n in layout if len(n) < 6)
+    if short:
+        raise OutputError(f"--shar-extend: input shard number {short[0]!r} has fewer than 6 digits "
+                          "(lhotse writes cuts.%06d.jsonl.gz); rename the shards")
+    have = {it.key for it in items} | {it.key for it in bad}
+    warnings, keep = [], {}
+    for n, ids in layout.items():
+        missing = [i for i in ids if i not in have]
+        if missing:
+            warnings.append(f"--shar-extend: shard {n} left out: cut {missing[0]!r} has no item of its own"
+                            + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
+                            + " (a cut split by channel: use --channel mix or first; or --limit)")
+        elif len(set(ids)) != len(ids):
+            warnings.append(f"--shar-extend: shard {n} left out: it holds a cut id twice")
+        else:
+            keep[n] = ids
+    wanted = {i for ids in keep.values() for i in ids}
+    return keep, [it for it in items if it.key in wanted], [it for it in bad if it.key in wanted], warnings
+
+
+def extend_units(todo: list, layout: dict[str, list[str]], plan) -> list:
+    """Work units shard by shard, in input order (``plan(items)`` batches one shard's items), so
+    the writer holds the outputs of about one shard at a time, not of the whole run."""
+    shard_of = {key: n for n, ids in layout.items() for key in ids}
+    by_shard: dict[str, list] = {}
+    for it in todo:
+        by_shard.setdefault(shard_of[it.key], []).append(it)
+    units = [u for n in layout for u in plan(by_shard.get(n, []))]
+    for i, u in enumerate(units):
+        u.index = i
+    return units
+
+
+def _extend_writer_class():
+    from .common import ShardWriter, commit_files
+
+    class SharExtendWriter(ShardWriter):
+        """``--shar-extend``: one ``<field>.NNNNNN.tar`` per input Shar shard, named by its number,
+        holding that shard's cuts in its order (an array, or lhotse's placeholder pair for a cut
+        that failed), so ``CutSet.from_shar(fields={"cuts": input, ..., field: these})`` lines up.
+
+        A finished item is held until every cut of its shard is final, then the shard is
+        committed by the shared protocol (error rows too: they are part of the shard).  Memory:
+        the held outputs of the shards not yet complete; units are planned shard by shard in
+        input order (:func:`extend_units`), so that is about the shards that units in flight
+        touch (one or two), not the run: ``peak_held_bytes`` reports it."""
+
+        def __init__(self, run_dir: str, fmt: Format, file_attrs: dict, layout: dict[str, list[str]]):
+            super().__init__(run_dir, fmt, {**file_attrs, "shar_extend": True}, max_items=1 << 62, max_bytes=1 << 62)
+            self.layout = layout
+            self.shard_of = {key: n for n, ids in layout.items() for key in ids}
+            self.pending: dict[str, dict[str, tuple]] = {}
+            self.held_bytes = self.peak_held_bytes = 0
+
+        def add(self, key: str, data: np.ndarray, row: dict, attrs: dict | None = None) -> None:
+            if key in self.written or key not in self.shard_of:
+                return
+            self.written.add(key)
+            self.held_bytes += data.nbytes
+            self.peak_held_bytes = max(self.peak_held_bytes, self.held_bytes)
+            self._hold(key, ("ok", data, {**row, "key": key}))
+
+        def add_error(self, row: dict, message: str) -> None:
+            if row["key"] in self.written or row["key"] not in self.shard_of:
+                return
+            self.written.add(row["key"])
+            self._hold(row["key"], ("error", None, {**row, "status": "error", "error": message}))
+
+        def _hold(self, key: str, entry: tuple) -> None:
+            n = self.shard_of[key]
+            held = self.pending.setdefault(n, {})
+            held[key] = entry
+            if len(held) == len(self.layout[n]):
+                self._commit_shard(n)
+
+        def _commit_shard(self, n: str) -> None:
+            held = self.pending.pop(n)
+            name = f"{FOLDER}/{self.format.field}.{n}.tar"
+            shard = SharShard(self.file_attrs)
+            rows = []
+            for key in self.layout[n]:
+                status, data, row = held[key]
+                if status == "ok":
+                    extra = shard.add(key, data, row, {})
+                    rows.append({**row, **extra, "shard": name, "status": "ok", "error": None})
+                    self.held_bytes -= data.nbytes
+                else:
+                    shard.add_placeholder(key)
+                    rows.append({**row, "shard": name})
+            files = shard.files(name)
+            shard.close()
+            commit_files(self.run_dir, files, lambda: self._append(rows))
+            self.commits += 1
+
+        def commit(self) -> None:  # shards commit when complete, never part-way
+            pass
+
+        def abort(self) -> None:
+            for held in self.pending.values():
+                for key in held:
+                    self.written.discard(key)
+            self.pending.clear()
+            self.held_bytes = 0
+            self._streams.clear()
+
+        def close(self) -> None:
+            self.pending.clear()  # shards not complete: encoded again on resume
+            super().close()
+
+    return SharExtendWriter
+
+
+def extend_writer(run_dir: str, fmt: Format, file_attrs: dict, layout: dict[str, list[str]]):
+    return _extend_writer_class()(run_dir, fmt, file_attrs, layout)
+

@@ -1,0 +1,256 @@
+"""Parquet and Hugging Face ``datasets`` as inputs: a ``.parquet`` file, a folder of them (the Hub's
+``data/train-*.parquet`` layout, searched recursively) or a ``datasets`` ``save_to_disk`` folder
+(Arrow stream files, memory-mapped).
+
+The audio column is the one whose type is the ``Audio`` feature's storage (a struct of ``bytes``
+and ``path``), or ``--audio-column``; ids come from ``--id-column``, else ``<file>/<row>``.  Nothing
+is loaded whole: an item holds its file, its row group and its row (``loc``), and whoever encodes it
+reads that row group's audio column alone (:func:`_group_column`, a small per-process cache, so
+items of one row group read it once).  Planning reads each row group's audio column once to probe
+the headers (the cell is the file: its header is inside the bytes).  A cell with null bytes but a
+``path`` that exists (``Dataset.to_parquet`` of local files stores paths only) is read from that file.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import threading
+from collections import OrderedDict
+
+from .base import Entry, Source, SourceError, printable, probe, register, text_problem
+
+PARQUET_EXTENSIONS = (".parquet",)
+
+
+def _pa():
+    try:
+        import pyarrow
+        import pyarrow.parquet  # noqa: F401
+    except ImportError:
+        raise ValueError("Parquet input needs pyarrow: pip install 'mimi-extract[parquet]'") from None
+    return pyarrow
+
+
+def _files(path: str) -> list[str]:
+    """The data files of ``path``: itself, a folder's ``.parquet`` files (recursive, sorted), or a
+    ``save_to_disk`` folder's ``.arrow`` files (its ``state.json`` order; every split of a DatasetDict)."""
+    import json
+
+    if os.path.isfile(path):
+        return [path]
+    if os.path.isfile(os.path.join(path, "state.json")):
+        with open(os.path.join(path, "state.json"), encoding="utf-8") as f:
+            state = json.load(f)
+        return [os.path.join(path, d["filename"]) for d in state.get("_data_files", [])]
+    if os.path.isfile(os.path.join(path, "dataset_dict.json")):
+        with open(os.path.join(path, "dataset_dict.json"), encoding="utf-8") as f:
+            splits = json.load(f).get("splits", [])
+        return [p for s in splits for p in _files(os.path.join(path, s))]
+    found = []
+    for dirpath, dirnames, filenames in os.walk(path):
+        dirnames.sort()
+        found += [os.path.join(dirpath, f) for f in sorted(filenames) if f.lower().endswith(PARQUET_EXTENSIONS)]
+    return found
+
+
+def _is_dataset_dir(path: str) -> bool:
+    if not os.path.isdir(path):
+        return False
+    if os.path.isfile(os.path.join(path, "state.json")) or os.path.isfile(os.path.join(path, "dataset_dict.json")):
+        return True
+    for dirpath, dirnames, filenames in os.walk(path):
+        if any(f.lower().endswith(PARQUET_EXTENSIONS) for f in filenames):
+            return True
+        if len(dirpath) - len(path) > 200:
+            break
+    return False
+
+
+class _Data:
+    """One data file's row groups: Parquet row groups, or an Arrow stream file as a single group."""
+
+    def __init__(self, path: str):
+        pa = _pa()
+        self.path = path
+        self.arrow = path.lower().endswith(".arrow")
+        if self.arrow:
+            self.table = pa.ipc.open_stream(pa.memory_map(path, "r")).read_all()  # zero-copy, memory-mapped
+            self.schema, self.groups = self.table.schema, [self.table.num_rows]
+        else:
+            import pyarrow.parquet as pq
+
+            self.file = pq.ParquetFile(path, memory_map=False)
+            self.schema = self.file.schema_arrow
+            md = self.file.metadata
+            self.groups = [md.row_group(i).num_rows for i in range(md.num_row_groups)]
+
+    def read(self, group: int, columns: list[str]):
+        if self.arrow:
+            return self.table.select(columns)
+        return self.file.read_row_group(group, columns=columns)
+
+
+def audio_column(schema, wanted: str | None) -> str | None:
+    """The audio column: ``wanted``, else the first struct with ``bytes`` (binary) and ``path``."""
+    pa = _pa()
+    if wanted:
+        return wanted if wanted in schema.names else None
+    for field in schema:
+        t = field.type
+        if pa.types.is_struct(t):
+            names = {t.field(i).name: t.field(i).type for i in range(t.num_fields)}
+            if "bytes" in names and "path" in names and (
+                    pa.types.is_binary(names["bytes"]) or pa.types.is_large_binary(names["bytes"])):
+                return field.name
+    return None
+
+
+_CACHE: OrderedDict = OrderedDict()
+_CACHE_LOCK = threading.Lock()
+_CACHE_GROUPS = 4  # row groups kept per process (workers decode a few items of one group in a row)
+
+
+def _group_column(path: str, group: int, column: str):
+    """The audio column of one row group (cached per process, a few groups; keyed by the file's
+    size and mtime too, so a rewritten file is read again)."""
+    st = os.stat(path)
+    key = (path, st.st_size, st.st_mtime_ns, group, column)
+    with _CACHE_LOCK:
+        if key in _CACHE:
+            _CACHE.move_to_end(key)
+            return _CACHE[key]
+    col = _Data(path).read(group, [column]).column(column)
+    with _CACHE_LOCK:
+        _CACHE[key] = col
+        while len(_CACHE) > _CACHE_GROUPS:
+            _CACHE.popitem(last=False)
+    return col
+
+
+def _cell(path: str, group: int, row: int, column: str) -> tuple[bytes | None, str | None]:
+    value = _group_column(path, group, column)[row].as_py()
+    if isinstance(value, dict):
+        return value.get("bytes"), value.get("path")
+    return value, None
+
+
+@register
+class ParquetSource(Source):
+    """Parquet / Hugging Face datasets; see the module docstring."""
+
+    kind = "parquet"
+
+    @classmethod
+    def detect(cls, path: str) -> bool:
+        if os.path.isfile(path):
+            return path.lower().endswith(PARQUET_EXTENSIONS)
+        return _is_dataset_dir(path)
+
+    def files(self) -> list[str]:
+        if not hasattr(self, "_files"):
+            files = _files(self.path)
+            if not files:
+                raise FileNotFoundError(f"no .parquet files in {self.path}")
+            self._files = files
+        return self._files
+
+    def entries(self, warnings: list[str]) -> list[Entry]:
+        files = self.files()
+        root = self.path if os.path.isdir(self.path) else os.path.dirname(self.path)
+        entries, columns_found = [], 0
+        for path in files:
+            shown = os.path.relpath(path, root).replace(os.sep, "/") if os.path.isdir(self.path) else os.path.basename(path)
+            full = os.path.abspath(path)
+            try:
+                data = _Data(full)
+            except Exception as e:  # not Parquet, bad footer
+                entries.append(Entry(full, shown, key=shown, where=shown, kind=self.kind,
+                                     error=f"{shown}: cannot read ({type(e).__name__}: {e})"))
+                continue
+            column = audio_column(data.schema, self.options.audio_column)
+            if column is None:
+                what = f"no column {self.options.audio_column!r}" if self.options.audio_column else \
+                    "no audio column (a struct of bytes and path, the Audio feature); name one with --audio-column"
+                entries.append(Entry(full, shown, key=shown, where=shown, kind=self.kind, error=f"{shown}: {what} "
+                                     f"(columns: {', '.join(data.schema.names)})"))
+                continue
+            columns_found += 1
+            id_column = self.options.id_column
+            if id_column and id_column not in data.schema.names:
+                raise ValueError(f"{shown} has no id column {id_column!r} (columns: {', '.join(data.schema.names)})")
+            base = 0
+            for group, rows in enumerate(data.groups):
+                ids = None
+                if id_column:
+                    try:
+                        ids = data.read(group, [id_column]).column(id_column).to_pylist()
+                    except Exception as e:
+                        ids = e
+                for row in range(rows):
+                    n = base + row
+                    key, where = f"{shown}/{n}", f"{shown}:row {n}"
+                    entry = Entry(full, key, key=key, where=where, kind=self.kind, loc=(group, row, column, ""))
+                    if isinstance(ids, Exception):
+                        entry.error = f"row group {group} unreadable: {type(ids).__name__}: {ids}"
+                    elif ids is not None:
+                        ident = ids[row]
+                        if ident in (None, ""):
+                            entry.error = f"null {id_column!r}"
+                        elif problem := text_problem(str(ident)):
+                            entry.key, entry.error = printable(str(ident)), f"id {problem}"
+                        else:
+                            entry.key = str(ident)
+                    entries.append(entry)
+                base += rows
+        if not columns_found:
+            raise ValueError(entries[0].error if entries else f"no data in {self.path}")
+        return entries
+
+    def probe(self, entry: Entry, channel_mode: str, framing):
+        """Probe from the cell's bytes; a null cell with an existing ``path`` becomes that file."""
+        if entry.error is None:
+            try:
+                data, path = _cell(entry.path, *entry.loc[:3])
+            except Exception as e:
+                entry.error = f"row group {entry.loc[0]} unreadable: {type(e).__name__}: {e}"
+            else:
+                name = path or ""
+                if data is None:
+                    local = self._local(entry.path, path)
+                    if local is None:
+                        entry.error = "null audio bytes" + (f" (path {path!r} not found)" if path else "")
+                    else:
+                        entry.kind, entry.loc, entry.path = "file", None, local
+                else:
+                    entry.loc = (*entry.loc[:3], name)
+        return probe(entry, channel_mode, framing)
+
+    @staticmethod
+    def _local(data_file: str, path: str | None) -> str | None:
+        if not path:
+            return None
+        full = path if os.path.isabs(path) else os.path.join(os.path.dirname(data_file), path)
+        return full if os.path.isfile(full) else None
+
+    def identity(self) -> dict:
+        out = []
+        for f in self.files():
+            st = os.stat(f)
+            out.append([os.path.abspath(f), st.st_size, st.st_mtime_ns])
+        return {"files": out}
+
+    @staticmethod
+    def open(entry):
+        group, row, column, name = entry.loc
+        try:
+            data, _ = _cell(entry.path, int(group), int(row), column)
+        except FileNotFoundError as e:
+            raise SourceError(f"{entry.path}: file not found") from e
+        except Exception as e:
+            raise SourceError(f"row group {group} unreadable: {type(e).__name__}: {e}") from e
+        if data is None:
+            raise SourceError("null audio bytes")
+        buffer = io.BytesIO(data)
+        buffer.name = name or ""
+        return buffer

@@ -1,0 +1,108 @@
+"""lhotse Shar as input: a folder with ``cuts.NNNNNN.jsonl.gz`` and ``recording.NNNNNN.tar``.
+
+Shard N's cuts and the data members of its recording tar are paired in order, as lhotse's own
+reader pairs them (each member is named ``<cut id>.<ext>``; a name that does not match its cut is
+that cut's error row).  Cut ids are the keys; a cut's ``start``/``duration`` within its stored
+recording is honoured as a segment; a MultiCut's channels follow ``--channel`` (a MultiCut of a
+subset of its recording's channels gives one item per listed channel, ``id#chN``).  The audio is
+read in place by offset, exactly as tar shards are (``tar.py``'s indexer and member view).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+
+from .base import Entry, Source, register, text_problem, printable
+from .lhotse import _manifest_items
+from .tar import index_tar, shard_identity
+
+_CUTS = re.compile(r"cuts\.(\d+)\.jsonl(\.gz)?$")
+
+
+def shar_shards(path: str) -> list[tuple[str, str, str]]:
+    """(index, cuts file, recording tar path) per shard of a Shar folder, in index order."""
+    out = []
+    for name in sorted(os.listdir(path)):
+        m = _CUTS.match(name)
+        if m:
+            out.append((m.group(1), os.path.join(path, name), os.path.join(path, f"recording.{m.group(1)}.tar")))
+    return out
+
+
+@register
+class SharSource(Source):
+    """A lhotse Shar folder; see the module docstring."""
+
+    kind = "shar"
+
+    @classmethod
+    def detect(cls, path: str) -> bool:
+        return os.path.isdir(path) and bool(glob.glob(os.path.join(glob.escape(path), "cuts.*.jsonl*")))
+
+    def entries(self, warnings: list[str]) -> list[Entry]:
+        from .._optional import lhotse as _lhotse
+
+        _lhotse()
+        entries = []
+        wanted = tuple(e.lower().lstrip(".") for e in self.options.audio_ext) if self.options.audio_ext else None
+        for index, cuts_file, tar in shar_shards(self.path):
+            shown_tar = os.path.basename(tar)
+            full = os.path.abspath(tar)
+            if os.path.isfile(tar):
+                members, damage = index_tar(full)
+            else:
+                members, damage = [], f"{shown_tar} is missing"
+            data = [m for m in members if not m[0].endswith(".json")
+                    and (wanted is None or m[0].rsplit(".", 1)[-1].lower() in wanted)]
+            rows = list(_manifest_items(cuts_file))
+            for n, (where, cut, ident, kind) in enumerate(rows):
+                where = f"{os.path.basename(cuts_file)}:{where}"
+                key = getattr(cut, "id", None) or ident or where
+                if isinstance(cut, str) or kind != "CutSet":
+                    reason = cut if isinstance(cut, str) else f"a {type(cut).__name__} is not a cut"
+                    entries.append(Entry(full, where, key=printable(key), where=where, kind="tar", error=reason))
+                    continue
+                if problem := text_problem(key):
+                    entries.append(Entry(full, where, key=printable(key), where=where, kind="tar", error=f"id {problem}"))
+                    continue
+                if n >= len(data):
+                    why = damage or f"{shown_tar} has {len(data)} audio members for {len(rows)} cuts"
+                    entries.append(Entry(full, f"{shown_tar}/{key}", key=key, where=where, kind="tar",
+                                         error=f"no audio for this cut: {why}"))
+                    continue
+                name, offset, size = data[n]
+                base = f"{shown_tar}/{name}"
+                if not name.startswith(cut.id + "."):
+                    entries.append(Entry(full, base, key=key, where=where, kind="tar",
+                                         error=f"member {name!r} does not belong to cut {cut.id!r}"))
+                    continue
+                entries += self._cut_entries(cut, full, base, where, (offset, size, name))
+        return entries
+
+    @staticmethod
+    def _cut_entries(cut, tar: str, rel: str, where: str, loc) -> list[Entry]:
+        recording = getattr(cut, "recording", None)
+        if recording is None or type(cut).__name__ == "MixedCut":
+            return [Entry(tar, rel, key=cut.id, where=where, kind="tar", error="only MonoCut/MultiCut with a recording")]
+        ids = list(recording.channel_ids)
+        whole = abs(cut.start) < 1e-9 and abs(cut.duration - recording.duration) < 0.5 / recording.sampling_rate
+        start, duration = (None, None) if whole else (cut.start, cut.duration)
+        chans = cut.channel if isinstance(cut.channel, list) else [cut.channel]
+        if len(ids) == 1 or sorted(chans) == sorted(ids) and len(chans) > 1:
+            entry_channels = [None]  # the whole recording: --channel decides (mix, first, each)
+        else:
+            entry_channels = [ids.index(c) for c in chans]
+        out = []
+        for c in entry_channels:
+            key = cut.id if c is None or len(entry_channels) == 1 else f"{cut.id}#ch{ids[c]}"
+            out.append(Entry(tar, rel, key=key, start=start, duration=duration, channel=c, where=where, kind="tar",
+                             loc=loc))
+        return out
+
+    def identity(self) -> dict:
+        files = []
+        for _, cuts_file, tar in shar_shards(self.path):
+            files += [cuts_file] + ([tar] if os.path.isfile(tar) else [])
+        return shard_identity(files)

@@ -1,0 +1,299 @@
+"""Tar shards as inputs (WebDataset layout): one ``.tar``, a folder of them, or a brace/glob pattern.
+
+Members are grouped into samples by the WebDataset convention: a sample's key is a member's name
+up to the first dot of its base name (within the member's directory), and the members of one
+sample are consecutive.  The sample's audio is its first member with an audio extension (or one of
+``--audio-ext``); a ``.json`` member is its sidecar, which may name the id (``--id-field``) and a
+segment (``start``, ``end`` or ``duration`` in seconds, ``channel``) as a list row does.
+
+Nothing is extracted: :func:`index_tar` reads the headers only (``tarfile`` seeks over each
+member's data), an entry holds the shard's path and the member's data offset and size, and whoever
+encodes the item reads it through a :class:`MemberView` -- a bounded, seekable window on the shard
+file that soundfile (or PyAV) decodes in place.  A truncated shard keeps every sample whose bytes
+are complete; the rest become one error row naming the offset where the damage starts.
+"""
+
+from __future__ import annotations
+
+import glob
+import io
+import json
+import os
+import re
+import tarfile
+
+from ..audio import DECODED_EXTENSIONS
+from .base import Entry, SourceError, Source, printable, register, segment_fields, text_problem
+
+TAR_EXTENSIONS = (".tar",)
+COMPRESSED_TAR_EXTENSIONS = (".tar.gz", ".tgz")
+_PATTERN = re.compile(r"[*?\[{]")
+
+
+class MemberView(io.RawIOBase):
+    """``size`` bytes of ``path`` from ``offset``, as a read-only seekable file: a tar member read
+    in place.  ``name`` is the member's name (decoders pick their format from its extension)."""
+
+    def __init__(self, path: str, offset: int, size: int, name: str = ""):
+        super().__init__()
+        self.file = open(path, "rb")
+        self.offset, self.size, self.pos, self.name = offset, size, 0, name
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        n = min(len(buffer), self.size - self.pos)
+        if n <= 0:
+            return 0
+        self.file.seek(self.offset + self.pos)
+        got = self.file.readinto(memoryview(buffer)[:n])
+        self.pos += got
+        return got
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self.pos, 2: self.size}[whence]
+        self.pos = max(0, base + pos)
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def close(self) -> None:
+        if not self.closed:
+            self.file.close()
+        super().close()
+
+
+def open_member(path: str, offset: int, size: int, name: str):
+    """A buffered :class:`MemberView`; SourceError if the shard no longer holds those bytes."""
+    try:
+        total = os.path.getsize(path)
+    except OSError as e:
+        raise SourceError(f"shard {path}: {e.strerror or e}") from e
+    if offset + size > total:
+        raise SourceError(f"shard {os.path.basename(path)} is truncated: member {name!r} needs bytes "
+                          f"{offset}..{offset + size}, the file has {total}")
+    return io.BufferedReader(MemberView(path, offset, size, name), 1 << 16)  # .name: the member's
+
+
+def expand_braces(pattern: str) -> list[str]:
+    """``a-{000..002}.tar`` -> three names; ``{x,y}`` alternatives; nested and repeated braces."""
+    m = re.search(r"\{([^{}]*)\}", pattern)
+    if not m:
+        return [pattern]
+    body, head, tail = m.group(1), pattern[: m.start()], pattern[m.end():]
+    r = re.fullmatch(r"(\d+)\.\.(\d+)", body)
+    if r:
+        lo, hi = r.group(1), r.group(2)
+        width = len(lo) if lo.startswith("0") or len(lo) == len(hi) else 0
+        choices = [str(i).zfill(width) for i in range(int(lo), int(hi) + 1)]
+    else:
+        choices = body.split(",")
+    return [x for c in choices for x in expand_braces(head + c + tail)]
+
+
+def shard_list(path: str, extensions=TAR_EXTENSIONS + COMPRESSED_TAR_EXTENSIONS) -> list[str]:
+    """The shard files ``path`` names: itself, the shards in a folder (sorted), or a pattern's
+    matches (braces expanded, then globbed; a brace-named file that does not exist is an error)."""
+    if os.path.isfile(path):
+        return [path]
+    if os.path.isdir(path):
+        return sorted(os.path.join(path, f) for f in os.listdir(path) if f.lower().endswith(extensions))
+    found = []
+    for name in expand_braces(path):
+        if _PATTERN.search(name):
+            found += sorted(glob.glob(name))
+        elif os.path.isfile(name):
+            found.append(name)
+        else:
+            raise FileNotFoundError(f"shard {name} (from {path}) does not exist")
+    return list(dict.fromkeys(found))
+
+
+def _is_shard_input(path: str, extensions) -> bool:
+    if os.path.isfile(path):
+        return path.lower().endswith(extensions)
+    if os.path.isdir(path):
+        names = os.listdir(path)
+        return any(n.lower().endswith(extensions) for n in names) and not any(
+            n.lower().endswith(DECODED_EXTENSIONS) or n.startswith("cuts.") for n in names)  # cuts.*: lhotse Shar
+    if _PATTERN.search(path):
+        try:
+            shards = shard_list(path)
+        except FileNotFoundError:
+            return False
+        return bool(shards) and all(s.lower().endswith(extensions) for s in shards)
+    return False
+
+
+def index_tar(path: str):
+    """(members, damage): ``members`` = [(name, data offset, size)] of the regular files, read
+    from the headers alone (tarfile seeks over the data); ``damage`` = None, or why reading stopped
+    and at which byte offset (a truncated or corrupt shard: the members before it are intact)."""
+    members, damage = [], None
+    size = os.path.getsize(path)
+    try:
+        tf = tarfile.open(path, "r:")
+    except tarfile.ReadError as e:
+        return [], f"not a tar file ({e})"
+    with tf:
+        while True:
+            try:
+                info = tf.next()
+            except (tarfile.ReadError, EOFError, OSError) as e:
+                damage = f"damaged at byte {tf.offset} ({e or type(e).__name__})"
+                break
+            if info is None:
+                break
+            if not info.isfile():
+                continue
+            if info.offset_data + info.size > size:
+                damage = f"truncated at byte {size}: member {info.name!r} needs bytes up to {info.offset_data + info.size}"
+                break
+            members.append((info.name, info.offset_data, info.size))
+    return members, damage
+
+
+def split_name(name: str) -> tuple[str, str]:
+    """WebDataset (key, extension): ``dir/abc.flac`` -> (``dir/abc``, ``flac``); ``a.seg.json`` ->
+    (``a``, ``seg.json``)."""
+    folder, base = os.path.split(name)
+    stem, _, ext = base.partition(".")
+    return (f"{folder}/{stem}" if folder else stem), ext.lower()
+
+
+def group_samples(members):
+    """Consecutive members sharing a key -> [(key, {extension: (name, offset, size)})], in order (a
+    key seen again later is another sample: a duplicate key, which dedup makes an error row)."""
+    samples = []
+    for name, offset, size in members:
+        key, ext = split_name(name)
+        if not samples or samples[-1][0] != key:
+            samples.append((key, {}))
+        samples[-1][1].setdefault(ext, (name, offset, size))
+    return samples
+
+
+def _audio_member(parts: dict, audio_ext):
+    """The sample's audio member: the first whose extension is an audio one (or in ``audio_ext``)."""
+    wanted = tuple(e.lower().lstrip(".") for e in audio_ext) if audio_ext else None
+    for ext, member in parts.items():
+        last = ext.rsplit(".", 1)[-1]
+        if (wanted and (ext in wanted or last in wanted)) or (not wanted and "." + last in DECODED_EXTENSIONS):
+            return member
+    return None
+
+
+def _read_bytes(path: str, offset: int, size: int) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return f.read(size)
+
+
+def sample_entries(shard: str, shown: str, key: str, parts: dict, options, kind: str, data_of=None) -> Entry:
+    """One sample -> its entry: audio member, sidecar id and segment, or the reason it has none.
+    ``data_of(member)`` gives a member's bytes (the sidecar), read from the shard by default."""
+    data_of = data_of or (lambda m: _read_bytes(shard, m[1], m[2]))
+    where = f"{shown}:{key}"
+    default_key = f"{shown}/{key}"
+    audio = _audio_member(parts, options.audio_ext)
+    if audio is None:
+        wanted = ", ".join(options.audio_ext) if options.audio_ext else "an audio extension"
+        return Entry(shard, default_key, key=default_key, where=where, kind=kind,
+                     error=f"sample has no audio member ({wanted}); members: " + ", ".join(sorted(parts)))
+    name, offset, size = audio
+    entry = Entry(shard, f"{shown}/{name}", key=default_key, where=where, kind=kind, loc=(offset, size, name))
+    if "json" in parts:
+        try:
+            row = json.loads(data_of(parts["json"]).decode("utf-8"))
+            if not isinstance(row, dict):
+                raise ValueError("not a JSON object")
+        except ValueError as e:
+            entry.error = f"sidecar {parts['json'][0]!r} is not a JSON object ({e})"
+            return entry
+        if options.id_field:
+            ident = row.get(options.id_field)
+            if ident in (None, ""):
+                entry.error = f"sidecar {parts['json'][0]!r} has no {options.id_field!r}"
+                return entry
+            ident = str(ident)
+            if problem := text_problem(ident):
+                entry.key, entry.error = printable(ident), f"id {problem}"
+                return entry
+            entry.key = ident
+        try:
+            segment_fields(row, entry)
+        except ValueError as e:
+            entry.error = f"sidecar {parts['json'][0]!r}: {e}"
+    elif options.id_field:
+        entry.error = f"sample has no .json sidecar with {options.id_field!r}"
+    return entry
+
+
+def _shown_names(shards: list[str]) -> list[str]:
+    """Shard names as keys show them: the file name, or the path relative to the shards' common
+    folder when two shards share a file name."""
+    names = [os.path.basename(s) for s in shards]
+    if len(set(names)) == len(names):
+        return names
+    common = os.path.commonpath([os.path.abspath(s) for s in shards])
+    return [os.path.relpath(os.path.abspath(s), common).replace(os.sep, "/") for s in shards]
+
+
+def shard_identity(shards: list[str]) -> dict:
+    """The input's identity for run.json: every shard with its size and modification time, so a
+    resume over shards that were rewritten, added or removed is refused."""
+    out = []
+    for s in shards:
+        st = os.stat(s)
+        out.append([os.path.abspath(s), st.st_size, st.st_mtime_ns])
+    return {"shards": out}
+
+
+@register
+class TarSource(Source):
+    """Uncompressed tar shards (WebDataset), read by offset; see the module docstring."""
+
+    kind = "tar"
+
+    @classmethod
+    def detect(cls, path: str) -> bool:
+        return _is_shard_input(path, TAR_EXTENSIONS)
+
+    def shards(self) -> list[str]:
+        if not hasattr(self, "_shards"):
+            shards = shard_list(self.path, TAR_EXTENSIONS + COMPRESSED_TAR_EXTENSIONS)
+            compressed = [s for s in shards if s.lower().endswith(COMPRESSED_TAR_EXTENSIONS)]
+            if compressed:
+                raise ValueError(f"{compressed[0]} is a compressed tar: give compressed and uncompressed shards "
+                                 "as separate inputs")
+            if not shards:
+                raise FileNotFoundError(f"no .tar shards in {self.path}")
+            self._shards = shards
+        return self._shards
+
+    def entries(self, warnings: list[str]) -> list[Entry]:
+        shards = self.shards()
+        entries = []
+        for shard, shown in zip(shards, _shown_names(shards)):
+            full = os.path.abspath(shard)
+            members, damage = index_tar(full)
+            for key, parts in group_samples(members):
+                entries.append(sample_entries(full, shown, key, parts, self.options, self.kind))
+            if damage:
+                entries.append(Entry(full, f"{shown}@damage", key=f"{shown}@damage", where=shown, kind=self.kind,
+                                     error=f"{shown}: {damage}; the samples after it are not read"))
+                warnings.append(f"{shown}: {damage}")
+        return entries
+
+    def identity(self) -> dict:
+        return shard_identity(self.shards())
+
+    @staticmethod
+    def open(entry):
+        offset, size, name = entry.loc
+        return open_member(entry.path, int(offset), int(size), name)

@@ -1,0 +1,355 @@
+"""Packaged corpora as inputs: tar/WebDataset shards, Parquet / HF datasets, lhotse Shar, and the
+PyAV decoder.  Every kind is checked against the same audio encoded as loose files (the arrays of
+every key equal), plus the single-item reference (``verify_outputs`` re-encodes each item alone
+with transformers' MimiModel and compares with what OUT stores)."""
+
+import gzip
+import io
+import json
+import os
+import tarfile
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from mimi_extract.plan import Part
+from mimi_extract.runner import extract
+from mimi_extract.settings import Settings
+from mimi_extract.sources import Options, discover, open_audio
+from mimi_extract.testing import check_consistency
+from mimi_extract.verify import verify_outputs, verify_source
+from mimi_extract.writer import OutputError, read_manifest, read_run_info
+from conftest import cli
+
+# name -> (seconds, rate, channels); flac and wav, three rates, one stereo file
+FILES = {"a.flac": (0.7, 16_000, 1), "b.wav": (1.3, 24_000, 1), "c.flac": (0.45, 44_100, 1),
+         "d.wav": (0.9, 24_000, 2), "e.flac": (1.1, 16_000, 1), "f.wav": (0.3, 24_000, 1)}
+
+
+def settings(model_dir, **kw):
+    return Settings(model=model_dir, tap="codes", num_workers=1, **kw)
+
+
+@pytest.fixture(scope="module")
+def loose(tmp_path_factory):
+    root = tmp_path_factory.mktemp("loose")
+    rng = np.random.default_rng(3)
+    for name, (seconds, rate, channels) in FILES.items():
+        shape = int(seconds * rate) if channels == 1 else (int(seconds * rate), channels)
+        sf.write(str(root / name), (0.2 * rng.standard_normal(shape)).astype(np.float32), rate,
+                 subtype="PCM_16")
+    return str(root)
+
+
+@pytest.fixture(scope="module")
+def loose_run(loose, tiny_model_dir, tmp_path_factory):
+    """The loose files encoded: what every packaged form of the same audio must give, key for key."""
+    out = str(tmp_path_factory.mktemp("loose-out") / "out")
+    assert extract(loose, out, settings(tiny_model_dir))["ok"] == len(FILES)
+    return check_consistency(out)
+
+
+def add_bytes(tf: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    tf.addfile(info, io.BytesIO(data))
+
+
+def write_tar(path, loose, names, sidecar=True, extra=()):
+    """A WebDataset shard: ``<stem>.<ext>`` + ``<stem>.json`` (the id: the loose file's name)."""
+    with tarfile.open(path, "w") as tf:
+        for name in names:
+            stem = name.split(".")[0]
+            with open(os.path.join(loose, name), "rb") as f:
+                add_bytes(tf, f"{stem}.{name.split('.')[1]}", f.read())
+            if sidecar:
+                add_bytes(tf, f"{stem}.json", json.dumps({"id": name, "text": "hi"}).encode())
+        for name, data in extra:
+            add_bytes(tf, name, data)
+    return str(path)
+
+
+def assert_equal_arrays(got, want, mapping=lambda k: k):
+    assert len(got) == len(want)
+    for key, data in got.items():
+        assert np.array_equal(data, want[mapping(key)]), key
+
+
+# -- tar ---------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def shards(loose, tmp_path_factory):
+    root = tmp_path_factory.mktemp("shards")
+    names = sorted(FILES)
+    write_tar(root / "en-000000.tar", loose, names[:3])
+    write_tar(root / "en-000001.tar", loose, names[3:])
+    return str(root)
+
+
+def test_tar_equals_loose_files_and_single_item_reference(shards, loose_run, tiny_model_dir, tmp_path):
+    out = str(tmp_path / "out")
+    summary = extract(os.path.join(shards, "en-{000000..000001}.tar"), out, settings(tiny_model_dir),
+                      options=Options(id_field="id"))
+    assert summary["ok"] == len(FILES) and summary["errors"] == 0
+    assert_equal_arrays(check_consistency(out), loose_run)
+    info = read_run_info(out)
+    assert info["input_kind"] == "tar" and [os.path.basename(s[0]) for s in info["input_identity"]["shards"]] == [
+        "en-000000.tar", "en-000001.tar"]
+    checks, problems = verify_outputs(out, sample=None)  # reopens each member by offset, encodes it alone
+    assert not problems and len(checks) == len(FILES)
+    assert all(c.error is None and not [m for m in c.mismatches if not m.tie] for c in checks), checks
+    # default keys: <shard file name>/<sample key>; the folder form finds the same shards
+    found = discover(shards)
+    assert found.kind == "tar" and sorted(it.key for it in found.items) == sorted(
+        f"en-00000{int(i >= 3)}.tar/{n.split('.')[0]}" for i, n in enumerate(sorted(FILES)))
+
+
+def test_tar_parts_union_resume_identity_and_cli(shards, loose_run, tiny_model_dir, tmp_path):
+    """--part by key hash: the union of the parts is the whole; a rewritten shard is refused on
+    resume (its size and mtime are the input's identity); info, status and decode read a tar OUT."""
+    out = str(tmp_path / "out")
+    for i in range(2):
+        extract(shards, out, settings(tiny_model_dir), part=Part(i, 2), options=Options(id_field="id"))
+    assert_equal_arrays(check_consistency(out), loose_run)
+    assert cli("info", out).exit_code == 0 and cli("status", out).exit_code == 0
+    wav = str(tmp_path / "a.wav")
+    result = cli("decode", out, "a.flac", "--output", wav, "--device", "cpu")
+    assert result.exit_code == 0, result.text
+    assert sf.info(wav).frames == round(FILES["a.flac"][0] * 24_000)
+    whole = str(tmp_path / "whole")
+    extract(shards, whole, settings(tiny_model_dir), options=Options(id_field="id"))
+    os.utime(os.path.join(shards, "en-000001.tar"), ns=(1, 1))
+    try:
+        with pytest.raises(OutputError, match="input_identity"):
+            extract(shards, whole, settings(tiny_model_dir), options=Options(id_field="id"))
+    finally:
+        now = os.stat(os.path.join(shards, "en-000000.tar")).st_mtime_ns
+        os.utime(os.path.join(shards, "en-000001.tar"), ns=(now, now))
+
+
+def test_tar_sidecar_segment_and_channel(loose, tmp_path):
+    """A sidecar's start/end are a segment (keys stay the sample's), its channel picks one."""
+    with open(os.path.join(loose, "d.wav"), "rb") as f:
+        data = f.read()
+    path = str(tmp_path / "seg.tar")
+    with tarfile.open(path, "w") as tf:
+        add_bytes(tf, "x.wav", data)
+        add_bytes(tf, "x.json", json.dumps({"start": 0.25, "end": 0.5, "channel": 1}).encode())
+    (item,) = discover(path).items
+    assert (item.key, item.start, item.frames, item.channel, item.segment) == ("seg.tar/x", 6000, 6000, 1, (0.25, 0.5))
+    from mimi_extract.audio import load
+
+    want = load(os.path.join(loose, "d.wav"), 1, start=6000, frames=6000)
+    assert np.array_equal(load(open_audio(item), item.channel, start=item.start, frames=item.frames), want)
+
+
+def test_tar_bad_inputs_are_error_rows(loose, tmp_path):
+    """Truncated shard (the samples before the damage are kept), a sample without audio, a member
+    that is not audio, duplicate keys inside a shard and across shards, a bad sidecar."""
+    good = write_tar(tmp_path / "s-0.tar", loose, ["a.flac", "b.wav", "c.flac"],
+                     extra=[("noaudio.json", b'{"id": "n"}'), ("garbage.flac", b"not audio at all" * 10),
+                            ("garbage.json", b'{"id": "g"}'),
+                            ("a.flac", open(os.path.join(loose, "e.flac"), "rb").read()),
+                            ("badjson.wav", open(os.path.join(loose, "f.wav"), "rb").read()),
+                            ("badjson.json", b"[1, 2")])
+    with open(good, "rb") as f:
+        data = f.read()
+    from mimi_extract.sources.tar import index_tar
+
+    b_offset = index_tar(good)[0][2][1]  # (name, offset, size) of b.wav
+    with open(tmp_path / "s-1.tar", "wb") as f:  # truncated inside its second sample's audio
+        f.write(data[: b_offset + 2000])
+    write_tar(tmp_path / "s-2.tar", loose, ["b.wav"])  # the same id as in s-0: duplicate across shards
+    found = discover(str(tmp_path / "s-*.tar"), options=Options(id_field="id"))
+    errors = {it.key: it.error for it in found.bad}
+    assert {it.key for it in found.items} == {"a.flac", "b.wav", "c.flac"}
+    assert "no audio member" in errors["s-0.tar/noaudio"]
+    assert "unreadable or corrupt audio header" in errors["g"]
+    assert "no .json sidecar" in errors["s-0.tar/a"]  # the second 'a' sample, with no sidecar
+    assert "not a JSON object" in errors["s-0.tar/badjson"]
+    assert "truncated at byte" in errors["s-1.tar@damage"]
+    assert any("duplicate key 'a.flac'" in e for e in errors.values())  # s-1's first sample (intact)
+    assert any("duplicate key 'b.wav'" in e for e in errors.values())  # s-2
+
+
+# -- Parquet / HF datasets ------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def hf_dataset(loose, tmp_path_factory):
+    """The loose files as a datasets Audio column (bytes embedded, as on the Hub): Parquet with
+    two-row row groups, and a save_to_disk folder."""
+    datasets = pytest.importorskip("datasets")
+    root = tmp_path_factory.mktemp("hf")
+    names = sorted(FILES)
+    audio = [{"bytes": open(os.path.join(loose, n), "rb").read(), "path": n} for n in names]
+    ds = datasets.Dataset.from_dict({"audio": audio, "id": names}).cast_column("audio", datasets.Audio())
+    (root / "data").mkdir()
+    ds.to_parquet(str(root / "data" / "train-00000-of-00001.parquet"), batch_size=2)
+    ds.save_to_disk(str(root / "saved"))
+    assert datasets.load_dataset("parquet", data_files=str(root / "data" / "*.parquet"), split="train")["id"] == names
+    return str(root)
+
+
+@pytest.mark.parametrize("form", ["data", "saved"])
+def test_parquet_equals_loose_files(hf_dataset, loose_run, tiny_model_dir, tmp_path, form):
+    out = str(tmp_path / "out")
+    summary = extract(os.path.join(hf_dataset, form), out, settings(tiny_model_dir), options=Options(id_column="id"))
+    assert summary["ok"] == len(FILES)
+    assert_equal_arrays(check_consistency(out), loose_run)
+    if form == "data":
+        checks, problems = verify_outputs(out, sample=2)
+        assert not problems and all(c.error is None for c in checks)
+        found = discover(os.path.join(hf_dataset, form))  # default keys: <file>/<row>
+        assert sorted(it.key for it in found.items)[0] == "train-00000-of-00001.parquet/0"
+        assert {it.loc[0] for it in found.items} == {0, 1, 2}  # three row groups of two rows
+
+
+def test_parquet_bad_inputs(loose, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"text": ["a", "b"]}), tmp_path / "noaudio.parquet")
+    with pytest.raises(ValueError, match="no audio column"):
+        discover(str(tmp_path / "noaudio.parquet"))
+    good = open(os.path.join(loose, "a.flac"), "rb").read()
+    audio = pa.array([{"bytes": good, "path": "a.flac"}, {"bytes": None, "path": "gone.flac"},
+                      {"bytes": b"garbage" * 20, "path": "g.flac"}] * 2,
+                     pa.struct([("bytes", pa.binary()), ("path", pa.string())]))
+    path = tmp_path / "x.parquet"
+    pq.write_table(pa.table({"audio": audio}), path, row_group_size=3, compression="snappy")
+    found = discover(str(path))
+    errors = {it.key: it.error for it in found.bad}
+    assert sorted(it.key for it in found.items) == ["x.parquet/0", "x.parquet/3"]
+    assert "null audio bytes" in errors["x.parquet/1"] and "corrupt audio header" in errors["x.parquet/2"]
+    # a corrupt row group: the second group's pages overwritten with garbage
+    md = pq.ParquetFile(path).metadata
+    col = md.row_group(1).column(0)
+    raw = bytearray(open(path, "rb").read())
+    start = col.data_page_offset
+    raw[start: start + 64] = b"\xff" * 64
+    (tmp_path / "bad").mkdir()
+    open(tmp_path / "bad" / "x.parquet", "wb").write(bytes(raw))
+    found = discover(str(tmp_path / "bad" / "x.parquet"))
+    assert [it.key for it in found.items] == ["x.parquet/0"]
+    assert all("row group 1 unreadable" in it.error for it in found.bad if it.key in ("x.parquet/3", "x.parquet/4"))
+
+
+# -- lhotse Shar ---------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def shar(loose, tmp_path_factory):
+    """The loose files as a lhotse Shar written by lhotse itself (flac members, 4 cuts a shard)."""
+    lhotse = pytest.importorskip("lhotse")
+    root = tmp_path_factory.mktemp("shar")
+    recs = [lhotse.Recording.from_file(os.path.join(loose, n), recording_id=n.split(".")[0]) for n in sorted(FILES)]
+    cuts = lhotse.CutSet.from_manifests(recordings=lhotse.RecordingSet.from_recordings(recs))
+    cuts = lhotse.CutSet.from_cuts(c.with_id(c.recording_id) for c in cuts)
+    cuts.to_shar(str(root), fields={"recording": "flac"}, shard_size=4)
+    return str(root)
+
+
+def test_shar_equals_its_members_as_loose_files(shar, tiny_model_dir, tmp_path):
+    """Cut ids are the keys; the arrays equal the very members extracted as loose files; a cut's
+    start/duration within its recording is a segment; a MultiCut follows --channel."""
+    members = tmp_path / "members"
+    for name in sorted(os.listdir(shar)):
+        if name.startswith("recording."):
+            with tarfile.open(os.path.join(shar, name)) as tf:
+                tf.extractall(members, filter="data")
+    loose_out, shar_out = str(tmp_path / "loose-out"), str(tmp_path / "shar-out")
+    extract(str(members), loose_out, settings(tiny_model_dir))
+    summary = extract(shar, shar_out, settings(tiny_model_dir))
+    assert summary["ok"] == len(FILES) and read_run_info(shar_out)["input_kind"] == "shar"
+    assert_equal_arrays(check_consistency(shar_out), check_consistency(loose_out), lambda k: k + ".flac")
+    each = discover(shar, "each")
+    assert {"d#ch0", "d#ch1"} <= {it.key for it in each.items}  # d.wav is stereo: a MultiCut
+    # a cut with an offset: rewrite shard 0's first cut as 0.2 s from 0.1 s
+    cuts_file = os.path.join(shar, "cuts.000000.jsonl.gz")
+    lines = gzip.open(cuts_file, "rt").read().splitlines()
+    first = json.loads(lines[0])
+    first.update(start=0.1, duration=0.2)
+    seg = tmp_path / "seg"
+    seg.mkdir()
+    with gzip.open(seg / "cuts.000000.jsonl.gz", "wt") as f:
+        f.write("\n".join([json.dumps(first)] + lines[1:]) + "\n")
+    os.symlink(os.path.join(shar, "recording.000000.tar"), seg / "recording.000000.tar")
+    with gzip.open(seg / "cuts.000001.jsonl.gz", "wt") as f:  # its recording tar is missing
+        f.write(gzip.open(os.path.join(shar, "cuts.000001.jsonl.gz"), "rt").read())
+    found = discover(str(seg))
+    item = next(it for it in found.items if it.key == first["id"])
+    rate = FILES[first["id"] + ".flac"][1] if first["id"] + ".flac" in FILES else FILES[first["id"] + ".wav"][1]
+    assert (item.start, item.frames, item.segment) == (round(0.1 * rate), round(0.2 * rate), (0.1, 0.30000000000000004))
+    assert all("recording.000001.tar is missing" in it.error for it in found.bad) and len(found.bad) == 2
+
+
+# -- PyAV decoder ---------------------------------------------------------------------------
+def write_with_pyav(path: str, container: str, codec: str, rate: int, samples: int, seed: int = 0) -> None:
+    av = pytest.importorskip("av")
+    rng = np.random.default_rng(seed)
+    data = (0.2 * rng.standard_normal(samples)).astype(np.float32)
+    with av.open(path, "w", format=container) as out:
+        stream = out.add_stream(codec, rate=rate, layout="mono")
+        fmt = stream.codec_context.codec.audio_formats[0].name
+        for i in range(0, samples, 1024):
+            block = data[i: i + 1024]
+            frame = av.AudioFrame.from_ndarray(block[None] if fmt.endswith("p") else block[None], format="fltp" if fmt.endswith("p") else "flt", layout="mono")
+            frame.sample_rate = rate
+            for packet in stream.encode(frame):
+                out.mux(packet)
+        for packet in stream.encode(None):
+            out.mux(packet)
+
+
+def ffmpeg_samples(path: str) -> int:
+    """What FFmpeg itself decodes (PyAV's plain decode loop, outside the tool)."""
+    import av
+
+    with av.open(path) as f:
+        return sum(frame.samples for frame in f.decode(audio=0))
+
+
+def test_pyav_formats_decode_and_encode(tmp_path, tiny_model_dir):
+    """m4a/AAC and Opus-in-WebM made here through PyAV: decoded by PyAV (chosen by extension),
+    their lengths are FFmpeg's, and they encode; run.json records both decoders."""
+    from mimi_extract.audio import decoder_for, load
+
+    root = tmp_path / "in"
+    root.mkdir()
+    write_with_pyav(str(root / "x.m4a"), "mp4", "aac", 44_100, 30_000)
+    write_with_pyav(str(root / "y.webm"), "webm", "libopus", 48_000, 40_000, seed=1)
+    assert decoder_for("x.m4a") == decoder_for("y.webm") == "pyav" and decoder_for("z.mp3") == "soundfile"
+    found = discover(str(root))
+    assert not found.bad
+    for it in found.items:
+        assert it.frames == ffmpeg_samples(it.path)
+        assert load(it.path).shape[-1] == -(-it.frames * 24_000 // it.sample_rate)
+    out = str(tmp_path / "out")
+    assert extract(str(root), out, settings(tiny_model_dir))["ok"] == 2
+    decoders = read_run_info(out)["decoders"]
+    assert decoders["soundfile"].startswith("soundfile") and decoders["pyav"].startswith("av ")
+    # verify both ways: engine vs single item, and what OUT holds vs single item
+    checks = verify_source(str(root), settings(tiny_model_dir, batch_size=4))
+    assert all(c.error is None and c.note is None for c in checks)
+
+
+def test_mp3_decoder_is_fixed_and_recorded(tmp_path, tiny_model_dir, monkeypatch):
+    """MP3 goes to libsndfile whether or not PyAV is there (priming differs between decoders);
+    a resume whose decoders differ from run.json's is refused, never mixed."""
+    import mimi_extract.audio as audio
+    import mimi_extract.runner as runner
+
+    root = tmp_path / "mp3"
+    root.mkdir()
+    for i in range(2):
+        write_with_pyav(str(root / f"m{i}.mp3"), "mp3", "libmp3lame", 24_000, 12_000 + 5000 * i, seed=i)
+    found = discover(str(root))
+    assert len(found.items) == 2
+    soundfile_frames = [sf.info(it.path).frames for it in found.items]
+    assert [it.frames for it in found.items] == soundfile_frames  # libsndfile's count, not FFmpeg's
+    out = str(tmp_path / "out")
+    assert extract(str(root), out, settings(tiny_model_dir), limit=1)["ok"] == 1
+    assert "libsndfile" in read_run_info(out)["decoders"]["soundfile"]
+    other = dict(audio.decoder_versions(), soundfile="soundfile 0.0, libsndfile 0.0")
+    monkeypatch.setattr(runner, "decoder_versions", lambda: other)
+    with pytest.raises(OutputError, match="decoders"):
+        extract(str(root), out, settings(tiny_model_dir))
+    monkeypatch.undo()
+    assert extract(str(root), out, settings(tiny_model_dir))["ok"] == 1  # same decoders: resumes

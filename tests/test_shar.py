@@ -1,0 +1,414 @@
+"""lhotse Shar output (``--format shar``), read by lhotse itself: ``CutSet.from_shar`` +
+``cut.load_custom`` equal ``mimi_extract.read`` and the single-item reference, samplers work,
+every reader works, and the HDF5 guarantees hold (damaged shards, kill -9, error rows, parts)."""
+
+import gzip
+import io
+import json
+import os
+import random
+import shutil
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+lhotse = pytest.importorskip("lhotse")
+
+import mimi_extract  # noqa: E402
+from conftest import ONE_WORKER, cli, cli_process, write_noise  # noqa: E402
+from mimi_extract import read, read_cuts, read_manifest  # noqa: E402
+from mimi_extract.audio import load  # noqa: E402
+from mimi_extract.encoder import reference_single  # noqa: E402
+from mimi_extract.formats import get_format  # noqa: E402
+from mimi_extract.formats.common import committed_rows, run_dirs  # noqa: E402
+from mimi_extract.formats.shar import shar_fields  # noqa: E402
+from mimi_extract.outputs import decode_items, info_report, status_report  # noqa: E402
+from mimi_extract.plan import Part  # noqa: E402
+from mimi_extract.runner import extract  # noqa: E402
+from mimi_extract.settings import Settings  # noqa: E402
+from test_lhotse import rhu  # noqa: E402
+
+SHAR = get_format("shar")
+
+
+def check_shar(out: str, killed: bool = False) -> dict[str, np.ndarray]:
+    """Assert a Shar OUT's invariants and return {key: array} of its committed items.
+
+    Per run directory: its ``shar/`` folder holds only ``cuts.N.jsonl.gz`` + ``<field>.N.tar``
+    pairs whose rows are committed, each pair exactly what its rows say (the format's own check);
+    no temporary anywhere.  ``killed``: as a kill -9 left it: a temporary in the run directory
+    (never in ``shar/``) and one cuts file whose tar was never renamed into place may remain.
+    Then lhotse reads every committed pair (``from_shar``; also ``from_shar(in_dir=...)`` when
+    nothing is left over) and each cut's array equals ``mimi_extract.read``."""
+    arrays = {}
+    for d in run_dirs(out):
+        rows = [r for r in committed_rows(d) if r.get("status") == "ok"]
+        keys = [r["key"] for r in rows]
+        assert len(keys) == len(set(keys)), "a key committed twice"
+        by_shard: dict[str, list] = {}
+        for r in rows:
+            by_shard.setdefault(r["shard"], []).append(r)
+        committed = {n for s in by_shard for n in (s, SHAR.companions(s)[0])}
+        folder = os.path.join(d, "shar")
+        files = {f"shar/{n}" for n in os.listdir(folder)} if os.path.isdir(folder) else set()
+        stray = files - committed
+        assert not any(n.endswith(".tmp") for n in files), f"a temporary inside {folder}: lhotse would read it"
+        if killed:
+            assert len(stray) <= 1 and all(n.startswith("shar/cuts.") for n in stray), stray
+        else:
+            assert not stray, f"files in {folder} that no committed row names: {stray}"
+            assert not [n for n in os.listdir(d) if n.endswith(".tmp")], os.listdir(d)
+        for shard, shard_rows in by_shard.items():
+            assert SHAR.check(os.path.join(d, shard), shard_rows) is None, shard
+        if by_shard and not stray:
+            ids = [c.id for c in lhotse.CutSet.from_shar(in_dir=folder)]
+            assert sorted(ids) == sorted(keys)
+    for cut in read_cuts(out):
+        field = next(iter(cut.custom))
+        arrays[cut.id] = cut.load_custom(field)
+        assert np.array_equal(arrays[cut.id], read(out, cut.id)), cut.id
+    assert sorted(arrays) == sorted(r["key"] for r in read_manifest(out) if r["status"] == "ok")
+    return arrays
+
+
+@pytest.fixture(scope="module")
+def shar_input(tmp_path_factory):
+    """Files and a list with whole files, segments, a channel, a stereo mix, bad rows."""
+    root = tmp_path_factory.mktemp("shar-in")
+    rng = np.random.default_rng(3)
+    write_noise(root / "a.wav", 24_000 * 2 + 77, rng=rng)
+    write_noise(root / "b16k.wav", 16_000 * 3, 16_000, rng)
+    write_noise(root / "stereo.wav", 24_000, rng=rng, channels=2)
+    write_noise(root / "long.wav", 24_000 * 5 + 1000, rng=rng, subtype="FLOAT")
+    (root / "corrupt.wav").write_bytes(b"RIFF\x24\x00\x00\x00WAVEfmt garbage")
+    rows = [{"path": "a.wav"}, {"path": "b16k.wav"}, {"path": "stereo.wav"},
+            {"path": "stereo.wav", "channel": 1, "id": "stereo-right"},
+            {"path": "long.wav", "start": 1.23, "end": 3.5},
+            {"path": "long.wav", "start": 0.5, "duration": 0.3, "id": "seg/short"},
+            {"path": "corrupt.wav"}, {"path": "missing.wav"},
+            {"path": "a.wav", "id": "odd//id"}]  # lhotse would read this cut id back as "odd/id"
+    (root / "list.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return root
+
+
+def test_from_shar_loads_exactly_what_read_returns(shar_input, tiny_model, tiny_model_dir, tmp_path):
+    out = str(tmp_path / "out")
+    summary = extract(str(shar_input / "list.jsonl"), out,
+                      Settings(model=tiny_model_dir, tap="codes", num_workers=0, format="shar"), shard_size=2)
+    assert summary["ok"] == 6 and summary["errors"] == 3, summary
+    shar_dir = os.path.join(out, "shar")
+    names = sorted(os.listdir(shar_dir))
+    assert names == [f"{f}.{i:06d}.{x}" for f, x in (("cuts", "jsonl.gz"), ("mimi_codes", "tar")) for i in range(3)]
+    assert not os.path.exists(os.path.join(out, "cuts.jsonl.gz"))  # the Shar cuts are the cuts
+    rows = {r["key"]: r for r in read_manifest(out)}
+    errors = {k: r["error"] for k, r in rows.items() if r["status"] == "error"}
+    assert set(errors) == {"corrupt.wav", "missing.wav", "odd//id"} and "lhotse Shar" in errors["odd//id"]
+
+    cuts = lhotse.CutSet.from_shar(in_dir=shar_dir)  # lhotse's own reader, as a user calls it
+    seen = set()
+    for cut in cuts:
+        row = rows[cut.id]
+        stored = read(out, cut.id)
+        got = cut.load_custom("mimi_codes")
+        assert got.dtype == np.int16 and np.array_equal(got, stored), cut.id
+        channel = row["channel"] if row["channel"] is not None else "mix"
+        start = round(row.get("start", 0) * row["sample_rate"])
+        frames = round((row["end"] - row["start"]) * row["sample_rate"]) if "end" in row else None
+        audio = load(row["source"]["path"], channel, start=start, frames=frames)
+        assert np.array_equal(stored, reference_single(tiny_model, audio, 8)["codes"].numpy()), cut.id
+        for offset, duration in ((0.0, 0.4), (0.13, 0.5), (0.28, None)):
+            part = cut.truncate(offset=offset, duration=duration)
+            lo, n = rhu(offset / 0.08), rhu(part.duration / 0.08)
+            assert np.array_equal(part.load_custom("mimi_codes"), stored[lo: lo + n]), (cut.id, offset)
+        seen.add(cut.id)
+    assert seen == {k for k, r in rows.items() if r["status"] == "ok"}
+
+    # the cuts carry their recording: a segment's audio is that segment of the source file
+    seg = next(c for c in cuts if c.id == "long.wav@1.23-3.5")
+    assert seg.start == 1.23 and seg.recording.sources[0].source == str(shar_input / "long.wav")
+    raw = sf.read(str(shar_input / "long.wav"), start=round(1.23 * 24_000), frames=round(2.27 * 24_000), dtype="float32")[0]
+    assert np.array_equal(seg.truncate(duration=2.27).load_audio()[0], raw)
+    assert isinstance(next(c for c in cuts if c.id == "stereo.wav"), lhotse.MultiCut)
+    assert next(c for c in cuts if c.id == "stereo-right").channel == 1
+
+    sampler = lhotse.dataset.DynamicBucketingSampler(cuts, max_duration=3.0, num_buckets=2, buffer_size=20,
+                                                     shuffle=True, seed=0)
+    assert sorted(c.id for batch in sampler for c in batch) == sorted(seen)
+    assert sorted(c.id for c in read_cuts(out)) == sorted(seen)
+
+    # every reader
+    reader = mimi_extract.open(out)
+    assert sorted(reader.keys()) == sorted(seen) and all(np.array_equal(reader[k], read(out, k)) for k in seen)
+    info = info_report(out)
+    assert info["ok"] == 6 and info["errors"] == 3 and len(info["shards"]) == 3 and info["bytes"] > 0
+    assert info["settings"]["format"] == "shar"
+    assert status_report(out)["complete"]
+    result = cli("verify", "--out", out, "--sample", 3, "--device", "cpu")
+    assert result.exit_code == 0, result.output
+    wav = decode_items(out, ["a.wav"], str(tmp_path / "a.wav"))
+    assert sf.info(wav[0]).frames == 24_000 * 2 + 77
+    result = cli("cuts", out, "-o", str(tmp_path / "c.jsonl.gz"))
+    assert result.exit_code != 0 and "from_shar" in result.text
+    check_shar(out)
+
+
+@pytest.mark.parametrize("tap,field,shift", [("latent", "mimi_latent", 0.08), ("encoder", "mimi_encoder", 0.04)])
+def test_feature_taps_name_their_field(shar_input, tiny_model_dir, tmp_path, tap, field, shift):
+    out = str(tmp_path / "out")
+    (tmp_path / "one.txt").write_text(str(shar_input / "a.wav") + "\n")
+    extract(str(tmp_path / "one.txt"), out, Settings(model=tiny_model_dir, tap=tap, num_workers=0, format="shar"))
+    assert sorted(os.listdir(os.path.join(out, "shar"))) == ["cuts.000000.jsonl.gz", f"{field}.000000.tar"]
+    (cut,) = lhotse.CutSet.from_shar(in_dir=os.path.join(out, "shar"))
+    assert cut.custom[field].frame_shift == shift
+    assert np.array_equal(cut.load_custom(field), read(out, cut.id))
+
+
+def test_parts_union_and_resume_refuses_another_format(shar_input, tiny_model_dir, tmp_path):
+    out = str(tmp_path / "parts")
+    settings = Settings(model=tiny_model_dir, tap="codes", num_workers=0, format="shar")
+    for i in range(2):
+        extract(str(shar_input / "list.jsonl"), out, settings, part=Part(i, 2), shard_size=2)
+    union = check_shar(out)
+    assert len(union) == 6
+    for i in range(2):  # each part's folder is a Shar dataset of its own
+        folder = os.path.join(out, Part(i, 2).dirname, "shar")
+        assert {c.id for c in lhotse.CutSet.from_shar(in_dir=folder)} < set(union)
+    fields = shar_fields(run_dirs(out))
+    assert len(fields["cuts"]) == len(fields["mimi_codes"]) >= 2
+    with pytest.raises(Exception, match="format"):
+        extract(str(shar_input / "list.jsonl"), out, Settings(model=tiny_model_dir, tap="codes", num_workers=0),
+                part=Part(0, 2))
+
+
+@pytest.fixture(scope="module")
+def many(tmp_path_factory):
+    """60 short files: a run of a few seconds on the tiny model."""
+    root = tmp_path_factory.mktemp("many-shar")
+    rng = np.random.default_rng(0)
+    for i in range(60):
+        rate = 16_000 if i % 3 == 0 else 24_000
+        write_noise(root / f"f{i:03d}.wav", int(rate * (0.2 + rng.random())), rate, rng)
+    return str(root)
+
+
+@pytest.fixture(scope="module")
+def shar_reference(many, tiny_model_dir, tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("shar-ref") / "out")
+    assert extract(many, out, Settings(model=tiny_model_dir, tap="codes", num_workers=1, format="shar"),
+                   shard_size=7)["ok"] == 60
+    hdf5 = str(tmp_path_factory.mktemp("hdf5-ref") / "out")
+    extract(many, hdf5, Settings(model=tiny_model_dir, tap="codes", num_workers=1), shard_size=7)
+    arrays = check_shar(out)
+    for key, data in arrays.items():  # the same arrays as the HDF5 output
+        assert np.array_equal(data, read(hdf5, key)), key
+    return out, arrays
+
+
+def assert_same(out, reference):
+    reference = reference[1]
+    arrays = check_shar(out)
+    assert sorted(arrays) == sorted(reference)
+    for key, data in reference.items():
+        assert np.array_equal(arrays[key], data), key
+
+
+def test_damaged_shar_shards_are_quarantined_and_redone(many, tiny_model_dir, shar_reference, tmp_path):
+    out = str(tmp_path / "out")
+    shutil.copytree(shar_reference[0], out)  # an uninterrupted run's OUT, then damaged
+    shar = os.path.join(out, "shar")
+    # as a kill between the two renames leaves it: rows appended, cuts renamed in, the tar not (yet)
+    os.remove(os.path.join(shar, "mimi_codes.000008.tar"))
+    lost = {r["key"] for r in read_manifest(shar_reference[0]) if r["shard"] == "shar/mimi_codes.000008.tar"}
+    assert len(lost) == 4 and not lost & {c.id for c in read_cuts(out)} and len(list(read_cuts(out))) == 56  # not committed: never read
+    with pytest.raises(AssertionError):  # lhotse's own in_dir reader refuses the folder until the next run
+        lhotse.CutSet.from_shar(in_dir=shar)
+    with open(os.path.join(shar, "mimi_codes.000001.tar"), "r+b") as f:  # truncated
+        f.truncate(3000)
+    size = os.path.getsize(os.path.join(shar, "mimi_codes.000004.tar"))
+    with open(os.path.join(shar, "mimi_codes.000004.tar"), "r+b") as f:  # zeroed
+        f.write(b"\0" * size)
+    with gzip.open(os.path.join(shar, "cuts.000006.jsonl.gz"), "wt") as f:  # its cuts lost
+        f.write("")
+    summary = extract(many, out, Settings(model=tiny_model_dir, tap="codes", num_workers=1, format="shar"), shard_size=7)
+    notes = "\n".join(summary["notes"])
+    assert notes.count("moved damaged shard") == 3 and all(f"mimi_codes.00000{i}.tar" in notes for i in (1, 4, 6)), notes
+    assert "shar/cuts.000008.jsonl.gz" in notes and "never committed" in notes, notes
+    quarantined = sorted(os.listdir(os.path.join(out, "quarantine")))
+    assert quarantined == sorted([f"shar__{f}.{i:06d}.{x}" for i in (1, 4, 6)
+                                  for f, x in (("cuts", "jsonl.gz"), ("mimi_codes", "tar"))]
+                                 + ["shar__cuts.000008.jsonl.gz"]), quarantined
+    assert summary["skipped"] == 35 and summary["ok"] == 25  # 3 damaged shards of 7 and the 4 uncommitted again
+    assert_same(out, shar_reference)
+
+
+def test_kill_9_at_random_points_then_resume(many, tiny_model_dir, shar_reference, tmp_path):
+    """kill -9 twice at random points of a Shar run (3-item shards: a commit every few ms), each
+    once some rows are committed: OUT is consistent after each kill (lhotse reads every committed
+    pair), the next run resumes exactly what was committed, and the end equals an uninterrupted run."""
+    from test_integrity import _committed_ok, _kill_9_part_way, no_processes_left
+
+    out = str(tmp_path / "out")
+    rng = random.Random(1)
+    committed = 0
+    for trial in range(2):
+        proc = cli_process("codes", many, out, "--model", tiny_model_dir, "--shard-size", 3, "--format", "shar",
+                           *ONE_WORKER, start_new_session=True)
+        lines = []
+        while "to encode" not in (lines[-1] if lines else ""):
+            line = proc.stdout.readline()
+            assert line, "".join(lines)
+            lines.append(line)
+        text = " ".join("".join(lines).split())
+        assert f"({committed} already done)" in text, text
+        _kill_9_part_way(proc, out, committed + rng.randint(1, 12), rng, group=True, total=60)
+        assert no_processes_left(proc.pid)
+        kept = check_shar(out, killed=True)
+        for key, data in kept.items():
+            assert np.array_equal(data, shar_reference[1][key]), key
+        assert len(kept) > committed and _committed_ok(out) == len(kept)
+        committed = len(kept)
+    summary = extract(many, out, Settings(model=tiny_model_dir, tap="codes", num_workers=1, format="shar"), shard_size=7)
+    assert summary["skipped"] == committed and summary["ok"] == 60 - committed, summary
+    assert_same(out, shar_reference)
+
+
+def test_commit_renames_into_shar_from_the_run_dir_and_survives_a_full_disk(shar_input, tiny_model_dir, tmp_path,
+                                                                           monkeypatch):
+    """Each pair is written as temporaries in the run directory (lhotse's ``from_shar(in_dir)``
+    would take a temporary inside ``shar/`` for a field) and renamed in, the cuts first and the
+    tar (the commit point) last.  ENOSPC part-way: a clean error, a consistent OUT, and a resume
+    that ends equal to an uninterrupted run."""
+    import errno
+
+    from mimi_extract.formats import common
+    from mimi_extract.formats.common import OutputError
+
+    settings = Settings(model=tiny_model_dir, tap="codes", num_workers=0, format="shar")
+    source = str(shar_input / "list.jsonl")
+    ref = str(tmp_path / "ref")
+    extract(source, ref, settings, shard_size=2)
+    reference = check_shar(ref)
+
+    out = str(tmp_path / "out")
+    renames, real_replace, real_write = [], os.replace, os.write
+    total = sum(os.path.getsize(os.path.join(ref, "shar", n)) for n in os.listdir(os.path.join(ref, "shar")))
+    budget = {"left": total // 2}  # the disk fills half-way through the shards
+
+    def replace(src, dst):
+        renames.append((os.path.relpath(src, out), os.path.relpath(dst, out)))
+        return real_replace(src, dst)
+
+    def write(fd, data):
+        if budget["left"] <= 0:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        budget["left"] -= len(data)
+        return real_write(fd, data)
+
+    monkeypatch.setattr(common.os, "replace", replace)
+    monkeypatch.setattr(common.os, "write", write)
+    with pytest.raises(OutputError, match="no space left on device while writing"):
+        extract(source, out, settings, shard_size=2)
+    monkeypatch.setattr(common.os, "write", real_write)
+    pairs = [(s, d) for s, d in renames if d.startswith("shar/")]
+    assert pairs and all(s == d.replace("/", "__") + ".tmp" and "/" not in s for s, d in pairs), renames
+    assert [d.split(".")[0] for _, d in pairs[:2]] == ["shar/cuts", "shar/mimi_codes"]
+    partial = check_shar(out)
+    assert 0 < len(partial) < len(reference)
+    extract(source, out, settings, shard_size=2)
+    assert check_shar(out).keys() == reference.keys()
+    assert all(np.array_equal(check_shar(out)[k], v) for k, v in reference.items())
+
+
+# -- --shar-extend -----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def shar_dataset(tmp_path_factory):
+    """A Shar dataset written by lhotse itself (flac recordings, 3 cuts a shard: 3 + 3 + 1), one
+    recording's bytes garbage (its cut fails to decode; lhotse iterates it all the same), and the
+    recordings as loose files (the single-item reference reads them)."""
+    root = tmp_path_factory.mktemp("shar-dataset")
+    loose = root / "loose"
+    loose.mkdir()
+    rng = np.random.default_rng(7)
+    for i, seconds in enumerate([0.5, 2.1, 1.3, 0.9, 2.6, 1.7, 0.33]):
+        rate = 16_000 if i == 2 else 24_000
+        write_noise(loose / f"r{i}.wav", int(seconds * rate), rate, rng, channels=2 if i == 4 else 1)
+    recs = [lhotse.Recording.from_file(str(loose / f"r{i}.wav"), recording_id=f"utt/{i}") for i in range(7)]
+    cuts = lhotse.CutSet.from_manifests(recordings=lhotse.RecordingSet.from_recordings(recs))
+    cuts = lhotse.CutSet.from_cuts(c.with_id(c.recording_id) for c in cuts)
+    shar = root / "shar"
+    shar.mkdir()
+    cuts.to_shar(str(shar), fields={"recording": "flac"}, shard_size=3)
+    import tarfile
+
+    tar = shar / "recording.000001.tar"
+    with tarfile.open(tar) as tf:
+        members = [(m, tf.extractfile(m).read()) for m in tf.getmembers()]
+    with tarfile.open(tar, "w") as tf:
+        for m, data in members:
+            if m.name.startswith("utt/4."):
+                data = b"not flac" * 10 if m.name.endswith(".flac") else data
+                m.size = len(data)
+            tf.addfile(m, io.BytesIO(data))
+    return str(shar), str(loose)
+
+
+def test_shar_extend_adds_a_field_aligned_with_each_input_shard(shar_dataset, tiny_model, tiny_model_dir, tmp_path):
+    """One mimi_codes.NNNNNN.tar per input shard, in its cut order: lhotse's from_shar lines it up
+    1:1 with the input's cuts and recordings; arrays equal the single-item reference; a cut that
+    fails gets lhotse's placeholder (no field) and an error row; an interrupted run commits whole
+    shards only and resumes; a damaged tar is quarantined and redone; held memory is about one
+    shard's outputs."""
+    import threading
+
+    shar, loose = shar_dataset
+    settings = Settings(model=tiny_model_dir, tap="codes", num_workers=0, format="shar", shar_extend=True, batch_size=1)
+    out = str(tmp_path / "out")
+    stop, seen = threading.Event(), []
+    extract(shar, out, settings, stop=stop, on_progress=lambda *a: seen.append(1) or (len(seen) == 5 and stop.set()))
+    partial = sorted(os.listdir(os.path.join(out, "shar")))
+    assert 0 < len(partial) < 3 and all(n.startswith("mimi_codes.") for n in partial), partial
+    summary = extract(shar, out, settings)
+    ours = sorted(os.path.join(out, "shar", n) for n in os.listdir(os.path.join(out, "shar")))
+    assert [os.path.basename(p) for p in ours] == [f"mimi_codes.{i:06d}.tar" for i in range(3)]
+    theirs = lambda field: sorted(os.path.join(shar, n) for n in os.listdir(shar) if n.startswith(field + "."))  # noqa: E731
+    shard_bytes = [sum(r["nbytes"] for r in read_manifest(out) if r.get("shard", "").endswith(f"{i:06d}.tar")
+                       and r["status"] == "ok") for i in range(3)]
+    assert 0 < summary["held_peak_bytes"] <= 2 * max(shard_bytes), (summary["held_peak_bytes"], shard_bytes)
+
+    rows = {r["key"]: r for r in read_manifest(out)}
+    assert rows["utt/4"]["status"] == "error" and rows["utt/4"]["shard"] == "shar/mimi_codes.000001.tar"
+    cuts = lhotse.CutSet.from_shar(fields={"cuts": theirs("cuts"), "recording": theirs("recording"),
+                                           "mimi_codes": ours})
+    ids = []
+    for cut in cuts:
+        ids.append(cut.id)
+        if cut.id == "utt/4":
+            assert not cut.has_custom("mimi_codes")  # the placeholder: lined up, no array
+            continue
+        stored = read(out, cut.id)
+        audio = load(os.path.join(loose, f"r{cut.id.split('/')[1]}.wav"))
+        assert np.array_equal(stored, reference_single(tiny_model, audio, 8)["codes"].numpy()), cut.id
+        n = rhu(cut.duration / 0.08)  # the input cut's duration decides what lhotse loads
+        assert np.array_equal(cut.load_custom("mimi_codes"), stored[:n]) and n >= len(stored) - 1, cut.id
+        assert cut.load_audio().shape[-1] == cut.recording.num_samples  # the input's own recording field
+    assert ids == [f"utt/{i}" for i in range(7)]
+    assert [c.id for c in read_cuts(out) if c.has_custom("mimi_codes")] == [f"utt/{i}" for i in range(7) if i != 4]
+
+    with open(ours[2], "r+b") as f:  # damaged: quarantined and redone
+        f.truncate(1000)
+    summary = extract(shar, out, settings)
+    assert summary["ok"] == 1 and any("mimi_codes.000002.tar" in n for n in summary["notes"]), summary["notes"]
+    assert np.array_equal(read(out, "utt/6"), reference_single(tiny_model, load(os.path.join(loose, "r6.wav")), 8)[
+        "codes"].numpy())
+    assert extract(shar, out, settings)["todo"] == 0  # the error placeholder is part of its committed shard
+
+    with pytest.raises(Exception, match="Shar folder"):
+        extract(loose, str(tmp_path / "bad"), settings)
+    cli_out = str(tmp_path / "cli")  # the flag (implies --format shar), same tars
+    result = cli("codes", shar, cli_out, "--shar-extend", "--model", tiny_model_dir, *ONE_WORKER)
+    assert result.exit_code == 0, result.output
+    for name in os.listdir(os.path.join(cli_out, "shar")):
+        assert get_format("shar").check(os.path.join(cli_out, "shar", name), [
+            r for r in read_manifest(cli_out) if r["shard"] == f"shar/{name}"]) is None
+    assert all(np.array_equal(read(cli_out, k), read(out, k)) for k in rows if rows[k]["status"] == "ok")
