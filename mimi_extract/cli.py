@@ -410,9 +410,9 @@ def _mismatch_report(out: Console, checks) -> None:
                 continue
             kind = "tie flip" if m.tie else "REAL MISMATCH"
             later = sum(1 for o in c.mismatches if o.frame == m.frame and o.cascade)
-            say(f"{c.key}: frame {m.frame}, codebook {m.codebook}: {kind} (reference margin {m.margin:.3g}, "
-                f"float noise bound {m.noise:.3g})" + (f"; {later} later codebooks of that frame follow it" if later else ""),
-                out=out)
+            say(f"{c.key}: frame {m.frame}, codebook {m.codebook}: {kind} (stored code's distance - nearest "
+                f"{m.margin:.3g}, tie bound {m.noise:.3g})" + (f"; {later} later codebooks of that frame follow it" if later
+                                                             else ""), out=out)
         if c.error:
             say((c.key, "yellow"), f": {c.error}", out=out)
         elif c.note:
@@ -438,7 +438,7 @@ def verify(
     framing: FramingArg = FramingOpt["transformers"],
     frames_per_call: FramesPerCallOpt = 1,
     limit: LimitOpt = 50,
-    rtol: Annotated[float, typer.Option(help="Relative feature tolerance: max|Δ| <= rtol * max|reference| + atol, per file.")] = 1e-5,
+    rtol: Annotated[float, typer.Option(help="Relative feature tolerance: max|Δ| <= rtol * max|reference| + atol, per file; with --out also the latent perturbation a code tie may come from (rtol x |projected latent|).")] = 1e-5,
     atol: Annotated[float, typer.Option(help="Absolute floor of the feature tolerance.")] = 1e-6,
     max_real_mismatches: Annotated[int, typer.Option(min=0, help="Real (non-tie) code mismatches allowed per file.")] = 0,
 ):
@@ -450,10 +450,13 @@ def verify(
     re-encoded alone (fp32) and compared with the stored arrays and attributes, whatever device,
     dtype or batch mix made them.
 
-    A code mismatch is a [bold]tie flip[/] (reported, not a failure) when the reference's two
-    nearest codewords were closer than float noise can tell apart (margin <= 2|Δresidual| + 2x
-    rounding); any other mismatch is [bold]real[/] and fails.  Exit 1 on any failure or if
-    nothing could be compared.
+    Codes are judged along the stored codes: in a frame that differs, each codebook's residual is
+    the reference latent minus the STORED earlier codes, and each stored code must be the nearest
+    codeword to it (a later code that follows an earlier flip), or a [bold]tie flip[/]: its distance
+    at most the noise bound farther than the nearest's (reported, not a failure).  The bound is
+    2|Δr| + 2 x the float rounding of a distance: |Δr| is the latent's perturbation, measured
+    without --out, and rtol x |projected latent| with --out.  Anything else is [bold]real[/] and
+    fails.  Exit 1 on any failure or if nothing could be compared.
 
     [bold]Examples[/]
 
