@@ -11,7 +11,8 @@ torch); a test checks that they agree.
 
 Exit codes (also in ``--help``): 0 done; 1 ``--strict`` and some input failed, or ``verify`` found
 a difference; 2 usage error, or OUT or the model unusable; 3 no input found; 4 every input
-failed; 130 interrupted (what was encoded is committed: run the same command to resume).
+failed; 5 the address-space limit (``ulimit -v``) is too small for torch (see ``_limits``); 130
+interrupted (what was encoded is committed: run the same command to resume).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from . import __version__
+from . import __version__, _limits
 
 if TYPE_CHECKING:
     from .settings import Settings
@@ -40,9 +41,11 @@ ENGINES = ("local", "ray")  # settings.ENGINES
 RESAMPLERS = ("torchaudio", "causal")
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NO_INPUT, EXIT_ALL_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
+EXIT_ADDRESS_SPACE = _limits.EXIT_ADDRESS_SPACE
 EXIT_CODES_HELP = ("Exit codes: 0 done (error rows allowed unless --strict); 1 --strict and some input failed, "
                    "or verify found a difference; 2 usage error, OUT or model unusable; 3 no input found; "
-                   "4 every input failed; 130 interrupted (run the same command to resume).")
+                   "4 every input failed; 5 the address-space limit (ulimit -v) is too small for torch; "
+                   "130 interrupted (run the same command to resume).")
 PROGRESS_ENV = "MIMI_EXTRACT_PROGRESS_SECONDS"
 
 app = typer.Typer(
@@ -107,7 +110,12 @@ def _hours(seconds: float) -> str:
     return f"{seconds / 3600:.2f} h" if seconds >= 3600 else f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.1f} s"
 
 
-def _fail(message: str, code: int = EXIT_USAGE):
+def _fail(message: str | Exception, code: int = EXIT_USAGE):
+    """Print ``error: message`` and exit ``code``; an exception that a too-small address space
+    (ulimit -v) caused is reported as that, with exit 5."""
+    if isinstance(message, BaseException):
+        limit = _limits.explain(message)
+        message, code = (limit, EXIT_ADDRESS_SPACE) if limit else (str(message), code)
     say(("error: ", "bold red"), str(message))
     raise typer.Exit(code)
 
@@ -131,7 +139,7 @@ def _settings(model, device, dtype, batch_size, max_batch_seconds, num_workers, 
     try:
         devices = resolve_devices(device, cpu_workers)
     except (ValueError, RuntimeError) as e:
-        _fail(str(e))
+        _fail(e)
     if kw.get("frames_per_call", 1) != 1 and kw.get("framing") != "moshi-stream":
         _fail("--frames-per-call is for --framing moshi-stream (moshi's streaming encode) only")
     if dtype is not DType["fp32"] and not all(d.startswith("cuda") for d in devices):
@@ -182,7 +190,7 @@ def _run(input_path, out_dir, settings: "Settings", shard_size, shard_mb, limit,
     try:
         part = parse_part(part)
     except ValueError as e:
-        _fail(str(e))
+        _fail(e)
     problem = offline_problem(settings.model)  # before OUT is touched: a run that cannot start leaves nothing
     if problem:
         _fail(problem)
@@ -246,7 +254,7 @@ def _run(input_path, out_dir, settings: "Settings", shard_size, shard_mb, limit,
         raise typer.Exit(EXIT_INTERRUPTED)
     except (ValueError, FileNotFoundError, RuntimeError, OSError, OutputError) as e:
         progress.stop()
-        _fail(str(e))
+        _fail(e)
     progress.stop()
     if plain is not None:
         plain.update(state, final=True)
@@ -489,7 +497,7 @@ def verify(
             title = f"engine ({settings.dtype}) vs single-item (fp32, transformers)"
             shown = ("encoder", "latent")
     except (ValueError, FileNotFoundError, RuntimeError, OSError, KeyError) as e:
-        _fail(str(e))
+        _fail(e)
     table, failed = _check_table(title, checks, rtol, atol, max_real_mismatches, shown)
     out_console.print(table)
     _mismatch_report(out_console, checks)
@@ -515,7 +523,7 @@ def _report(make, out_dir: str, as_json: bool) -> dict | None:
     try:
         report = make(out_dir)
     except (FileNotFoundError, ValueError) as e:
-        _fail(str(e))
+        _fail(e)
     if as_json:
         print(json.dumps(report, indent=2))
         return None
@@ -598,7 +606,7 @@ def cuts(out_dir: Annotated[str, typer.Argument(metavar="OUT")],
     try:
         n = write_merged_cuts(out_dir, output)
     except (FileNotFoundError, ValueError, OSError) as e:
-        _fail(str(e))
+        _fail(e)
     say(("done", "green"), f": {n} cuts -> {output}")
 
 
@@ -629,7 +637,7 @@ def decode(
         written = decode_items(out_dir, keys or None, output, model and _model_path(model), resolve_devices(device)[0],
                                on_item=lambda key, path: say(f"{key} -> {path}"))
     except (KeyError, ValueError, FileNotFoundError, RuntimeError, OSError) as e:
-        _fail(str(e) if not isinstance(e, KeyError) else e.args[0])
+        _fail(e if not isinstance(e, KeyError) else e.args[0])
     say(("done", "green"), f": {len(written)} files")
 
 
