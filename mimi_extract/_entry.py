@@ -1,11 +1,31 @@
 """Console entry point, kept import-light: Ctrl-C during start-up (torch imports take seconds) ends
-with a one-line message and exit 130, not a traceback."""
+with a one-line message and exit 130, not a traceback; an address-space limit too small for torch
+(``ulimit -v``) ends with a one-line message and exit 5 (see :mod:`._limits`)."""
 
 import os
 import sys
 
+from . import _limits
+
+TORCH_COMMANDS = ("codes", "features", "verify", "decode")  # the others never import torch
+
+
+def _needs_torch(args: list[str]) -> bool:
+    return bool(args) and args[0] in TORCH_COMMANDS and "--help" not in args
+
+
+def _leave(message: str, code: int) -> None:
+    sys.stdout.flush()
+    sys.stderr.write(f"error: {message}\n")
+    sys.stderr.flush()
+    os._exit(code)  # a half-imported torch may not survive interpreter shutdown
+
 
 def run() -> int:
+    if _needs_torch(sys.argv[1:]):
+        problem = _limits.check()
+        if problem:
+            _leave(problem, _limits.EXIT_ADDRESS_SPACE)
     try:
         from .cli import app
 
@@ -19,6 +39,11 @@ def run() -> int:
             sys.stdout.flush()  # arriving during interpreter shutdown cannot change the outcome
             sys.stderr.flush()
             os._exit(130)
+        raise
+    except Exception as e:  # noqa: BLE001 -- only to recognise a too-small address space
+        problem = _limits.explain(e)
+        if problem:
+            _leave(problem, _limits.EXIT_ADDRESS_SPACE)
         raise
 
 

@@ -11,7 +11,8 @@ torch); a test checks that they agree.
 
 Exit codes (also in ``--help``): 0 done; 1 ``--strict`` and some input failed, or ``verify`` found
 a difference; 2 usage error, or OUT or the model unusable; 3 no input found; 4 every input
-failed; 130 interrupted (what was encoded is committed: run the same command to resume).
+failed; 5 the address-space limit (``ulimit -v``) is too small for torch (see ``_limits``); 130
+interrupted (what was encoded is committed: run the same command to resume).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from . import __version__
+from . import __version__, _limits
 
 if TYPE_CHECKING:
     from .settings import Settings
@@ -40,9 +41,11 @@ ENGINES = ("local", "ray")  # settings.ENGINES
 RESAMPLERS = ("torchaudio", "causal")
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NO_INPUT, EXIT_ALL_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
+EXIT_ADDRESS_SPACE = _limits.EXIT_ADDRESS_SPACE
 EXIT_CODES_HELP = ("Exit codes: 0 done (error rows allowed unless --strict); 1 --strict and some input failed, "
                    "or verify found a difference; 2 usage error, OUT or model unusable; 3 no input found; "
-                   "4 every input failed; 130 interrupted (run the same command to resume).")
+                   "4 every input failed; 5 the address-space limit (ulimit -v) is too small for torch; "
+                   "130 interrupted (run the same command to resume).")
 PROGRESS_ENV = "MIMI_EXTRACT_PROGRESS_SECONDS"
 
 app = typer.Typer(
@@ -129,7 +132,12 @@ def _hours(seconds: float) -> str:
     return f"{seconds / 3600:.2f} h" if seconds >= 3600 else f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.1f} s"
 
 
-def _fail(message: str, code: int = EXIT_USAGE):
+def _fail(message: str | Exception, code: int = EXIT_USAGE):
+    """Print ``error: message`` and exit ``code``; an exception that a too-small address space
+    (ulimit -v) caused is reported as that, with exit 5."""
+    if isinstance(message, BaseException):
+        limit = _limits.explain(message)
+        message, code = (limit, EXIT_ADDRESS_SPACE) if limit else (str(message), code)
     say(("error: ", "bold red"), str(message))
     raise typer.Exit(code)
 
@@ -158,7 +166,7 @@ def _settings(model, device, dtype, batch_size, max_batch_seconds, num_workers, 
     try:
         devices = resolve_devices(device, cpu_workers)
     except (ValueError, RuntimeError) as e:
-        _fail(str(e))
+        _fail(e)
     if kw.get("frames_per_call", 1) != 1 and kw.get("framing") != "moshi-stream":
         _fail("--frames-per-call is for --framing moshi-stream (moshi's streaming encode) only")
     if dtype is not DType["fp32"] and not all(d.startswith("cuda") for d in devices):
@@ -209,7 +217,7 @@ def _run(input_path, out_dir, settings: "Settings", shard_size, shard_mb, limit,
     try:
         part = parse_part(part)
     except ValueError as e:
-        _fail(str(e))
+        _fail(e)
     problem = offline_problem(settings.model)  # before OUT is touched: a run that cannot start leaves nothing
     if problem:
         _fail(problem)
@@ -277,7 +285,7 @@ def _run(input_path, out_dir, settings: "Settings", shard_size, shard_mb, limit,
         raise typer.Exit(EXIT_INTERRUPTED)
     except (ValueError, FileNotFoundError, RuntimeError, OSError, OutputError) as e:
         progress.stop()
-        _fail(str(e))
+        _fail(e)
     progress.stop()
     if plain is not None:
         plain.update(state, final=True)
@@ -457,9 +465,9 @@ def _mismatch_report(out: Console, checks) -> None:
                 continue
             kind = "tie flip" if m.tie else "REAL MISMATCH"
             later = sum(1 for o in c.mismatches if o.frame == m.frame and o.cascade)
-            say(f"{c.key}: frame {m.frame}, codebook {m.codebook}: {kind} (reference margin {m.margin:.3g}, "
-                f"float noise bound {m.noise:.3g})" + (f"; {later} later codebooks of that frame follow it" if later else ""),
-                out=out)
+            say(f"{c.key}: frame {m.frame}, codebook {m.codebook}: {kind} (stored code's distance - nearest "
+                f"{m.margin:.3g}, tie bound {m.noise:.3g})" + (f"; {later} later codebooks of that frame follow it" if later
+                                                             else ""), out=out)
         if c.error:
             say((c.key, "yellow"), f": {c.error}", out=out)
         elif c.note:
@@ -485,7 +493,7 @@ def verify(
     framing: FramingArg = FramingOpt["transformers"],
     frames_per_call: FramesPerCallOpt = 1,
     limit: LimitOpt = 50,
-    rtol: Annotated[float, typer.Option(help="Relative feature tolerance: max|Δ| <= rtol * max|reference| + atol, per file.")] = 1e-5,
+    rtol: Annotated[float, typer.Option(help="Relative feature tolerance: max|Δ| <= rtol * max|reference| + atol, per file; with --out also the latent perturbation a code tie may come from (rtol x |projected latent|).")] = 1e-5,
     atol: Annotated[float, typer.Option(help="Absolute floor of the feature tolerance.")] = 1e-6,
     max_real_mismatches: Annotated[int, typer.Option(min=0, help="Real (non-tie) code mismatches allowed per file.")] = 0,
     input_format: InputFormatOpt = None,
@@ -502,10 +510,13 @@ def verify(
     re-encoded alone (fp32) and compared with the stored arrays and attributes, whatever device,
     dtype or batch mix made them.
 
-    A code mismatch is a [bold]tie flip[/] (reported, not a failure) when the reference's two
-    nearest codewords were closer than float noise can tell apart (margin <= 2|Δresidual| + 2x
-    rounding); any other mismatch is [bold]real[/] and fails.  Exit 1 on any failure or if
-    nothing could be compared.
+    Codes are judged along the stored codes: in a frame that differs, each codebook's residual is
+    the reference latent minus the STORED earlier codes, and each stored code must be the nearest
+    codeword to it (a later code that follows an earlier flip), or a [bold]tie flip[/]: its distance
+    at most the noise bound farther than the nearest's (reported, not a failure).  The bound is
+    2|Δr| + 2 x the float rounding of a distance: |Δr| is the latent's perturbation, measured
+    without --out, and rtol x |projected latent| with --out.  Anything else is [bold]real[/] and
+    fails.  Exit 1 on any failure or if nothing could be compared.
 
     [bold]Examples[/]
 
@@ -539,7 +550,7 @@ def verify(
             title = f"engine ({settings.dtype}) vs single-item (fp32, transformers)"
             shown = ("encoder", "latent")
     except (ValueError, FileNotFoundError, RuntimeError, OSError, KeyError) as e:
-        _fail(str(e))
+        _fail(e)
     table, failed = _check_table(title, checks, rtol, atol, max_real_mismatches, shown)
     out_console.print(table)
     _mismatch_report(out_console, checks)
@@ -565,7 +576,7 @@ def _report(make, out_dir: str, as_json: bool) -> dict | None:
     try:
         report = make(out_dir)
     except (FileNotFoundError, ValueError) as e:
-        _fail(str(e))
+        _fail(e)
     if as_json:
         print(json.dumps(report, indent=2))
         return None
@@ -648,7 +659,7 @@ def cuts(out_dir: Annotated[str, typer.Argument(metavar="OUT")],
     try:
         n = write_merged_cuts(out_dir, output)
     except (FileNotFoundError, ValueError, OSError) as e:
-        _fail(str(e))
+        _fail(e)
     say(("done", "green"), f": {n} cuts -> {output}")
 
 
@@ -679,7 +690,7 @@ def decode(
         written = decode_items(out_dir, keys or None, output, model and _model_path(model), resolve_devices(device)[0],
                                on_item=lambda key, path: say(f"{key} -> {path}"))
     except (KeyError, ValueError, FileNotFoundError, RuntimeError, OSError) as e:
-        _fail(str(e) if not isinstance(e, KeyError) else e.args[0])
+        _fail(e if not isinstance(e, KeyError) else e.args[0])
     say(("done", "green"), f": {len(written)} files")
 
 

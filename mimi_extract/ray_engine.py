@@ -86,11 +86,19 @@ class RayEngine:
         self.stats = Stats()
         self.notes: list[str] = []
         self.started_here = not ray.is_initialized()
+        self.reaper = None
         if self.started_here:
             quiet = dict(log_to_driver=False, logging_level=logging.ERROR)
             address = settings.ray_address
             if address in (None, "", "local", "none"):  # a private local cluster: never attach to a stray one
-                ray.init(address="local", include_dashboard=False, **quiet)
+                from . import _reaper
+
+                self.reaper = _reaper.start()  # the cluster goes with this process, however it dies
+                try:
+                    ray.init(address="local", include_dashboard=False, **quiet)
+                except BaseException:
+                    _reaper.stop(self.reaper)
+                    raise
             else:
                 ray.init(address=address, **quiet)
         resources = ray.cluster_resources()
@@ -118,6 +126,11 @@ class RayEngine:
     def close(self) -> None:
         if self.started_here and self.ray.is_initialized():
             self.ray.shutdown()
+        if self.reaper is not None:  # it sweeps what the shutdown left (Ray's agents), then exits
+            from . import _reaper
+
+            _reaper.stop(self.reaper)
+            self.reaper = None
 
     def run(self, units: list[WorkUnit], stop: threading.Event, model=None):
         ray = self.ray

@@ -10,14 +10,27 @@ Two audits:
   dtype or batch mix is audited after the fact).
 
 Features pass when ``max|Δ| <= rtol * max|ref| + atol`` per file: fp32 rounding is relative, and
-oneDNN/cuDNN pick other kernels for other lengths.  A code that differs is a *tie flip* when the
-reference's decision there was within float noise: RVQ picks the nearest codeword, and if the
-two nearest are closer in distance than the perturbation of the residual can move them, either
-answer is right.  By the triangle inequality a perturbation ``Δr`` moves each distance by at most
-``|Δr|``, so a flip with margin ``d2 - d1 <= 2|Δr| + 2ρ`` (ρ: the float rounding of one cdist
-distance) is a tie flip; the codebooks after it in that frame follow from it.  Every other
-mismatch is real, and fails.  ``Δr`` is measured when the batched latent is at hand; for stored
-codes alone it is bounded by the relative tolerance (``rtol * |r|``).
+oneDNN/cuDNN pick other kernels for other lengths.
+
+Codes are judged along the *stored* codes (:func:`classify_codes`).  RVQ picks, codebook after
+codebook, the codeword nearest to the residual, and the residual of codebook ``k`` is the group's
+projected latent minus the codewords the producer picked before ``k``.  So for a frame whose codes
+differ from the reference, the quantizer is walked again from the reference latent, subtracting the
+STORED earlier codes, and every codebook of that frame is held to what its own residual allows:
+
+* the stored code is the nearest codeword to that residual: fine (after a tie flip the later codes
+  of its group follow from it: a *cascade*);
+* ``d(stored) - d(best) <= noise``: a *tie flip* -- either answer is right;
+* anything else: a *real* mismatch, which fails.
+
+The noise bound: the producer's residual on that same path differs from ours only by the projected
+latent's perturbation ``Δr`` (the same codewords are subtracted), and by the triangle inequality
+that moves every distance by at most ``|Δr|``; so a code the producer picked as nearest is at most
+``2|Δr|`` plus the float rounding of two distances (``2 * 8ε(|r|² + max|c|²) / d(best)``, ``ε`` the
+fp32 epsilon: cdist expands ``|r-c|²``) plus the rounding of the residual subtractions so far
+(``ε * Σ(|r| + max|c|)``) farther than the best.  ``|Δr|`` is measured when the batched latent is at
+hand (``verify INPUT``); for stored codes alone (``verify --out``) it is bounded by ``rtol`` times
+the norm of the group's projected latent in that frame (the features' own tolerance).
 """
 
 from __future__ import annotations
@@ -43,12 +56,14 @@ EPS32 = float(torch.finfo(torch.float32).eps)
 
 @dataclass
 class Mismatch:
+    """One classified code: ``margin`` is the stored code's distance minus the best distance along the
+    stored codes (0: the stored code is the nearest), ``noise`` the bound a tie may reach there."""
     frame: int
     codebook: int
-    margin: float  # reference: distance to 2nd-best minus best codeword
-    noise: float  # how much float noise could move that margin
+    margin: float
+    noise: float
     tie: bool
-    cascade: bool = False  # follows an earlier flip in the same frame
+    cascade: bool = False  # differs from the reference only because an earlier code of its group did
 
 
 @dataclass
@@ -87,75 +102,90 @@ class FileCheck:
         return features_ok and self.real <= max_real
 
 
-# -- RVQ decision margins ------------------------------------------------------------------
+# -- RVQ decisions along the stored codes ----------------------------------------------------
+def _groups(model, num_quantizers: int):
+    """Mimi's split RVQ: (first global codebook, quantizer, codebooks used) per group."""
+    q = model.quantizer
+    n_sem = min(q.num_semantic_quantizers, num_quantizers)
+    groups = [(0, q.semantic_residual_vector_quantizer, n_sem),
+              (n_sem, q.acoustic_residual_vector_quantizer, num_quantizers - n_sem)]
+    return [g for g in groups if g[2] > 0]
+
+
+def _project(rvq, latent: torch.Tensor) -> torch.Tensor:
+    x = latent.T[None].float()  # [1, D, F]
+    return rvq.input_proj(x) if rvq.input_proj is not None else x
+
+
 @torch.no_grad()
 def rvq_trace(model, latent: torch.Tensor, num_quantizers: int) -> dict:
     """Re-run Mimi's split RVQ on one item's latent [frames, D] exactly as transformers does, and
-    record per codebook: codes [F, N], best and second-best distances, residual norms, and the
-    projected input of each RVQ group (to measure how far a perturbation moves a residual)."""
-    q = model.quantizer
-    x = latent.T[None].float()  # [1, D, F]
-    n_sem = q.num_semantic_quantizers
-    codes, d1, d2, rnorm, cnorm, group = [], [], [], [], [], []
-    for g, (rvq, n) in enumerate(((q.semantic_residual_vector_quantizer, min(n_sem, num_quantizers)),
-                                  (q.acoustic_residual_vector_quantizer, num_quantizers - n_sem))):
-        if n <= 0:
-            continue
-        residual = rvq.input_proj(x) if rvq.input_proj is not None else x
+    record per codebook: codes [F, N] and the best and second-best distances [F, N]."""
+    codes, d1, d2 = [], [], []
+    for _, rvq, n in _groups(model, num_quantizers):
+        residual = _project(rvq, latent)
         for layer in rvq.layers[:n]:
-            r = residual[0].T  # [F, d]
-            embed = layer.codebook.embed.float()
-            dists = torch.cdist(r[None], embed[None], p=2)[0]
+            dists = torch.cdist(residual[0].T[None], layer.codebook.embed.float()[None], p=2)[0]
             idx = dists.argmin(dim=-1)  # the reference's choice (first minimum)
             best2 = dists.topk(min(2, dists.shape[-1]), dim=-1, largest=False).values
             codes.append(idx)
             d1.append(best2[:, 0])
             d2.append(best2[:, -1])
-            rnorm.append(r.norm(dim=-1))
-            cnorm.append(embed.norm(dim=-1).max().expand(r.shape[0]))
-            group.append(g)
             residual = residual - layer.decode(idx[None])
-    return {"codes": torch.stack(codes, 1), "d1": torch.stack(d1, 1), "d2": torch.stack(d2, 1),
-            "rnorm": torch.stack(rnorm, 1), "cnorm": torch.stack(cnorm, 1), "group": group}
-
-
-def _projected_delta(model, delta: torch.Tensor, groups: list[int]) -> torch.Tensor:
-    """|input_proj(Δlatent)| per frame for each codebook's RVQ group [F, N] (the projection is linear)."""
-    q = model.quantizer
-    norms = []
-    for rvq in (q.semantic_residual_vector_quantizer, q.acoustic_residual_vector_quantizer):
-        d = delta.T[None].float()
-        d = rvq.input_proj(d) if rvq.input_proj is not None else d
-        norms.append(d[0].norm(dim=0))
-    return torch.stack([norms[g] for g in groups], 1)
+    return {"codes": torch.stack(codes, 1), "d1": torch.stack(d1, 1), "d2": torch.stack(d2, 1)}
 
 
 @torch.no_grad()
 def classify_codes(model, got: torch.Tensor, ref_latent: torch.Tensor, num_quantizers: int,
                    got_latent: torch.Tensor | None = None, rtol: float = 1e-5) -> tuple[list[Mismatch], torch.Tensor]:
-    """Mismatches of ``got`` [F, N] against the reference codes of ``ref_latent``, each classified
-    as a tie flip or a real mismatch (see the module docstring).  Returns (mismatches, ref codes)."""
-    trace = rvq_trace(model, ref_latent, num_quantizers)
-    ref = trace["codes"]
+    """Classify ``got`` [F, N] against what the reference latent allows, along the stored codes (the
+    module docstring gives the rule and the noise bound).  Every frame where ``got`` differs from the
+    reference codes is walked again, all its codebooks; a code is reported when it differs from the
+    reference's or when its own residual rules it out.  Returns (mismatches, reference codes)."""
+    ref = rvq_trace(model, ref_latent, num_quantizers)["codes"]
     if got.shape != ref.shape:
         raise ValueError(f"codes shape {tuple(got.shape)} != reference {tuple(ref.shape)}")
-    diff = (got.to(ref.device).long() != ref)
-    if not bool(diff.any()):
+    got = got.to(ref.device).long()
+    diff = got != ref
+    frames = torch.nonzero(diff.any(dim=1)).flatten()
+    if not len(frames):
         return [], ref
-    margin = trace["d2"] - trace["d1"]
-    rounding = 8 * EPS32 * (trace["rnorm"] ** 2 + trace["cnorm"] ** 2) / trace["d1"].clamp(min=1e-12)
-    if got_latent is not None and got_latent.shape == ref_latent.shape:
-        perturbation = _projected_delta(model, got_latent.float() - ref_latent.float(), trace["group"])
-    else:
-        perturbation = rtol * trace["rnorm"]
-    noise = 2 * perturbation + 2 * rounding
+    measured = got_latent is not None and got_latent.shape == ref_latent.shape
+    columns = []  # per codebook, in global order: (margin [F'], noise bound [F'], its group)
+    for first, rvq, n in _groups(model, num_quantizers):
+        residual = _project(rvq, ref_latent[frames])  # [1, d, F']
+        if measured:
+            perturbation = _project(rvq, (got_latent.float() - ref_latent.float())[frames])[0].norm(dim=0)
+        else:
+            perturbation = rtol * residual[0].norm(dim=0)
+        subtraction = torch.zeros_like(perturbation)  # rounding of the residual updates so far
+        for k, layer in enumerate(rvq.layers[:n]):
+            r = residual[0].T  # [F', d]
+            embed = layer.codebook.embed.float()
+            dists = torch.cdist(r[None], embed[None], p=2)[0]
+            best, nearest = dists.min(dim=-1)
+            stored = got[frames, first + k]
+            valid = (stored >= 0) & (stored < embed.shape[0])
+            own = dists.gather(1, stored.clamp(0, embed.shape[0] - 1)[:, None])[:, 0]
+            margin = torch.where(valid, own - best, torch.full_like(best, float("inf")))
+            rnorm, cnorm = r.norm(dim=-1), embed.norm(dim=-1).max()
+            rounding = 8 * EPS32 * (rnorm ** 2 + cnorm ** 2) / best.clamp(min=1e-12)
+            columns.append((margin, 2 * (perturbation + subtraction) + 2 * rounding, first))
+            subtraction = subtraction + EPS32 * (rnorm + cnorm)
+            followed = torch.where(valid, stored, nearest)  # an impossible code: the frame is real anyway
+            residual = residual - layer.decode(followed[None])
     out = []
-    for frame in torch.nonzero(diff.any(dim=1)).flatten().tolist():
-        books = torch.nonzero(diff[frame]).flatten().tolist()
-        first = books[0]
-        tie = bool(margin[frame, first] <= noise[frame, first])
-        for k in books:
-            out.append(Mismatch(frame, k, float(margin[frame, k]), float(noise[frame, k]), tie, cascade=k != first))
+    for row, frame in enumerate(frames.tolist()):
+        differed = set()  # groups with an earlier differing code in this frame
+        for k, (margin, noise, group) in enumerate(columns):
+            m, bound, differs = float(margin[row]), float(noise[row]), bool(diff[frame, k])
+            nearest = m <= 0
+            if differs and nearest and group in differed:
+                out.append(Mismatch(frame, k, m, bound, True, cascade=True))
+            elif differs or m > bound:
+                out.append(Mismatch(frame, k, m, bound, m <= bound))
+            if differs:
+                differed.add(group)
     return out, ref
 
 

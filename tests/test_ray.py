@@ -95,3 +95,60 @@ def test_ray_interrupted_then_resumed(corpus60, tiny_model_dir, in_process, tmp_
     assert again["skipped"] == len(committed) and again["ok"] == 61 - len(committed)
     got = check_consistency(out, in_process.keys())
     assert all(np.array_equal(got[k], in_process[k]) for k in in_process)
+
+
+def test_ray_driver_killed_takes_its_private_cluster(corpus60, tiny_model_dir, tmp_path):
+    """kill -9 of a driver that started a private local cluster: every process of that cluster
+    (GCS, raylet, workers, and Ray's dashboard and runtime-env agents, which Ray itself leaves
+    running for good) is gone within seconds, killed by the reaper the driver started."""
+    import ray  # noqa: F401  (its bundled psutil)
+    import psutil
+
+    from conftest import cli_process
+
+    driver = cli_process("codes", corpus60, tmp_path / "out", "--model", tiny_model_dir, "--device", "cpu",
+                         "--engine", "ray", "--ray-cpu-actors", 1, "--chunk-seconds", 2, start_new_session=True)
+    tree: dict[int, tuple[float, str]] = {}
+
+    def look():
+        for p in psutil.Process(driver.pid).children(recursive=True):
+            try:
+                tree[p.pid] = (p.create_time(), " ".join(p.cmdline()))
+            except psutil.Error:
+                pass
+
+    deadline = time.time() + 120
+    while time.time() < deadline and not any("RayEncoder" in cmd for _, cmd in tree.values()):
+        assert driver.poll() is None, driver.stdout.read()
+        look()
+        time.sleep(0.2)
+    time.sleep(1)
+    look()
+    names = " ".join(cmd for _, cmd in tree.values())
+    assert "RayEncoder" in names and "DashboardAgent" in names and "RuntimeEnvAgent" in names, names
+    os.kill(driver.pid, signal.SIGKILL)
+    driver.wait()
+
+    def alive():
+        left = []
+        for pid, (created, cmd) in tree.items():
+            try:
+                p = psutil.Process(pid)
+                if p.create_time() == created and p.status() != psutil.STATUS_ZOMBIE:
+                    left.append(cmd[:60])
+            except psutil.Error:
+                pass
+        return left
+
+    deadline = time.time() + 20
+    while alive() and time.time() < deadline:
+        time.sleep(0.5)
+    left = alive()
+    for pid, (created, _) in tree.items():  # never leave them to the next test
+        try:
+            p = psutil.Process(pid)
+            if p.create_time() == created:
+                p.kill()
+        except psutil.Error:
+            pass
+    assert not left, left

@@ -21,23 +21,57 @@ FRAME = 1920
 
 
 
-def near_tie_model(audio, frame=3, relative_gap=1e-6):
-    """A tiny model whose semantic codebook has, at ``frame`` of ``audio``, a second codeword
-    farther than the best by only ``relative_gap`` of the distance: a float tie."""
+def group_of(model, codebook):
+    """(quantizer, layer index in it) of a global codebook index: Mimi splits its RVQ in two
+    independent groups (the semantic codebook 0, then the acoustic ones)."""
+    q = model.quantizer
+    n_sem = q.num_semantic_quantizers
+    if codebook < n_sem:
+        return q.semantic_residual_vector_quantizer, codebook
+    return q.acoustic_residual_vector_quantizer, codebook - n_sem
+
+
+@torch.no_grad()
+def residual_at(model, latent, frame, codebook, codes):
+    """The residual ``codebook`` sees at ``frame`` when the earlier codes of its group are ``codes``."""
+    rvq, layer = group_of(model, codebook)
+    r = rvq.input_proj(latent.T[None])[0, :, frame]
+    for j in range(layer):
+        r = r - rvq.layers[j].codebook.embed[int(codes[codebook - layer + j])]
+    return r
+
+
+def near_tie_model(audio, frame=3, relative_gap=1e-6, codebook=0):
+    """A tiny model whose ``codebook`` has, at ``frame`` of ``audio``, a second codeword farther
+    than the best by only ``relative_gap`` of the distance: a float tie."""
     model = random_model(seed=7)
     ref = reference_single(model, audio, 8)
-    trace = rvq_trace(model, ref["latent"], 8)
-    rvq = model.quantizer.semantic_residual_vector_quantizer
-    r = rvq.input_proj(ref["latent"].T[None])[0, :, frame]  # the residual codebook 0 sees
-    codebook = rvq.layers[0].codebook
-    best = int(trace["codes"][frame, 0])
-    other = (best + 1) % codebook.codebook_size
-    away = r - codebook.embed[best]
+    rvq, layer = group_of(model, codebook)
+    r = residual_at(model, ref["latent"], frame, codebook, ref["codes"][frame])
+    book = rvq.layers[layer].codebook
+    best = int(ref["codes"][frame, codebook])
+    other = (best + 1) % book.codebook_size
+    away = r - book.embed[best]
     target = r + away * (1 + relative_gap)  # mirror image of the best codeword, a hair farther
     with torch.no_grad():
-        codebook.embed_sum[other] = target * codebook.cluster_usage[other].clamp(min=codebook.epsilon)
+        book.embed_sum[other] = target * book.cluster_usage[other].clamp(min=book.epsilon)
     reset_codebook_cache(model)
     return model, best, other
+
+
+@torch.no_grad()
+def flip(model, latent, codes, frame, codebook, code):
+    """``codes`` with ``code`` at (frame, codebook) and the later codes of its group as a producer
+    that picked it would have chosen them (each the nearest codeword to the residual that follows)."""
+    out = codes.clone()
+    out[frame, codebook] = code
+    rvq, layer = group_of(model, codebook)
+    for k in range(codebook + 1, codebook - layer + len(rvq.layers)):
+        if k >= codes.shape[1]:
+            break
+        r = residual_at(model, latent, frame, k, out[frame])
+        out[frame, k] = int(torch.cdist(r[None], rvq.layers[k - codebook + layer].codebook.embed)[0].argmin())
+    return out
 
 
 def test_trace_reproduces_transformers_codes(tiny_model):
@@ -55,12 +89,10 @@ def test_tie_flip_versus_real_mismatch():
     margin = float(trace["d2"][3, 0] - trace["d1"][3, 0])
     assert 0 <= margin < 1e-4 * float(trace["d1"][3, 0])
 
-    flipped = ref["codes"].clone()
-    flipped[3, 0] = other
-    flipped[3, 1:] = (flipped[3, 1:] + 1) % 64  # what follows a flip: later codebooks of that frame differ
-    mismatches, _ = classify_codes(model, flipped, ref["latent"], 8)
-    assert len(mismatches) == 8 and all(m.tie for m in mismatches)
-    assert [m.cascade for m in mismatches] == [False] + [True] * 7
+    flipped = flip(model, ref["latent"], ref["codes"], 3, 0, other)
+    assert torch.equal(flipped[3, 1:], ref["codes"][3, 1:])  # the acoustic group does not see codebook 0
+    (m,) = classify_codes(model, flipped, ref["latent"], 8)[0]
+    assert m.tie and not m.cascade and (m.frame, m.codebook) == (3, 0) and 0 < m.margin <= m.noise
     # with the batched latent at hand, the measured perturbation decides: a zero perturbation
     # only leaves rounding, which still covers a 1e-6 relative gap
     assert all(m.tie for m in classify_codes(model, flipped, ref["latent"], 8, ref["latent"].clone())[0])
@@ -70,6 +102,57 @@ def test_tie_flip_versus_real_mismatch():
     real[decisive, 0] = (real[decisive, 0] + 1) % 64
     (m,) = classify_codes(model, real, ref["latent"], 8)[0]
     assert not m.tie and m.frame == decisive and m.codebook == 0 and m.margin > m.noise
+
+
+def test_tie_flip_cascade_follows_the_stored_codes():
+    """A genuine tie flip in the acoustic group changes the later codes of its frame (each is the
+    nearest codeword to the residual the flip leaves): all are ties, the later ones its cascade."""
+    audio = 0.3 * torch.randn(FRAME * 12, generator=torch.Generator().manual_seed(2))
+    model, best, other = near_tie_model(audio, codebook=1)
+    ref = reference_single(model, audio, 8)
+    assert int(ref["codes"][3, 1]) == best
+    flipped = flip(model, ref["latent"], ref["codes"], 3, 1, other)
+    changed = torch.nonzero(flipped[3] != ref["codes"][3]).flatten().tolist()
+    assert changed[0] == 1 and len(changed) >= 3, changed  # the flip and a cascade to check
+    mismatches, _ = classify_codes(model, flipped, ref["latent"], 8)
+    assert [(m.frame, m.codebook) for m in mismatches] == [(3, k) for k in changed]
+    assert all(m.tie for m in mismatches)
+    assert [m.cascade for m in mismatches] == [False] + [True] * (len(changed) - 1)
+
+
+def test_arbitrary_code_at_a_near_tie_is_real():
+    """The stored code itself must be near the best, not just the reference's decision close: an
+    arbitrary code where the reference had a genuine near-tie is real."""
+    audio = 0.3 * torch.randn(FRAME * 12, generator=torch.Generator().manual_seed(2))
+    model, best, other = near_tie_model(audio, codebook=1)
+    ref = reference_single(model, audio, 8)
+    far = next(c for c in (5, 6, 7) if c not in (best, other))
+    tampered = ref["codes"].clone()
+    tampered[3, 1] = far
+    mismatches, _ = classify_codes(model, tampered, ref["latent"], 8)
+    assert any(not m.tie and (m.frame, m.codebook) == (3, 1) and m.margin > m.noise for m in mismatches)
+    out_of_range = ref["codes"].clone()
+    out_of_range[7, 6] = 64  # no such codeword
+    (m,) = classify_codes(model, out_of_range, ref["latent"], 8)[0]
+    assert not m.tie and (m.frame, m.codebook) == (7, 6)
+
+
+def test_later_code_changed_after_a_tie_flip_is_real():
+    """Every codebook of a frame with a flip is checked against the residual the stored codes
+    leave: a later code changed after a genuine tie flip is real (not excused as its cascade)."""
+    audio = 0.3 * torch.randn(FRAME * 12, generator=torch.Generator().manual_seed(2))
+    model, best, other = near_tie_model(audio, codebook=1)
+    ref = reference_single(model, audio, 8)
+    flipped = flip(model, ref["latent"], ref["codes"], 3, 1, other)
+    for later, code in ((4, (int(flipped[3, 4]) + 1) % 64), (5, int(ref["codes"][3, 5]))):
+        if code == int(flipped[3, later]):
+            continue  # the reference's code happens to be the cascade's: nothing tampered
+        tampered = flipped.clone()
+        tampered[3, later] = code
+        mismatches, _ = classify_codes(model, tampered, ref["latent"], 8)
+        real = [m.codebook for m in mismatches if not m.tie]
+        assert real and real[0] == later, (later, mismatches)  # (the codes after it may follow the old residual)
+        assert all(m.tie for m in mismatches if m.codebook < later)  # the genuine flip and its cascade
 
 
 def test_audit_of_out_classifies_and_fails_on_real(tmp_path):
