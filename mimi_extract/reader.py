@@ -241,10 +241,16 @@ class ManifestCuts:
             frame_shift = 0.04 if info["tap"] == "encoder" else 0.08
             for row in _stream_committed(d):
                 if row.get("status") == "ok" and row.get("source"):
-                    yield cut_dict(row, d, FIELDS[info["tap"]], frame_shift)
+                    cut = cut_dict(row, d, FIELDS[info["tap"]], frame_shift)
+                    if cut is not None:  # None: a format with no lhotse storage (Format.lhotse_storage)
+                        yield cut
 
     def __iter__(self):
         from lhotse.serialization import deserialize_item
+
+        from .lhotse_io import register_lhotse_readers
+
+        register_lhotse_readers()  # Parquet OUTs: lhotse loads their arrays through our reader
 
         yield from map(deserialize_item, self.dicts())
 

@@ -32,6 +32,7 @@ class Settings:
     framing: str = "transformers"
     frames_per_call: int = 1  # --framing moshi-stream: frames per moshi streaming call
     feature_dtype: str = "float32"
+    format: str = "hdf5"  # output format: a name of mimi_extract.formats' registry (--format)
     engine: str = "local"
     ray_address: str | None = None
     ray_cpu_actors: int | None = None
