@@ -74,6 +74,15 @@ EngineOpt = _choices("EngineOpt", ENGINES)
 Resampler = _choices("Resampler", RESAMPLERS)
 
 
+def _format_choices() -> type[Enum]:
+    from .formats import names  # the registry: a new format module is offered without touching the CLI
+
+    return _choices("OutFormat", names())
+
+
+OutFormat = _format_choices()
+
+
 InputArg = Annotated[str, typer.Argument(metavar="INPUT", help="A directory (searched recursively), a list "
                                          "(.txt/.jsonl/.csv: path[,id,start,end|duration,channel]), a lhotse "
                                          "manifest (recordings/cuts/supervisions .jsonl.gz), tar shards (a .tar, a "
@@ -103,6 +112,8 @@ PartOpt = Annotated[Optional[str], typer.Option(help="Encode part I/N (0-based) 
 EngineArg = Annotated[EngineOpt, typer.Option(help="local = processes on this machine; ray = actors on a Ray cluster (pip install 'mimi-extract\\[ray]').")]
 RayAddressOpt = Annotated[Optional[str], typer.Option(help="Ray cluster to join: auto, HOST:PORT \\[default: start a private local one].")]
 RayCpuOpt = Annotated[Optional[int], typer.Option(min=1, help="CPU actors on a cluster without GPUs \\[default: CPUs / 2].")]
+FormatOpt = Annotated[OutFormat, typer.Option("--format", help="Output format: hdf5 = shard-N.h5 (one dataset per item; lhotse cuts read it in place); parquet = shard-N.parquet (one row per item, zstd; datasets.load_dataset('parquet'), pyarrow, polars; a Hub dataset card); shar = lhotse Shar in OUT/shar/ (cuts.N.jsonl.gz + mimi_codes.N.tar; CutSet.from_shar(in_dir=OUT/shar)). Recorded in run.json: a resume must use the same.")]
+ReencodeOpt = Annotated[bool, typer.Option("--reencode-damaged", help="Before resuming, read every stored item and check its checksums (bit rot, edited files: what verify --out --checksums lists); shards holding a damaged item are moved to quarantine/ and their items encoded again.")]
 RecordingsOpt = Annotated[Optional[str], typer.Option(help="lhotse RecordingSet for a SupervisionSet input.")]
 SharExtendOpt = Annotated[bool, typer.Option("--shar-extend", help="INPUT is a lhotse Shar dataset: add our field to it. Writes only OUT/shar/<field>.NNNNNN.tar, one per input shard, in that shard's cut order (a failed cut: lhotse's placeholder), so CutSet.from_shar(fields={'cuts': INPUT's cuts, 'recording': INPUT's recordings, 'mimi_codes': OUT's tars}) lines up. Implies --format shar; holds about one shard's outputs in memory.")]
 # -- input options (packaged corpora: tar shards, Parquet / HF datasets, lhotse Shar) --
@@ -144,9 +155,13 @@ def _model_path(model: str) -> str:
     return os.path.realpath(model) if os.path.isdir(model) else model
 
 
-def _shar_extend(shar_extend: bool) -> dict:
-    """--shar-extend writes a lhotse Shar field: the shar format."""
-    return {"shar_extend": True, "format": "shar"} if shar_extend else {}
+def _format_settings(output_format: str, shar_extend: bool) -> dict:
+    """--format, and --shar-extend (a lhotse Shar field: the shar format, implied)."""
+    if not shar_extend:
+        return {"format": output_format}
+    if output_format not in ("hdf5", "shar"):  # hdf5: the default, not chosen
+        _fail(f"--shar-extend adds a lhotse Shar field: it writes --format shar, not {output_format}")
+    return {"shar_extend": True, "format": "shar"}
 
 
 def _settings(model, device, dtype, batch_size, max_batch_seconds, num_workers, channel, causal_16k,
@@ -197,7 +212,7 @@ class _PlainProgress:
 
 
 def _run(input_path, out_dir, settings: "Settings", shard_size, shard_mb, limit, strict, part, recordings,
-         progress_seconds: float | None = None, options=None) -> None:
+         progress_seconds: float | None = None, options=None, reencode_damaged: bool = False) -> None:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from .hub import offline_problem
@@ -265,7 +280,8 @@ def _run(input_path, out_dir, settings: "Settings", shard_size, shard_mb, limit,
 
     try:
         summary = extract(input_path, out_dir, settings, shard_size, shard_mb, limit, part, recordings,
-                          on_plan, on_progress, on_signal, on_phase=on_phase, options=options)
+                          on_plan, on_progress, on_signal, on_phase=on_phase, options=options,
+                          reencode_damaged=reencode_damaged)
     except KeyboardInterrupt:
         progress.stop()
         say(("interrupted", "yellow"), " before encoding started; run the same command again to resume.")
@@ -342,6 +358,8 @@ def features(
     audio_column: AudioColumnOpt = None,
     id_column: IdColumnOpt = None,
     shar_extend: SharExtendOpt = False,
+    output_format: FormatOpt = OutFormat["hdf5"],
+    reencode_damaged: ReencodeOpt = False,
 ):
     """Continuous Mimi features, one \\[frames, dim] dataset per input.
 
@@ -357,9 +375,9 @@ def features(
     settings = _settings(model, device, dtype, batch_size, max_batch_seconds, num_workers, channel,
                          _causal(resampler, causal_16k), cpu_workers, tap=tap.value, feature_dtype=feature_dtype.value, chunk_seconds=chunk_seconds,
                          framing=framing.value, frames_per_call=frames_per_call, engine=engine.value, ray_address=ray_address,
-                         ray_cpu_actors=ray_cpu_actors, **_shar_extend(shar_extend))
+                         ray_cpu_actors=ray_cpu_actors, **_format_settings(output_format.value, shar_extend))
     _run(input_path, out_dir, settings, shard_size, shard_mb, limit, strict, part, recordings, progress_seconds,
-         _input_options(recordings, input_format, audio_ext, id_field, audio_column, id_column))
+         _input_options(recordings, input_format, audio_ext, id_field, audio_column, id_column), reencode_damaged)
 
 
 features.__doc__ += _RUN_HELP
@@ -399,6 +417,8 @@ def codes(
     audio_column: AudioColumnOpt = None,
     id_column: IdColumnOpt = None,
     shar_extend: SharExtendOpt = False,
+    output_format: FormatOpt = OutFormat["hdf5"],
+    reencode_damaged: ReencodeOpt = False,
 ):
     """Discrete Mimi codes, one int16 \\[frames, num_quantizers] dataset per input (12.5 Hz).
 
@@ -412,9 +432,9 @@ def codes(
     settings = _settings(model, device, dtype, batch_size, max_batch_seconds, num_workers, channel,
                          _causal(resampler, causal_16k), cpu_workers, tap="codes", num_quantizers=num_quantizers, chunk_seconds=chunk_seconds,
                          framing=framing.value, frames_per_call=frames_per_call, engine=engine.value, ray_address=ray_address,
-                         ray_cpu_actors=ray_cpu_actors, **_shar_extend(shar_extend))
+                         ray_cpu_actors=ray_cpu_actors, **_format_settings(output_format.value, shar_extend))
     _run(input_path, out_dir, settings, shard_size, shard_mb, limit, strict, part, recordings, progress_seconds,
-         _input_options(recordings, input_format, audio_ext, id_field, audio_column, id_column))
+         _input_options(recordings, input_format, audio_ext, id_field, audio_column, id_column), reencode_damaged)
 
 
 codes.__doc__ += _RUN_HELP
@@ -486,6 +506,7 @@ def verify(
     id_field: IdFieldOpt = None,
     audio_column: AudioColumnOpt = None,
     id_column: IdColumnOpt = None,
+    checksums: Annotated[bool, typer.Option("--checksums", help="With --out: read every stored item and check its checksums instead (no model, no re-encoding); list the damaged items; exit 1 if any.")] = False,
 ):
     """Check outputs against transformers' own single-item MimiModel encode, file by file.
 
@@ -504,7 +525,13 @@ def verify(
 
       mimi-extract verify corpus/ --limit 100 --batch-size 32
       mimi-extract verify --out codes/ --sample 50
+      mimi-extract verify --out codes/ --checksums             # bit rot: every item, no model
     """
+    if checksums:
+        if out is None or input_path is not None:
+            _fail("--checksums checks what an OUT holds: give --out OUT (and no INPUT)")
+        _verify_checksums(out)
+        return
     from .settings import resolve_devices
     from .verify import verify_outputs, verify_source
 
@@ -551,6 +578,28 @@ def verify(
                                                       if not good else "FAIL", "bold red"), out=out_console)
     if not verdict:
         raise typer.Exit(EXIT_FAILED)
+
+
+def _verify_checksums(out: str) -> None:
+    from .formats.common import OutputError, scan_checksums
+
+    if not os.path.isdir(out):
+        _fail(f"{out} does not exist")
+    try:
+        report = scan_checksums(out)
+    except (OSError, OutputError) as e:
+        _fail(str(e))
+    for d in report["damaged"]:
+        say((d["key"], "bold red"), f" in {d['shard']}: {d['problem']}")
+    total = report["checked"] + report["unchecked"]
+    line = (f"{total} stored items read, {report['checked']} against their checksums"
+            + (f" ({report['unchecked']} written before checksums existed: format checks only)" if report["unchecked"] else "")
+            + f"; {len(report['damaged'])} damaged")
+    if report["damaged"]:
+        say(line + "; ", ("FAIL", "bold red"))
+        say(f"to encode them again: re-run the command that made {out} with --reencode-damaged")
+        raise typer.Exit(EXIT_FAILED)
+    say(line + "; ", ("PASS", "green"))
 
 
 def _report(make, out_dir: str, as_json: bool) -> dict | None:

@@ -32,8 +32,8 @@ class Settings:
     framing: str = "transformers"
     frames_per_call: int = 1  # --framing moshi-stream: frames per moshi streaming call
     feature_dtype: str = "float32"
+    format: str = "hdf5"  # output format: a name of mimi_extract.formats' registry (--format)
     engine: str = "local"
-    format: str = "hdf5"  # output format: a name of the formats registry (hdf5, shar)
     shar_extend: bool = False  # --shar-extend: one field tar per input Shar shard (format shar)
     ray_address: str | None = None
     ray_cpu_actors: int | None = None

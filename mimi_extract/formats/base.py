@@ -25,7 +25,9 @@ What a format must define
 * :meth:`Format.builder` -- a new in-memory :class:`ShardBuilder` (see below);
 * :meth:`Format.check` -- does a committed shard hold exactly what its manifest rows say?  (resume
   quarantines one that does not);
-* :meth:`Format.open`, :meth:`Format.load`, :meth:`Format.attrs` -- the read side.
+* :meth:`Format.open`, :meth:`Format.load`, :meth:`Format.attrs` -- the read side;
+* optionally :meth:`Format.item_attrs` (per-item metadata, for ``verify --out``),
+  :meth:`Format.companions` and :meth:`Format.finish_run`.
 
 A :class:`ShardBuilder` collects the items of one shard *in memory* and finally returns the
 shard's bytes (``files()``): nothing a format does touches OUT, so a full disk or a kill cannot
@@ -99,6 +101,10 @@ class Format:
     def builder(self, file_attrs: dict) -> ShardBuilder:
         raise NotImplementedError
 
+    def require(self) -> None:
+        """Raise a RuntimeError saying what to install when the format's library is missing
+        (called before a run starts, so it never fails after hours of encoding)."""
+
     def companions(self, shard: str) -> list[str]:
         """Other files that belong to committed shard ``shard`` (moved with it to quarantine)."""
         return []
@@ -134,6 +140,18 @@ class Format:
         """Why this format cannot store an item keyed ``key`` (the runner makes it an error row
         before encoding), or None."""
         return None
+
+    def lhotse_storage(self, path: str, row: dict) -> tuple[str, str] | None:
+        """(lhotse ``storage_type``, ``storage_key``) of an ok row's array in the shard at ``path``,
+        for the cuts that point into OUT (``lhotse_io.py``).  The storage type must be a lhotse
+        ``FeaturesReader`` name (lhotse's own, or one ``lhotse_io.register_lhotse_readers`` adds).
+        ``None``: the format's items get no cut in ``cuts.jsonl.gz`` / ``read_cuts`` (a format that
+        is its own lhotse manifest, as Shar is)."""
+        return None
+
+    def finish_run(self, out_dir: str, run_dir: str, info: dict) -> None:
+        """Called at the end of every run (an interrupted one too) with OUT, the run directory and
+        its ``run.json``: for files that describe OUT as a whole (Parquet's dataset card)."""
 
     def is_shard(self, name: str) -> bool:
         return isinstance(name, str) and bool(self.shard_re.fullmatch(name))

@@ -37,7 +37,7 @@ from pathlib import PurePosixPath
 
 import numpy as np
 
-from .base import Format, ShardBuilder
+from .base import Format, ShardBuilder, array_checksum
 from .registry import register
 
 FOLDER = "shar"
@@ -105,9 +105,9 @@ def cut_for(row: dict, field: str, frame_shift: float, shape: tuple) -> dict:
     """The Shar cut of one ok row: the HDF5 output's cut (``lhotse_io.cut_dict``) with Shar storage."""
     from ..lhotse_io import cut_dict
 
-    cut = cut_dict({**row, "shard": "", "frames": shape[0]}, "", field, frame_shift)
-    cut["custom"][field] = _placeholder(shape, frame_shift, cut["custom"][field]["start"])
-    return cut
+    start = row.get("start") or 0.0
+    return cut_dict({**row, "shard": "", "frames": shape[0]}, "", field, frame_shift,
+                    array=_placeholder(shape, frame_shift, start)["array"])
 
 
 class SharShard(ShardBuilder):
@@ -174,6 +174,11 @@ class Shar(Format):
 
     def __init__(self, field: str = "mimi_latent"):
         self.field = field
+
+    def require(self) -> None:
+        from .._optional import need
+
+        need("lhotse.shar.writers.tar", "--format shar (lhotse's Shar tar writer)")
 
     def for_run(self, file_attrs: dict) -> "Shar":
         """This format with the run's field (``mimi_codes``...): shard names depend on the tap."""
@@ -393,7 +398,8 @@ def _extend_writer_class():
                 status, data, row = held[key]
                 if status == "ok":
                     extra = shard.add(key, data, row, {})
-                    rows.append({**row, **extra, "shard": name, "status": "ok", "error": None})
+                    rows.append({**row, **extra, "shard": name, "status": "ok", "error": None,
+                                 "checksum": array_checksum(data)})
                     self.held_bytes -= data.nbytes
                 else:
                     shard.add_placeholder(key)
