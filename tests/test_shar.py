@@ -412,3 +412,30 @@ def test_shar_extend_adds_a_field_aligned_with_each_input_shard(shar_dataset, ti
         assert get_format("shar").check(os.path.join(cli_out, "shar", name), [
             r for r in read_manifest(cli_out) if r["shard"] == f"shar/{name}"]) is None
     assert all(np.array_equal(read(cli_out, k), read(out, k)) for k in rows if rows[k]["status"] == "ok")
+
+
+def test_bit_rot_in_a_shar_tar_is_found_and_reencoded(many, tiny_model_dir, shar_reference, tmp_path):
+    """A flipped byte inside a stored array (the tar's structure intact, so a plain resume's check
+    passes): read raises DamagedError, verify --out --checksums lists it, --reencode-damaged redoes
+    its shard (cuts file and tar quarantined together)."""
+    from mimi_extract.formats.common import DamagedError
+
+    out = str(tmp_path / "out")
+    shutil.copytree(shar_reference[0], out)
+    victim = next(r for r in read_manifest(out) if r["shard"] == "shar/mimi_codes.000002.tar")
+    with open(os.path.join(out, victim["shard"]), "r+b") as f:
+        f.seek(victim["offset"] + victim["nbytes"] - 1)
+        byte = f.read(1)
+        f.seek(victim["offset"] + victim["nbytes"] - 1)
+        f.write(bytes([byte[0] ^ 0x5A]))
+    with pytest.raises(DamagedError, match="fails its checksum"):
+        read(out, victim["key"])
+    result = cli("verify", "--out", out, "--checksums")
+    assert result.exit_code == 1 and "1 damaged; FAIL" in result.text and victim["key"] in result.text, result.output
+    result = cli("codes", many, out, "--model", tiny_model_dir, "--format", "shar", "--shard-size", 7,
+                 "--reencode-damaged", *ONE_WORKER)
+    assert result.exit_code == 0 and "moved damaged shard shar/mimi_codes.000002.tar" in result.text, result.output
+    assert sorted(os.listdir(os.path.join(out, "quarantine"))) == ["shar__cuts.000002.jsonl.gz",
+                                                                  "shar__mimi_codes.000002.tar"]
+    assert cli("verify", "--out", out, "--checksums").exit_code == 0
+    assert_same(out, shar_reference)
