@@ -2,7 +2,7 @@
 
     python scripts/bench_formats.py --items 20000 --workdir /tmp/bench-formats
 
-For each format (every one registered, e.g. hdf5 and parquet) on the same synthetic corpus of
+For each format (every one registered: hdf5, parquet, shar) on the same synthetic corpus of
 codes (int16 [frames, 8], frames uniform in 25..250: 2-20 s items at 12.5 Hz):
 
 * **write**: the real ShardWriter (the format's in-memory shard + the shared commit protocol with
@@ -75,7 +75,9 @@ def write(fmt_name: str, out: str, n: int) -> dict:
         shutil.rmtree(out)
         return {}
     write_cuts(out)
-    shards = [f for f in os.listdir(out) if f.startswith("shard-")]
+    from mimi_extract.formats.common import _format_files
+
+    shards = [name for name, _ in _format_files(out)]  # every format's files (Shar: shar/cuts.* + shar/<field>.*)
     return {"items": n, "write_s": seconds, "items_per_s": n / seconds, "array_mib_per_s": nbytes / 2**20 / seconds,
             "array_mib": nbytes / 2**20, "disk_mib": sum(os.path.getsize(os.path.join(out, f)) for f in shards) / 2**20,
             "shards": len(shards)}
