@@ -413,6 +413,11 @@ def test_shar_extend_adds_a_field_aligned_with_each_input_shard(shar_dataset, ti
         assert get_format("shar").check(os.path.join(cli_out, "shar", name), [
             r for r in read_manifest(cli_out) if r["shard"] == f"shar/{name}"]) is None
     assert all(np.array_equal(read(cli_out, k), read(out, k)) for k in rows if rows[k]["status"] == "ok")
+    from mimi_extract.verify import verify_outputs
+
+    checks, problems = verify_outputs(cli_out, sample=2)  # re-reads the input's tar members, encodes alone
+    assert not problems and len(checks) == 2 and all(c.error is None and not c.mismatches for c in checks), checks
+    assert info_report(cli_out)["errors"] == 1 and status_report(cli_out)["complete"]
 
 
 def test_bit_rot_in_a_shar_tar_is_found_and_reencoded(many, tiny_model_dir, shar_reference, tmp_path):
