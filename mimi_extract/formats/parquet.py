@@ -108,7 +108,7 @@ class ParquetShard(ShardBuilder):
                        use_dictionary=["key", "path"] + ([f"{self.column}.list.element.list.element"]
                                                          if self.column == "codes" else []),
                        write_statistics=["key", "frames", "duration"])
-        return {shard_name: sink.getvalue().to_pybytes()}
+        return {shard_name: sink.getvalue()}  # a pyarrow Buffer: bytes-like, not copied again
 
     def close(self) -> None:
         self.arrays, self.cols = [], {}
