@@ -143,6 +143,24 @@ def test_tar_sidecar_segment_and_channel(loose, tmp_path):
     assert np.array_equal(load(open_audio(item), item.channel, start=item.start, frames=item.frames), want)
 
 
+@pytest.mark.parametrize("fmt", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
+def test_header_index_equals_tarfile(tmp_path, fmt):
+    """The header-only indexer gives tarfile's offsets and sizes, long and non-ASCII names too."""
+    from mimi_extract.sources.tar import _index_with_tarfile, index_tar
+
+    path = tmp_path / "x.tar"
+    names = ["a.wav", "dir/b.flac", "d" * 90 + "/" + "e" * 60 + ".json", "caf\u00e9.json", "big.wav"]
+    if fmt == tarfile.USTAR_FORMAT:
+        names[3] = "plain.json"
+    with tarfile.open(path, "w", format=fmt) as tf:
+        for i, name in enumerate(names):
+            add_bytes(tf, name, bytes(range(256)) * (i * 7 + 1) if name != "big.wav" else b"x" * 100_000)
+    keep = lambda name: name.endswith(".json")  # noqa: E731
+    fast, damage = index_tar(str(path), keep)
+    assert damage is None and fast == _index_with_tarfile(str(path), keep)[0]
+    assert [m[0] for m in fast] == names and all((m[3] is not None) == m[0].endswith(".json") for m in fast)
+
+
 def test_tar_bad_inputs_are_error_rows(loose, tmp_path):
     """Truncated shard (the samples before the damage are kept), a sample without audio, a member
     that is not audio, duplicate keys inside a shard and across shards, a bad sidecar."""
