@@ -106,21 +106,23 @@ RayCpuOpt = Annotated[Optional[int], typer.Option(min=1, help="CPU actors on a c
 RecordingsOpt = Annotated[Optional[str], typer.Option(help="lhotse RecordingSet for a SupervisionSet input.")]
 # -- input options (packaged corpora: tar shards, Parquet / HF datasets, lhotse Shar) --
 _INPUTS = "Input"
-InputFormatOpt = Annotated[Optional[str], typer.Option(rich_help_panel=_INPUTS, help="Read INPUT as this kind instead of detecting it: directory, list, lhotse, tar, parquet, shar.")]
+InputFormatOpt = Annotated[Optional[str], typer.Option(rich_help_panel=_INPUTS, help="Read INPUT as this kind instead of detecting it: directory, list, lhotse, tar, tgz (.tar.gz), parquet, shar.")]
 AudioExtOpt = Annotated[Optional[str], typer.Option(rich_help_panel=_INPUTS, help="Tar/Shar samples: the member extension(s) that hold the audio, comma-separated (e.g. flac) \\[default: the first member with an audio extension].")]
 IdFieldOpt = Annotated[Optional[str], typer.Option(rich_help_panel=_INPUTS, help="Tar samples: the field of the .json sidecar that holds the id \\[default: key = <shard file name>/<sample key>].")]
 AudioColumnOpt = Annotated[Optional[str], typer.Option(rich_help_panel=_INPUTS, help="Parquet: the audio column \\[default: the first struct of bytes and path, the datasets Audio feature].")]
+SortBufferOpt = Annotated[float, typer.Option(min=1, rich_help_panel=_INPUTS, help="Compressed tar (.tar.gz/.tgz, no random access): items are length-sorted within groups of this many MiB of the stream, not globally; each encoder process holds at most two groups in memory. Smaller groups pad more (measured: see the README).")]
 IdColumnOpt = Annotated[Optional[str], typer.Option(rich_help_panel=_INPUTS, help="Parquet: the id column \\[default: key = <file>/<row>].")]
 
 
-def _input_options(recordings=None, input_format=None, audio_ext=None, id_field=None, audio_column=None, id_column=None):
+def _input_options(recordings=None, input_format=None, audio_ext=None, id_field=None, audio_column=None, id_column=None,
+                   sort_buffer_mb=256.0):
     from .sources import REGISTRY, Options
 
     if input_format and input_format not in REGISTRY:
         _fail(f"--input-format {input_format!r}: choose from {', '.join(sorted(REGISTRY))}")
     exts = tuple(e.strip().lstrip(".") for e in audio_ext.split(",") if e.strip()) if audio_ext else None
     return Options(recordings=recordings, input_format=input_format, audio_ext=exts, id_field=id_field,
-                   audio_column=audio_column, id_column=id_column)
+                   audio_column=audio_column, id_column=id_column, sort_buffer_mb=sort_buffer_mb)
 
 
 def _hours(seconds: float) -> str:
@@ -335,6 +337,7 @@ def features(
     id_field: IdFieldOpt = None,
     audio_column: AudioColumnOpt = None,
     id_column: IdColumnOpt = None,
+    sort_buffer_mb: SortBufferOpt = 256.0,
 ):
     """Continuous Mimi features, one \\[frames, dim] dataset per input.
 
@@ -352,7 +355,8 @@ def features(
                          framing=framing.value, frames_per_call=frames_per_call, engine=engine.value, ray_address=ray_address,
                          ray_cpu_actors=ray_cpu_actors)
     _run(input_path, out_dir, settings, shard_size, shard_mb, limit, strict, part, recordings, progress_seconds,
-         _input_options(recordings, input_format, audio_ext, id_field, audio_column, id_column))
+         _input_options(recordings, input_format, audio_ext, id_field, audio_column, id_column,
+                        sort_buffer_mb))
 
 
 features.__doc__ += _RUN_HELP
@@ -391,6 +395,7 @@ def codes(
     id_field: IdFieldOpt = None,
     audio_column: AudioColumnOpt = None,
     id_column: IdColumnOpt = None,
+    sort_buffer_mb: SortBufferOpt = 256.0,
 ):
     """Discrete Mimi codes, one int16 \\[frames, num_quantizers] dataset per input (12.5 Hz).
 
@@ -406,7 +411,8 @@ def codes(
                          framing=framing.value, frames_per_call=frames_per_call, engine=engine.value, ray_address=ray_address,
                          ray_cpu_actors=ray_cpu_actors)
     _run(input_path, out_dir, settings, shard_size, shard_mb, limit, strict, part, recordings, progress_seconds,
-         _input_options(recordings, input_format, audio_ext, id_field, audio_column, id_column))
+         _input_options(recordings, input_format, audio_ext, id_field, audio_column, id_column,
+                        sort_buffer_mb))
 
 
 codes.__doc__ += _RUN_HELP
@@ -478,6 +484,7 @@ def verify(
     id_field: IdFieldOpt = None,
     audio_column: AudioColumnOpt = None,
     id_column: IdColumnOpt = None,
+    sort_buffer_mb: SortBufferOpt = 256.0,
 ):
     """Check outputs against transformers' own single-item MimiModel encode, file by file.
 
@@ -520,7 +527,7 @@ def verify(
             settings.devices = settings.devices[:1]
             settings.num_workers = 1
             checks, problems = verify_source(input_path, settings, limit, rtol, atol, options=_input_options(
-                None, input_format, audio_ext, id_field, audio_column, id_column)), []
+                None, input_format, audio_ext, id_field, audio_column, id_column, sort_buffer_mb)), []
             title = f"engine ({settings.dtype}) vs single-item (fp32, transformers)"
             shown = ("encoder", "latent")
     except (ValueError, FileNotFoundError, RuntimeError, OSError, KeyError) as e:

@@ -23,7 +23,7 @@ from .encoder import PaddedMimiEncoder, _from_pretrained, config_hash, weights_h
 from .engines import Stats, make_engine
 from .plan import Part, padding_fraction, part_of, plan_units
 from .settings import Settings
-from .sources import Item, Options, dataset_name, discover
+from .sources import Item, Options, dataset_name, discover, plan_group
 from .writer import (OutputError, ShardWriter, _write_atomic, check_run_info, lock_run_dir, recover, run_dirs)
 
 PLAN_INFO = "plan.json"
@@ -239,8 +239,12 @@ def _extract_with(engine, source, run_dir, settings, shard_size, shard_mb, limit
     todo = [it for it in items if it.key not in done]
     bad = [it for it in bad if it.key not in done]
     planned = getattr(engine, "plan_settings", settings)  # a Ray cluster's actors decide the unit sizes
-    units = plan_units(todo, planned.chunk_samples(), planned.step_seconds, planned.rows,
-                       long_group=planned.rows if settings.engine == "ray" else 1)
+    groups: dict[int, list[Item]] = {}
+    for it in todo:  # a compressed tar is sorted within each buffer-full only (see sources/tgz.py)
+        groups.setdefault(plan_group(it), []).append(it)
+    units = [u for g in sorted(groups) for u in plan_units(groups[g], planned.chunk_samples(), planned.step_seconds,
+                                                            planned.rows,
+                                                            long_group=planned.rows if settings.engine == "ray" else 1)]
     short = [u.items for u in units if not u.stream]
     summary = {
         "run_dir": run_dir, "inputs": len(items) + len(bad), "skipped": len(done), "todo": len(todo),
