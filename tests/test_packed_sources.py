@@ -98,6 +98,9 @@ def test_tar_equals_loose_files_and_single_item_reference(shards, loose_run, tin
     checks, problems = verify_outputs(out, sample=None)  # reopens each member by offset, encodes it alone
     assert not problems and len(checks) == len(FILES)
     assert all(c.error is None and not [m for m in c.mismatches if not m.tie] for c in checks), checks
+    checks = verify_source(shards, settings(tiny_model_dir, batch_size=4), options=Options(id_field="id"))
+    assert len(checks) == len(FILES) and all(c.error is None and c.note is None for c in checks)
+    assert all(not [m for m in c.mismatches if not m.tie] for c in checks)
     # default keys: <shard file name>/<sample key>; the folder form finds the same shards
     found = discover(shards)
     assert found.kind == "tar" and sorted(it.key for it in found.items) == sorted(
@@ -343,9 +346,14 @@ def test_pyav_formats_decode_and_encode(tmp_path, tiny_model_dir):
     assert extract(str(root), out, settings(tiny_model_dir))["ok"] == 2
     decoders = read_run_info(out)["decoders"]
     assert decoders["soundfile"].startswith("soundfile") and decoders["pyav"].startswith("av ")
-    # verify both ways: engine vs single item, and what OUT holds vs single item
+    # verify: the engine vs each item alone
     checks = verify_source(str(root), settings(tiny_model_dir, batch_size=4))
     assert all(c.error is None and c.note is None for c in checks)
+    # the same files as tar members: decoded through PyAV from the shard, in place
+    shard = write_tar(tmp_path / "av.tar", str(root), ["x.m4a", "y.webm"], sidecar=False)
+    for it in discover(shard).items:
+        name = it.loc[-1]
+        assert np.array_equal(load(open_audio(it), start=it.start, frames=it.frames), load(str(root / name)))
 
 
 def test_mp3_decoder_is_fixed_and_recorded(tmp_path, tiny_model_dir, monkeypatch):
