@@ -71,13 +71,15 @@ class MemberView(io.RawIOBase):
 def open_member(path: str, offset: int, size: int, name: str):
     """A buffered :class:`MemberView`; SourceError if the shard no longer holds those bytes."""
     try:
-        total = os.path.getsize(path)
+        view = MemberView(path, offset, size, name)
     except OSError as e:
         raise SourceError(f"shard {path}: {e.strerror or e}") from e
+    total = os.fstat(view.file.fileno()).st_size
     if offset + size > total:
+        view.close()
         raise SourceError(f"shard {os.path.basename(path)} is truncated: member {name!r} needs bytes "
                           f"{offset}..{offset + size}, the file has {total}")
-    return io.BufferedReader(MemberView(path, offset, size, name), 1 << 16)  # .name: the member's
+    return io.BufferedReader(view, 1 << 16)  # .name: the member's
 
 
 def expand_braces(pattern: str) -> list[str]:
@@ -151,7 +153,8 @@ def index_tar(path: str, keep=lambda name: False, keep_max: int = 1 << 20):
                     damage = f"truncated at byte {total}: a header at byte {pos} is incomplete" if pos < total else \
                         "not a tar file (empty)"
                 break
-            f.seek(pos)
+            if f.tell() != pos:
+                f.seek(pos)
             header = f.read(512)
             if header == b"\0" * 512:
                 break
@@ -224,11 +227,12 @@ def _number(field: bytes) -> int:
 
 
 def _checksum(header: bytes) -> bool:
+    field = header[148:156]
     try:
-        stored = int(header[148:156].split(b"\0", 1)[0].strip() or b"-1", 8)
+        stored = int(field.split(b"\0", 1)[0].strip() or b"-1", 8)
     except ValueError:
         return False
-    return stored == sum(header[:148]) + 256 + sum(header[156:])
+    return stored == sum(header) - sum(field) + 256  # the field itself counts as 8 spaces
 
 
 def _index_with_tarfile(path: str, keep=lambda name: False, keep_max: int = 1 << 20):
@@ -263,9 +267,9 @@ def _index_with_tarfile(path: str, keep=lambda name: False, keep_max: int = 1 <<
 def split_name(name: str) -> tuple[str, str]:
     """WebDataset (key, extension): ``dir/abc.flac`` -> (``dir/abc``, ``flac``); ``a.seg.json`` ->
     (``a``, ``seg.json``)."""
-    folder, base = os.path.split(name)
+    folder, slash, base = name.rpartition("/")
     stem, _, ext = base.partition(".")
-    return (f"{folder}/{stem}" if folder else stem), ext.lower()
+    return folder + slash + stem, ext.lower()
 
 
 def group_samples(members):
