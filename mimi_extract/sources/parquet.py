@@ -108,6 +108,7 @@ def audio_column(schema, wanted: str | None) -> str | None:
 
 _CACHE: OrderedDict = OrderedDict()
 _CACHE_LOCK = threading.Lock()
+_READING: dict = {}  # key -> lock held by the thread reading that row group
 _CACHE_GROUPS = 4  # row groups kept per process (workers decode a few items of one group in a row)
 
 
@@ -120,12 +121,23 @@ def _group_column(path: str, group: int, column: str):
         if key in _CACHE:
             _CACHE.move_to_end(key)
             return _CACHE[key]
-    col = _Data(path).read(group, [column]).column(column)
-    with _CACHE_LOCK:
-        _CACHE[key] = col
-        while len(_CACHE) > _CACHE_GROUPS:
-            _CACHE.popitem(last=False)
-    return col
+        reading = _READING.setdefault(key, threading.Lock())
+    with reading:  # threads wanting the same group (planning probes 16 at a time) read it once
+        with _CACHE_LOCK:
+            if key in _CACHE:
+                return _CACHE[key]
+        try:
+            col = _Data(path).read(group, [column]).column(column)
+        except BaseException:
+            with _CACHE_LOCK:
+                _READING.pop(key, None)
+            raise
+        with _CACHE_LOCK:
+            _CACHE[key] = col
+            _READING.pop(key, None)
+            while len(_CACHE) > _CACHE_GROUPS:
+                _CACHE.popitem(last=False)
+        return col
 
 
 def _cell(path: str, group: int, row: int, column: str) -> tuple[bytes | None, str | None]:
