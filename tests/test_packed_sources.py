@@ -219,7 +219,8 @@ def test_parquet_equals_loose_files(hf_dataset, loose_run, tiny_model_dir, tmp_p
     if form == "data":
         checks, problems = verify_outputs(out, sample=2)
         assert not problems and all(c.error is None for c in checks)
-        found = discover(os.path.join(hf_dataset, form))  # default keys: <file>/<row>
+        found = discover(os.path.join(hf_dataset, form, "train-*.parquet"))  # a pattern; keys <file>/<row>
+        assert found.kind == "parquet"
         assert sorted(it.key for it in found.items)[0] == "train-00000-of-00001.parquet/0"
         assert {it.loc[0] for it in found.items} == {0, 1, 2}  # three row groups of two rows
 
