@@ -118,21 +118,23 @@ RecordingsOpt = Annotated[Optional[str], typer.Option(help="lhotse RecordingSet 
 SharExtendOpt = Annotated[bool, typer.Option("--shar-extend", help="INPUT is a lhotse Shar dataset: add our field to it. Writes only OUT/shar/<field>.NNNNNN.tar, one per input shard, in that shard's cut order (a failed cut: lhotse's placeholder), so CutSet.from_shar(fields={'cuts': INPUT's cuts, 'recording': INPUT's recordings, 'mimi_codes': OUT's tars}) lines up. Implies --format shar; holds about one shard's outputs in memory.")]
 # -- input options (packaged corpora: tar shards, Parquet / HF datasets, lhotse Shar) --
 _INPUTS = "Input"
-InputFormatOpt = Annotated[Optional[str], typer.Option(rich_help_panel=_INPUTS, help="Read INPUT as this kind instead of detecting it: directory, list, lhotse, tar, parquet, shar.")]
+InputFormatOpt = Annotated[Optional[str], typer.Option(rich_help_panel=_INPUTS, help="Read INPUT as this kind instead of detecting it: directory, list, lhotse, tar, tgz (.tar.gz), parquet, shar.")]
 AudioExtOpt = Annotated[Optional[str], typer.Option(rich_help_panel=_INPUTS, help="Tar/Shar samples: the member extension(s) that hold the audio, comma-separated (e.g. flac) \\[default: the first member with an audio extension].")]
 IdFieldOpt = Annotated[Optional[str], typer.Option(rich_help_panel=_INPUTS, help="Tar samples: the field of the .json sidecar that holds the id \\[default: key = <shard file name>/<sample key>].")]
 AudioColumnOpt = Annotated[Optional[str], typer.Option(rich_help_panel=_INPUTS, help="Parquet: the audio column \\[default: the first struct of bytes and path, the datasets Audio feature].")]
+SortBufferOpt = Annotated[float, typer.Option(min=1, rich_help_panel=_INPUTS, help="Compressed tar (.tar.gz/.tgz, no random access): items are length-sorted within groups of this many MiB of the stream, not globally; each encoder process holds at most two groups in memory. Smaller groups pad more (measured: see the README).")]
 IdColumnOpt = Annotated[Optional[str], typer.Option(rich_help_panel=_INPUTS, help="Parquet: the id column \\[default: key = <file>/<row>].")]
 
 
-def _input_options(recordings=None, input_format=None, audio_ext=None, id_field=None, audio_column=None, id_column=None):
+def _input_options(recordings=None, input_format=None, audio_ext=None, id_field=None, audio_column=None, id_column=None,
+                   sort_buffer_mb=256.0):
     from .sources import REGISTRY, Options
 
     if input_format and input_format not in REGISTRY:
         _fail(f"--input-format {input_format!r}: choose from {', '.join(sorted(REGISTRY))}")
     exts = tuple(e.strip().lstrip(".") for e in audio_ext.split(",") if e.strip()) if audio_ext else None
     return Options(recordings=recordings, input_format=input_format, audio_ext=exts, id_field=id_field,
-                   audio_column=audio_column, id_column=id_column)
+                   audio_column=audio_column, id_column=id_column, sort_buffer_mb=sort_buffer_mb)
 
 
 def _hours(seconds: float) -> str:
@@ -360,6 +362,7 @@ def features(
     shar_extend: SharExtendOpt = False,
     output_format: FormatOpt = OutFormat["hdf5"],
     reencode_damaged: ReencodeOpt = False,
+    sort_buffer_mb: SortBufferOpt = 256.0,
 ):
     """Continuous Mimi features, one \\[frames, dim] dataset per input.
 
@@ -377,7 +380,8 @@ def features(
                          framing=framing.value, frames_per_call=frames_per_call, engine=engine.value, ray_address=ray_address,
                          ray_cpu_actors=ray_cpu_actors, **_format_settings(output_format.value, shar_extend))
     _run(input_path, out_dir, settings, shard_size, shard_mb, limit, strict, part, recordings, progress_seconds,
-         _input_options(recordings, input_format, audio_ext, id_field, audio_column, id_column), reencode_damaged)
+         _input_options(recordings, input_format, audio_ext, id_field, audio_column, id_column,
+                        sort_buffer_mb), reencode_damaged)
 
 
 features.__doc__ += _RUN_HELP
@@ -419,6 +423,7 @@ def codes(
     shar_extend: SharExtendOpt = False,
     output_format: FormatOpt = OutFormat["hdf5"],
     reencode_damaged: ReencodeOpt = False,
+    sort_buffer_mb: SortBufferOpt = 256.0,
 ):
     """Discrete Mimi codes, one int16 \\[frames, num_quantizers] dataset per input (12.5 Hz).
 
@@ -434,7 +439,8 @@ def codes(
                          framing=framing.value, frames_per_call=frames_per_call, engine=engine.value, ray_address=ray_address,
                          ray_cpu_actors=ray_cpu_actors, **_format_settings(output_format.value, shar_extend))
     _run(input_path, out_dir, settings, shard_size, shard_mb, limit, strict, part, recordings, progress_seconds,
-         _input_options(recordings, input_format, audio_ext, id_field, audio_column, id_column), reencode_damaged)
+         _input_options(recordings, input_format, audio_ext, id_field, audio_column, id_column,
+                        sort_buffer_mb), reencode_damaged)
 
 
 codes.__doc__ += _RUN_HELP
@@ -507,6 +513,7 @@ def verify(
     audio_column: AudioColumnOpt = None,
     id_column: IdColumnOpt = None,
     checksums: Annotated[bool, typer.Option("--checksums", help="With --out: read every stored item and check its checksums instead (no model, no re-encoding); list the damaged items; exit 1 if any.")] = False,
+    sort_buffer_mb: SortBufferOpt = 256.0,
 ):
     """Check outputs against transformers' own single-item MimiModel encode, file by file.
 
@@ -555,7 +562,7 @@ def verify(
             settings.devices = settings.devices[:1]
             settings.num_workers = 1
             checks, problems = verify_source(input_path, settings, limit, rtol, atol, options=_input_options(
-                None, input_format, audio_ext, id_field, audio_column, id_column)), []
+                None, input_format, audio_ext, id_field, audio_column, id_column, sort_buffer_mb)), []
             title = f"engine ({settings.dtype}) vs single-item (fp32, transformers)"
             shown = ("encoder", "latent")
     except (ValueError, FileNotFoundError, RuntimeError, OSError, KeyError) as e:

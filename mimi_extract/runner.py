@@ -23,7 +23,7 @@ from .encoder import PaddedMimiEncoder, _from_pretrained, config_hash, weights_h
 from .engines import Stats, make_engine
 from .plan import Part, padding_fraction, part_of, plan_units
 from .settings import Settings
-from .sources import Item, Options, dataset_name, discover
+from .sources import Item, Options, dataset_name, discover, plan_group
 from .formats import get_format
 from .formats.common import (OutputError, ShardWriter, _write_atomic, check_run_info, lock_run_dir, read_run_info,
                              recover, run_dirs, scan_checksums)
@@ -275,9 +275,19 @@ def _extract_with(engine, source, run_dir, settings, shard_size, shard_mb, limit
     todo = [it for it in items if it.key not in done]
     bad = [it for it in bad if it.key not in done]
     planned = getattr(engine, "plan_settings", settings)  # a Ray cluster's actors decide the unit sizes
-    plan = lambda todo: plan_units(todo, planned.chunk_samples(), planned.step_seconds, planned.rows,  # noqa: E731
-                                   long_group=planned.rows if settings.engine == "ray" else 1)
-    if layout is not None:
+
+    def plan(todo: list[Item]) -> list:
+        groups: dict[int, list[Item]] = {}
+        for it in todo:  # a compressed tar is sorted within each buffer-full only (see sources/tgz.py)
+            groups.setdefault(plan_group(it), []).append(it)
+        units = [u for g in sorted(groups) for u in plan_units(groups[g], planned.chunk_samples(), planned.step_seconds,
+                                                                planned.rows,
+                                                                long_group=planned.rows if settings.engine == "ray" else 1)]
+        for i, u in enumerate(units):
+            u.index = i
+        return units
+
+    if layout is not None:  # --shar-extend: shard by shard (extend_units renumbers)
         from .formats.shar import extend_units
 
         units = extend_units(todo, layout, plan)
