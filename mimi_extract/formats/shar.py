@@ -130,6 +130,8 @@ class SharShard(ShardBuilder):
         np.save(npy, data, allow_pickle=False)
         nbytes = npy.getbuffer().nbytes
         self._tar.write(f"{key}.npy", npy)
+        # tarfile's offset is now past the member's data padded to a 512-byte block (headers, long-name
+        # PAX headers included, come before the data): the data starts that padded size back
         offset = self._tar.tarstream.offset - -(-nbytes // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
         cut = cut_for(row, self.field, self.frame_shift, data.shape)
         meta = io.BytesIO((json.dumps(cut["custom"][self.field]) + "\n").encode("utf-8"))
