@@ -250,14 +250,15 @@ def _extract_with(engine, source, run_dir, settings, shard_size, shard_mb, limit
     if refused:  # keys the output format cannot store (a Shar cut id): error rows, not a crash mid-run
         bad = bad + [replace(it, error=refused[it.key]) for it in items if it.key in refused]
         items = [it for it in items if it.key not in refused]
-    if not part.whole:
+    if not part.whole and not settings.shar_extend:  # (--shar-extend: whole input shards go to parts)
         items = [it for it in items if part_of(it.key, part.count) == part.index]
         bad = [it for it in bad if part_of(it.key, part.count) == part.index]
     layout, warnings = None, list(found.warnings)
     if settings.shar_extend:  # a new field for the input's Shar shards, one tar each
         from .formats.shar import plan_extend
 
-        layout, items, bad, more = plan_extend(source, found.kind, items, bad, part.whole, settings.format)
+        mine = None if part.whole else (lambda n: part_of(f"shar-shard-{n}", part.count) == part.index)
+        layout, items, bad, more = plan_extend(source, found.kind, items, bad, mine, settings.format)
         warnings += more
     siblings = [d for d in run_dirs(os.path.dirname(run_dir)) if d != run_dir] if not part.whole else []
     attrs = file_attrs(settings, config, identity)

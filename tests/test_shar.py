@@ -470,3 +470,21 @@ def test_long_and_non_ascii_keys_round_trip_through_lhotse(tmp_path):
     assert all(np.array_equal(fmt.load(path, r), arrays[r["key"]]) for r in rows)
     got = {c.id: c.load_custom("mimi_codes") for c in lhotse.CutSet.from_shar(in_dir=str(tmp_path / "shar"))}
     assert got.keys() == arrays.keys() and all(np.array_equal(got[k], arrays[k]) for k in keys)
+
+
+def test_shar_extend_in_parts_divides_whole_input_shards(shar_dataset, tiny_model_dir, tmp_path):
+    """--part I/N with --shar-extend: each input shard goes whole to one part (a tar must hold all
+    of its shard's cuts); the parts' tars together are one per input shard; read_cuts is the union."""
+    shar, _ = shar_dataset
+    settings = Settings(model=tiny_model_dir, tap="codes", num_workers=0, format="shar", shar_extend=True)
+    out = str(tmp_path / "parts")
+    for i in range(2):
+        extract(shar, out, settings, part=Part(i, 2))
+    tars = sorted(n for d in run_dirs(out) if os.path.isdir(os.path.join(d, "shar"))
+                  for n in os.listdir(os.path.join(d, "shar")))
+    assert tars == [f"mimi_codes.{i:06d}.tar" for i in range(3)]
+    cuts = list(read_cuts(out))
+    assert sorted(c.id for c in cuts) == [f"utt/{i}" for i in range(7)]
+    assert sorted(c.id for c in cuts if c.has_custom("mimi_codes")) == [f"utt/{i}" for i in range(7) if i != 4]
+    assert all(np.array_equal(c.load_custom("mimi_codes"), read(out, c.id)[: rhu(c.duration / 0.08)])
+               for c in cuts if c.has_custom("mimi_codes"))

@@ -301,11 +301,12 @@ def input_cut_ids(shar_dir: str) -> dict[str, list[str]]:
     return layout
 
 
-def plan_extend(source: str, kind: str, items: list, bad: list, whole: bool, output_format: str = "shar"):
+def plan_extend(source: str, kind: str, items: list, bad: list, mine=None, output_format: str = "shar"):
     """What ``--shar-extend`` encodes: ``(layout, items, bad, warnings)``.  ``layout`` maps each input
     shard number to its cut ids in order; every cut of a shard in the layout has exactly one item
     (ok or bad) keyed by its id.  A shard where a cut has no such item (a cut split by channel,
-    ``--limit``) is left out with a warning: its tar could not line up with its cuts."""
+    ``--limit``) is left out with a warning: its tar could not line up with its cuts.  ``mine``
+    (a job array's ``--part I/N``): which input shard numbers this part encodes (whole shards)."""
     from .common import OutputError
 
     if output_format != "shar":
@@ -313,9 +314,9 @@ def plan_extend(source: str, kind: str, items: list, bad: list, whole: bool, out
     if kind != "shar":
         raise OutputError(f"--shar-extend adds a field to a lhotse Shar dataset: INPUT must be a Shar folder "
                           f"(cuts.NNNNNN.jsonl.gz + recording.NNNNNN.tar), not a {kind} input")
-    if not whole:
-        raise OutputError("--shar-extend writes one tar per input shard: run it whole (no --part)")
     layout = input_cut_ids(source)
+    if mine is not None:
+        layout = {n: ids for n, ids in layout.items() if mine(n)}
     short = sorted(n for n in layout if len(n) < 6)
     if short:
         raise OutputError(f"--shar-extend: input shard number {short[0]!r} has fewer than 6 digits "
