@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import importlib
 
-_EXTRAS = {"lhotse": "lhotse"}
+_EXTRAS = {"lhotse": "lhotse", "pyarrow": "parquet"}
 
 
 def need(module: str, what: str):

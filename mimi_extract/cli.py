@@ -77,6 +77,15 @@ EngineOpt = _choices("EngineOpt", ENGINES)
 Resampler = _choices("Resampler", RESAMPLERS)
 
 
+def _format_choices() -> type[Enum]:
+    from .formats import names  # the registry: a new format module is offered without touching the CLI
+
+    return _choices("OutFormat", names())
+
+
+OutFormat = _format_choices()
+
+
 InputArg = Annotated[str, typer.Argument(metavar="INPUT", help="A directory (searched recursively), a list "
                                          "(.txt/.jsonl/.csv: path[,id,start,end|duration,channel]), a lhotse "
                                          "manifest (recordings/cuts/supervisions .jsonl.gz), tar shards (a .tar, a "
@@ -107,25 +116,29 @@ EngineArg = Annotated[EngineOpt, typer.Option(help="local = processes on this ma
 RayAddressOpt = Annotated[Optional[str], typer.Option(help="Ray cluster to join: auto, HOST:PORT \\[default: start a private local one].")]
 RayCpuOpt = Annotated[Optional[int], typer.Option(min=1, help="CPU actors on a cluster without GPUs \\[default: CPUs / 2].")]
 SplitOpt = Annotated[bool, typer.Option(help="Split a recording longer than a worker's fair share of the run into independent pieces on several workers/rows (exact: each piece is encoded from the model's receptive field, 80 s, before its first frame; only where that warm-up costs <= 15% of the piece). The plan line says what was split.")]
+FormatOpt = Annotated[OutFormat, typer.Option("--format", help="Output format: hdf5 = shard-N.h5 (one dataset per item; lhotse cuts read it in place); parquet = shard-N.parquet (one row per item, zstd; datasets.load_dataset('parquet'), pyarrow, polars; a Hub dataset card); shar = lhotse Shar in OUT/shar/ (cuts.N.jsonl.gz + mimi_codes.N.tar; CutSet.from_shar(in_dir=OUT/shar)). Recorded in run.json: a resume must use the same.")]
+ReencodeOpt = Annotated[bool, typer.Option("--reencode-damaged", help="Before resuming, read every stored item and check its checksums (bit rot, edited files: what verify --out --checksums lists); shards holding a damaged item are moved to quarantine/ and their items encoded again.")]
 RecordingsOpt = Annotated[Optional[str], typer.Option(help="lhotse RecordingSet for a SupervisionSet input.")]
-SharExtendOpt = Annotated[bool, typer.Option("--shar-extend", help="INPUT is a lhotse Shar dataset: add our field to it. Writes only OUT/shar/<field>.NNNNNN.tar, one per input shard, in that shard's cut order (a failed cut: lhotse's placeholder), so CutSet.from_shar(fields={'cuts': INPUT's cuts, 'recording': INPUT's recordings, 'mimi_codes': OUT's tars}) lines up. Implies --format shar; holds about one shard's outputs in memory.")]
+SharExtendOpt = Annotated[bool, typer.Option("--shar-extend", help="INPUT is a lhotse Shar dataset: add our field to it. Writes only OUT/shar/<field>.NNNNNN.tar, one per input shard, in that shard's cut order (a failed cut: lhotse's placeholder), so CutSet.from_shar(fields={'cuts': INPUT's cuts, 'recording': INPUT's recordings, 'mimi_codes': OUT's tars}) lines up. Implies --format shar; holds about one shard's outputs in memory; with --part I/N, whole input shards are divided among the parts.")]
 # -- input options (packaged corpora: tar shards, Parquet / HF datasets, lhotse Shar) --
 _INPUTS = "Input"
-InputFormatOpt = Annotated[Optional[str], typer.Option(rich_help_panel=_INPUTS, help="Read INPUT as this kind instead of detecting it: directory, list, lhotse, tar, parquet, shar.")]
+InputFormatOpt = Annotated[Optional[str], typer.Option(rich_help_panel=_INPUTS, help="Read INPUT as this kind instead of detecting it: directory, list, lhotse, tar, tgz (.tar.gz), parquet, shar.")]
 AudioExtOpt = Annotated[Optional[str], typer.Option(rich_help_panel=_INPUTS, help="Tar/Shar samples: the member extension(s) that hold the audio, comma-separated (e.g. flac) \\[default: the first member with an audio extension].")]
 IdFieldOpt = Annotated[Optional[str], typer.Option(rich_help_panel=_INPUTS, help="Tar samples: the field of the .json sidecar that holds the id \\[default: key = <shard file name>/<sample key>].")]
 AudioColumnOpt = Annotated[Optional[str], typer.Option(rich_help_panel=_INPUTS, help="Parquet: the audio column \\[default: the first struct of bytes and path, the datasets Audio feature].")]
+SortBufferOpt = Annotated[float, typer.Option(min=1, rich_help_panel=_INPUTS, help="Compressed tar (.tar.gz/.tgz, no random access): items are length-sorted within groups of this many MiB of the stream, not globally; each encoder process holds at most two groups in memory. Smaller groups pad more (measured: see the README).")]
 IdColumnOpt = Annotated[Optional[str], typer.Option(rich_help_panel=_INPUTS, help="Parquet: the id column \\[default: key = <file>/<row>].")]
 
 
-def _input_options(recordings=None, input_format=None, audio_ext=None, id_field=None, audio_column=None, id_column=None):
+def _input_options(recordings=None, input_format=None, audio_ext=None, id_field=None, audio_column=None, id_column=None,
+                   sort_buffer_mb=256.0):
     from .sources import REGISTRY, Options
 
     if input_format and input_format not in REGISTRY:
         _fail(f"--input-format {input_format!r}: choose from {', '.join(sorted(REGISTRY))}")
     exts = tuple(e.strip().lstrip(".") for e in audio_ext.split(",") if e.strip()) if audio_ext else None
     return Options(recordings=recordings, input_format=input_format, audio_ext=exts, id_field=id_field,
-                   audio_column=audio_column, id_column=id_column)
+                   audio_column=audio_column, id_column=id_column, sort_buffer_mb=sort_buffer_mb)
 
 
 def _hours(seconds: float) -> str:
@@ -153,9 +166,13 @@ def _model_path(model: str) -> str:
     return os.path.realpath(model) if os.path.isdir(model) else model
 
 
-def _shar_extend(shar_extend: bool) -> dict:
-    """--shar-extend writes a lhotse Shar field: the shar format."""
-    return {"shar_extend": True, "format": "shar"} if shar_extend else {}
+def _format_settings(output_format: str, shar_extend: bool) -> dict:
+    """--format, and --shar-extend (a lhotse Shar field: the shar format, implied)."""
+    if not shar_extend:
+        return {"format": output_format}
+    if output_format not in ("hdf5", "shar"):  # hdf5: the default, not chosen
+        _fail(f"--shar-extend adds a lhotse Shar field: it writes --format shar, not {output_format}")
+    return {"shar_extend": True, "format": "shar"}
 
 
 def _settings(model, device, dtype, batch_size, max_batch_seconds, num_workers, channel, causal_16k,
@@ -206,7 +223,7 @@ class _PlainProgress:
 
 
 def _run(input_path, out_dir, settings: "Settings", shard_size, shard_mb, limit, strict, part, recordings,
-         progress_seconds: float | None = None, options=None) -> None:
+         progress_seconds: float | None = None, options=None, reencode_damaged: bool = False) -> None:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from .hub import offline_problem
@@ -278,7 +295,8 @@ def _run(input_path, out_dir, settings: "Settings", shard_size, shard_mb, limit,
 
     try:
         summary = extract(input_path, out_dir, settings, shard_size, shard_mb, limit, part, recordings,
-                          on_plan, on_progress, on_signal, on_phase=on_phase, options=options)
+                          on_plan, on_progress, on_signal, on_phase=on_phase, options=options,
+                          reencode_damaged=reencode_damaged)
     except KeyboardInterrupt:
         progress.stop()
         say(("interrupted", "yellow"), " before encoding started; run the same command again to resume.")
@@ -356,6 +374,9 @@ def features(
     audio_column: AudioColumnOpt = None,
     id_column: IdColumnOpt = None,
     shar_extend: SharExtendOpt = False,
+    output_format: FormatOpt = OutFormat["hdf5"],
+    reencode_damaged: ReencodeOpt = False,
+    sort_buffer_mb: SortBufferOpt = 256.0,
 ):
     """Continuous Mimi features, one \\[frames, dim] dataset per input.
 
@@ -371,9 +392,10 @@ def features(
     settings = _settings(model, device, dtype, batch_size, max_batch_seconds, num_workers, channel,
                          _causal(resampler, causal_16k), cpu_workers, tap=tap.value, feature_dtype=feature_dtype.value, chunk_seconds=chunk_seconds,
                          framing=framing.value, frames_per_call=frames_per_call, engine=engine.value, ray_address=ray_address,
-                         ray_cpu_actors=ray_cpu_actors, split=split, **_shar_extend(shar_extend))
+                         ray_cpu_actors=ray_cpu_actors, split=split, **_format_settings(output_format.value, shar_extend))
     _run(input_path, out_dir, settings, shard_size, shard_mb, limit, strict, part, recordings, progress_seconds,
-         _input_options(recordings, input_format, audio_ext, id_field, audio_column, id_column))
+         _input_options(recordings, input_format, audio_ext, id_field, audio_column, id_column,
+                        sort_buffer_mb), reencode_damaged)
 
 
 features.__doc__ += _RUN_HELP
@@ -414,6 +436,9 @@ def codes(
     audio_column: AudioColumnOpt = None,
     id_column: IdColumnOpt = None,
     shar_extend: SharExtendOpt = False,
+    output_format: FormatOpt = OutFormat["hdf5"],
+    reencode_damaged: ReencodeOpt = False,
+    sort_buffer_mb: SortBufferOpt = 256.0,
 ):
     """Discrete Mimi codes, one int16 \\[frames, num_quantizers] dataset per input (12.5 Hz).
 
@@ -427,9 +452,10 @@ def codes(
     settings = _settings(model, device, dtype, batch_size, max_batch_seconds, num_workers, channel,
                          _causal(resampler, causal_16k), cpu_workers, tap="codes", num_quantizers=num_quantizers, chunk_seconds=chunk_seconds,
                          framing=framing.value, frames_per_call=frames_per_call, engine=engine.value, ray_address=ray_address,
-                         ray_cpu_actors=ray_cpu_actors, split=split, **_shar_extend(shar_extend))
+                         ray_cpu_actors=ray_cpu_actors, split=split, **_format_settings(output_format.value, shar_extend))
     _run(input_path, out_dir, settings, shard_size, shard_mb, limit, strict, part, recordings, progress_seconds,
-         _input_options(recordings, input_format, audio_ext, id_field, audio_column, id_column))
+         _input_options(recordings, input_format, audio_ext, id_field, audio_column, id_column,
+                        sort_buffer_mb), reencode_damaged)
 
 
 codes.__doc__ += _RUN_HELP
@@ -501,6 +527,8 @@ def verify(
     id_field: IdFieldOpt = None,
     audio_column: AudioColumnOpt = None,
     id_column: IdColumnOpt = None,
+    checksums: Annotated[bool, typer.Option("--checksums", help="With --out: read every stored item and check its checksums instead (no model, no re-encoding); list the damaged items; exit 1 if any.")] = False,
+    sort_buffer_mb: SortBufferOpt = 256.0,
 ):
     """Check outputs against transformers' own single-item MimiModel encode, file by file.
 
@@ -522,7 +550,13 @@ def verify(
 
       mimi-extract verify corpus/ --limit 100 --batch-size 32
       mimi-extract verify --out codes/ --sample 50
+      mimi-extract verify --out codes/ --checksums             # bit rot: every item, no model
     """
+    if checksums:
+        if out is None or input_path is not None:
+            _fail("--checksums checks what an OUT holds: give --out OUT (and no INPUT)")
+        _verify_checksums(out)
+        return
     from .settings import resolve_devices
     from .verify import verify_outputs, verify_source
 
@@ -546,7 +580,7 @@ def verify(
             settings.devices = settings.devices[:1]
             settings.num_workers = 1
             checks, problems = verify_source(input_path, settings, limit, rtol, atol, options=_input_options(
-                None, input_format, audio_ext, id_field, audio_column, id_column)), []
+                None, input_format, audio_ext, id_field, audio_column, id_column, sort_buffer_mb)), []
             title = f"engine ({settings.dtype}) vs single-item (fp32, transformers)"
             shown = ("encoder", "latent")
     except (ValueError, FileNotFoundError, RuntimeError, OSError, KeyError) as e:
@@ -569,6 +603,28 @@ def verify(
                                                       if not good else "FAIL", "bold red"), out=out_console)
     if not verdict:
         raise typer.Exit(EXIT_FAILED)
+
+
+def _verify_checksums(out: str) -> None:
+    from .formats.common import OutputError, scan_checksums
+
+    if not os.path.isdir(out):
+        _fail(f"{out} does not exist")
+    try:
+        report = scan_checksums(out)
+    except (OSError, OutputError) as e:
+        _fail(str(e))
+    for d in report["damaged"]:
+        say((d["key"], "bold red"), f" in {d['shard']}: {d['problem']}")
+    total = report["checked"] + report["unchecked"]
+    line = (f"{total} stored items read, {report['checked']} against their checksums"
+            + (f" ({report['unchecked']} written before checksums existed: format checks only)" if report["unchecked"] else "")
+            + f"; {len(report['damaged'])} damaged")
+    if report["damaged"]:
+        say(line + "; ", ("FAIL", "bold red"))
+        say(f"to encode them again: re-run the command that made {out} with --reencode-damaged")
+        raise typer.Exit(EXIT_FAILED)
+    say(line + "; ", ("PASS", "green"))
 
 
 def _report(make, out_dir: str, as_json: bool) -> dict | None:

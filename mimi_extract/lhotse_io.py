@@ -2,9 +2,12 @@
 kind: ``sources/lhotse.py``).
 
 Output: one ``MonoCut`` per ok item whose custom field (``mimi_codes``, ``mimi_latent`` or
-``mimi_encoder``) is a ``TemporalArray`` with ``numpy_hdf5`` storage pointing *into* our shard
-(absolute path, the dataset's name as key), so lhotse reads the very bytes ``mimi_extract.read``
-does -- no copy.  Shards are time-first, the only layout lhotse's partial loads slice correctly.
+``mimi_encoder``) is a ``TemporalArray`` pointing *into* our shard (absolute path), so lhotse
+reads the very bytes ``mimi_extract.read`` does -- no copy.  HDF5 shards use lhotse's own
+``numpy_hdf5`` storage (the dataset's name as key); Parquet shards a ``mimi_extract_parquet``
+storage, a lhotse ``FeaturesReader`` that :func:`register_lhotse_readers` adds to lhotse's registry
+(``read_cuts`` calls it; a process that loads a written ``cuts.jsonl.gz`` of a Parquet OUT must
+``import mimi_extract.lhotse_io`` and call it first).  Shards are time-first, the only layout lhotse's partial loads slice correctly.
 lhotse keeps ``round(duration / frame_shift)`` frames of a cut (half up), so each cut spans its
 item's whole frame grid (``frames x frame_shift``, at most one frame longer than the audio, which
 lhotse pads): ``cut.load_custom(...)`` then equals ``read()``, trailing partial frame included,
@@ -20,21 +23,28 @@ import gzip
 import json
 import os
 
-from .writer import _write_file, committed_rows, read_run_info, run_dirs
+from .formats.common import _write_file, committed_rows, format_of, read_run_info, run_dirs
 
 CUTS = "cuts.jsonl.gz"
 FIELDS = {"codes": "mimi_codes", "latent": "mimi_latent", "encoder": "mimi_encoder"}
 
 
-def cut_dict(row: dict, run_dir: str, field: str, frame_shift: float) -> dict:
+def cut_dict(row: dict, run_dir: str, field: str, frame_shift: float, array: dict | None = None) -> dict | None:
+    """The cut of one ok row (None when its format gives lhotse no storage: ``Format.lhotse_storage``).
+    ``array``: the field's storage given (Shar writes its own placeholder)."""
     src = row["source"]
     rate, start = row["sample_rate"], row.get("start") or 0.0
     channels = list(range(src["channels"]))
     shard = os.path.abspath(os.path.join(run_dir, row["shard"]))
     frames = row["frames"]
     dims = row.get("dims")
-    array = {"storage_type": "numpy_hdf5", "storage_path": shard, "storage_key": row["dataset"],
-             "shape": [frames] + ([dims] if dims else [])}
+    if array is None:
+        storage = format_of(row["shard"]).lhotse_storage(shard, row)
+        if storage is None:
+            return None
+        storage_type, storage_key = storage
+        array = {"storage_type": storage_type, "storage_path": shard, "storage_key": storage_key,
+                 "shape": [frames] + ([dims] if dims else [])}
     recording_id = row["path"]
     if row.get("channel") is not None:
         channel, kind = row["channel"], "MonoCut"
@@ -60,8 +70,9 @@ def cut_dicts(run_dir: str) -> list[dict]:
         return []
     tap = info["tap"]
     frame_shift = 0.04 if tap == "encoder" else 0.08
-    return [cut_dict(r, run_dir, FIELDS[tap], frame_shift)
-            for r in committed_rows(run_dir) if r.get("status") == "ok" and r.get("source")]
+    cuts = (cut_dict(r, run_dir, FIELDS[tap], frame_shift)
+            for r in committed_rows(run_dir) if r.get("status") == "ok" and r.get("source"))
+    return [c for c in cuts if c is not None]
 
 
 def write_cuts(run_dir: str) -> str | None:
@@ -69,13 +80,60 @@ def write_cuts(run_dir: str) -> str | None:
     run ends with it, an interrupted one too; after a kill -9 it lags the manifest until the next
     run of that directory (``read_cuts`` never does: it reads the manifest)."""
     info = read_run_info(run_dir)
-    if info is None or info.get("format", "hdf5") != "hdf5":  # Shar's cuts are its shar/cuts.* files
+    if info is None or info.get("format") == "shar":  # Shar's cuts are its shar/cuts.* files
         return None
     lines = [json.dumps(c, ensure_ascii=False) for c in cut_dicts(run_dir)]
     path = os.path.join(run_dir, CUTS)
     _write_file(path + ".tmp", gzip.compress(("\n".join(lines) + ("\n" if lines else "")).encode("utf-8"), 6))
     os.replace(path + ".tmp", path)
     return path
+
+
+_REGISTERED = False
+
+
+def register_lhotse_readers() -> None:
+    """Add ``mimi_extract_parquet`` to lhotse's storage registry (idempotent): a
+    ``FeaturesReader`` whose ``read(key, left, right)`` loads row ``INDEX`` of a Parquet shard
+    (checking its key) and slices its frames, as lhotse's own readers do."""
+    global _REGISTERED
+    if _REGISTERED:
+        return
+    from lhotse.features.io import FeaturesReader, register_reader
+
+    from .formats.parquet import LHOTSE_STORAGE
+
+    @register_reader
+    class MimiParquetReader(FeaturesReader):
+        name = LHOTSE_STORAGE
+
+        def __init__(self, storage_path, *args, **kwargs):
+            super().__init__()
+            self.path = str(storage_path)
+
+        def read(self, key: str, left_offset_frames: int = 0, right_offset_frames=None):
+            index, _, item = key.partition("/")
+            handle = _parquet_handle(self.path)
+            return handle.item(int(index), item)[left_offset_frames:right_offset_frames]
+
+    _REGISTERED = True
+
+
+_HANDLES: dict = {}
+
+
+def _parquet_handle(path: str):
+    """A few open Parquet shards per process (lhotse readers are built per call; a dataloader
+    reading cuts in shard order then decodes each row group once)."""
+    from .formats.parquet import ParquetHandle
+
+    key = (path, os.getpid())
+    handle = _HANDLES.get(key)
+    if handle is None:
+        if len(_HANDLES) >= 16:
+            _HANDLES.pop(next(iter(_HANDLES))).close()
+        handle = _HANDLES[key] = ParquetHandle(path)
+    return handle
 
 
 def read_cuts(out_dir: str):

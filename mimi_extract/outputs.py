@@ -11,7 +11,7 @@ from collections import Counter
 
 import numpy as np
 
-from .writer import _PART_RE, committed_rows, read_manifest, read_run_info, run_dirs, shard_attrs
+from .writer import _PART_RE, committed_rows, format_of_path, read_manifest, read_run_info, run_dirs, shard_attrs
 
 PLAN_INFO = "plan.json"
 
@@ -70,7 +70,9 @@ def info_report(out_dir: str) -> dict:
     errors = [r for r in rows if r.get("status") == "error"]
     info = read_run_info(dirs[0])
     shards = sorted({r["shard"] for r in ok})
-    sizes = {s: os.path.getsize(os.path.join(out_dir, s)) for s in shards if os.path.exists(os.path.join(out_dir, s))}
+    sizes = {s: sum(os.path.getsize(os.path.join(out_dir, f)) for f in [s] + format_of_path(s).companions(s)
+                    if os.path.exists(os.path.join(out_dir, f)))  # a Shar tar with its cuts file
+             for s in shards if os.path.exists(os.path.join(out_dir, s))}
     frames = sum(r.get("frames", 0) for r in ok)
     nq = info.get("num_quantizers") if info.get("tap") == "codes" else None
     settings = {k: info[k] for k in sorted(info) if k not in ("part",)}

@@ -241,10 +241,16 @@ class ManifestCuts:
             frame_shift = 0.04 if info["tap"] == "encoder" else 0.08
             for row in _stream_committed(d):
                 if row.get("status") == "ok" and row.get("source"):
-                    yield cut_dict(row, d, FIELDS[info["tap"]], frame_shift)
+                    cut = cut_dict(row, d, FIELDS[info["tap"]], frame_shift)
+                    if cut is not None:  # None: a format with no lhotse storage (Format.lhotse_storage)
+                        yield cut
 
     def __iter__(self):
         from lhotse.serialization import deserialize_item
+
+        from .lhotse_io import register_lhotse_readers
+
+        register_lhotse_readers()  # Parquet OUTs: lhotse loads their arrays through our reader
 
         yield from map(deserialize_item, self.dicts())
 
@@ -273,7 +279,7 @@ def read_cuts(out_dir: str):
 def write_merged_cuts(out_dir: str, path: str) -> int:
     """Write one ``cuts.jsonl.gz`` (or ``.jsonl``) with the cuts of every part of OUT; returns the
     number of cuts.  Written to ``path.tmp`` and renamed, so a reader never sees half a file."""
-    if read_run_info(_cut_run_dirs(out_dir)[0]).get("format", "hdf5") != "hdf5":
+    if read_run_info(_cut_run_dirs(out_dir)[0]).get("format") == "shar":
         raise ValueError(f"{out_dir} is a Shar OUT: its cuts are shar/cuts.*.jsonl.gz beside the tars they need; "
                          "read them with mimi_extract.read_cuts(OUT) or lhotse's CutSet.from_shar")
     n = 0

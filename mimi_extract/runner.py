@@ -23,10 +23,10 @@ from .encoder import PaddedMimiEncoder, _from_pretrained, config_hash, weights_h
 from .engines import Piece, Stats, make_engine
 from .plan import Part, Split, Stitcher, padding_fraction, part_of, plan_units, split_items
 from .settings import Settings
-from .sources import Item, Options, dataset_name, discover
+from .sources import Item, Options, dataset_name, discover, plan_group
 from .formats import get_format
-from .formats.common import (OutputError, ShardWriter, _write_atomic, check_run_info, lock_run_dir, recover,
-                             run_dirs)
+from .formats.common import (OutputError, ShardWriter, _write_atomic, check_run_info, lock_run_dir, read_run_info,
+                             recover, run_dirs, scan_checksums)
 
 PLAN_INFO = "plan.json"
 
@@ -90,6 +90,19 @@ def run_info(settings: Settings, identity: dict, input_root: str, kind: str, par
         info["input_identity"] = input_identity
     return {**info, **identity, "input": input_root, "input_kind": kind, "part": str(part),
             "tool_version": __version__}
+
+
+def out_dir_of(run_dir: str, part: Part) -> str:
+    return run_dir if part.whole else os.path.dirname(run_dir)
+
+
+def damaged_shards(run_dir: str) -> dict[str, str]:
+    """{shard: why} for the shards of a run directory holding an item that fails its checksums."""
+    found: dict[str, list[str]] = {}
+    for d in scan_checksums(run_dir, run_dir)["damaged"]:
+        found.setdefault(d["shard"], []).append(d["key"])
+    return {shard: f"{len(keys)} items fail their checksums: {keys[0]!r}" + (", ..." if len(keys) > 1 else "")
+            for shard, keys in found.items()}
 
 
 def run_dir_for(out_dir: str, part: Part):
@@ -171,13 +184,15 @@ class _Signals:
 def extract(source: str, out_dir: str, settings: Settings, shard_size: int = 1000, shard_mb: float = 256,
             limit: int | None = None, part: Part = Part(), recordings: str | None = None,
             on_plan=None, on_progress=None, on_signal=None, stop: threading.Event | None = None,
-            on_phase=None, options: Options | None = None) -> dict:
+            on_phase=None, options: Options | None = None, reencode_damaged: bool = False) -> dict:
     """Encode every item of ``source`` (or of this ``part`` of it) into ``out_dir``; resumes.
 
     ``on_plan(summary)`` is called once the work is planned, ``on_progress(items, seconds, errors)``
     as pieces are written, ``on_signal(name)`` on the first SIGINT/SIGTERM, ``on_phase(text)`` as each
     start-up phase begins (loading the model, finding inputs, planning).  ``options``: the input's
-    options (``--input-format``, ``--audio-ext``, ``--id-column``...).  Returns counts."""
+    options (``--input-format``, ``--audio-ext``, ``--id-column``...).  ``reencode_damaged``: first
+    read every stored item of the run directory and check its checksums; shards holding a damaged
+    one are quarantined and their items encoded again.  Returns counts."""
     stop = stop or threading.Event()
     fresh = not os.path.exists(out_dir)
     run_dir, lock = run_dir_for(out_dir, part)
@@ -185,7 +200,8 @@ def extract(source: str, out_dir: str, settings: Settings, shard_size: int = 100
     try:
         with _Signals(stop, on_signal) as signals:
             summary = _extract_locked(source, run_dir, settings, shard_size, shard_mb, limit, part, recordings,
-                                      on_plan, on_progress, stop, on_phase or (lambda text: None), options)
+                                      on_plan, on_progress, stop, on_phase or (lambda text: None), options,
+                                      reencode_damaged)
             started = True
             summary["interrupted"] = signals.received if stop.is_set() else None
             return summary
@@ -207,19 +223,20 @@ def _remove_if_only_lock(run_dir: str, out_dir: str) -> None:
 
 
 def _extract_locked(source, run_dir, settings, shard_size, shard_mb, limit, part, recordings, on_plan, on_progress,
-                    stop, on_phase, options=None) -> dict:
+                    stop, on_phase, options=None, reencode_damaged=False) -> dict:
     on_phase(f"starting {len(settings.devices)} encoder worker(s) on {', '.join(sorted(set(settings.devices)))}"
              if settings.engine == "local" else f"starting the {settings.engine} engine")
     engine = make_engine(settings)  # first: worker processes load the weights while we check them
     try:
         return _extract_with(engine, source, run_dir, settings, shard_size, shard_mb, limit, part, recordings, on_plan,
-                             on_progress, stop, on_phase, options)
+                             on_progress, stop, on_phase, options, reencode_damaged)
     finally:
         engine.close()
 
 
 def _extract_with(engine, source, run_dir, settings, shard_size, shard_mb, limit, part, recordings, on_plan,
-                  on_progress, stop, on_phase=lambda text: None, options=None) -> dict:
+                  on_progress, stop, on_phase=lambda text: None, options=None, reencode_damaged=False) -> dict:
+    get_format(settings.format).require()  # its library installed, before anything is encoded
     on_phase(f"loading the model {settings.model} and hashing its weights")
     model, config, identity = load_identity(settings)
     on_phase(f"finding inputs in {source} and reading their headers")
@@ -233,19 +250,24 @@ def _extract_with(engine, source, run_dir, settings, shard_size, shard_mb, limit
     if refused:  # keys the output format cannot store (a Shar cut id): error rows, not a crash mid-run
         bad = bad + [replace(it, error=refused[it.key]) for it in items if it.key in refused]
         items = [it for it in items if it.key not in refused]
-    if not part.whole:
+    if not part.whole and not settings.shar_extend:  # (--shar-extend: whole input shards go to parts)
         items = [it for it in items if part_of(it.key, part.count) == part.index]
         bad = [it for it in bad if part_of(it.key, part.count) == part.index]
     layout, warnings = None, list(found.warnings)
     if settings.shar_extend:  # a new field for the input's Shar shards, one tar each
         from .formats.shar import plan_extend
 
-        layout, items, bad, more = plan_extend(source, found.kind, items, bad, part.whole, settings.format)
+        mine = None if part.whole else (lambda n: part_of(f"shar-shard-{n}", part.count) == part.index)
+        layout, items, bad, more = plan_extend(source, found.kind, items, bad, mine, settings.format)
         warnings += more
     siblings = [d for d in run_dirs(os.path.dirname(run_dir)) if d != run_dir] if not part.whole else []
     attrs = file_attrs(settings, config, identity)
     check_run_info(run_dir, run_info(settings, identity, found.root, found.kind, part, found.identity), siblings, attrs)
-    done, notes = recover(run_dir, attrs)
+    damaged = None
+    if reencode_damaged:
+        on_phase("reading every stored item to check its checksums (--reencode-damaged)")
+        damaged = damaged_shards(run_dir)
+    done, notes = recover(run_dir, attrs, damaged, fmt=get_format(settings.format))
     refuse_changed_inputs(items, done)
     _write_atomic(os.path.join(run_dir, PLAN_INFO), json.dumps(
         {"inputs": len(items) + len(bad), "seconds": sum(it.duration for it in items),
@@ -259,11 +281,23 @@ def _extract_with(engine, source, run_dir, settings, shard_size, shard_mb, limit
     if settings.split and layout is None:  # (--shar-extend plans shard by shard: whole items)
         encoder = PaddedMimiEncoder(model)
         if encoder.window is not None:
-            todo, split = split_items(todo, len(planned.devices) * planned.rows, encoder.receptive_field, encoder.hop)
+            # lanes: streams that run side by side (a step holds as many full chunks as its budget allows)
+            per_device = max(1, min(planned.rows, int(planned.step_seconds * SAMPLE_RATE) // planned.chunk_samples()))
+            todo, split = split_items(todo, len(planned.devices) * per_device, encoder.receptive_field, encoder.hop)
         del encoder
-    plan = lambda todo: plan_units(todo, planned.chunk_samples(), planned.step_seconds, planned.rows,  # noqa: E731
-                                   long_group=planned.rows if settings.engine == "ray" else 1)
-    if layout is not None:
+
+    def plan(todo: list[Item]) -> list:
+        groups: dict[int, list[Item]] = {}
+        for it in todo:  # a compressed tar is sorted within each buffer-full only (see sources/tgz.py)
+            groups.setdefault(plan_group(it), []).append(it)
+        units = [u for g in sorted(groups) for u in plan_units(groups[g], planned.chunk_samples(), planned.step_seconds,
+                                                                planned.rows,
+                                                                long_group=planned.rows if settings.engine == "ray" else 1)]
+        for i, u in enumerate(units):
+            u.index = i
+        return units
+
+    if layout is not None:  # --shar-extend: shard by shard (extend_units renumbers)
         from .formats.shar import extend_units
 
         units = extend_units(todo, layout, plan)
@@ -341,5 +375,6 @@ def _extract_with(engine, source, run_dir, settings, shard_size, shard_mb, limit
     from .lhotse_io import write_cuts
 
     write_cuts(run_dir)  # interrupted too: the cuts of what is committed
+    get_format(settings.format).finish_run(out_dir_of(run_dir, part), run_dir, read_run_info(run_dir))
     return summary
 

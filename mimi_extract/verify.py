@@ -314,8 +314,13 @@ def verify_outputs(out_dir: str, sample: int | None = 20, seed: int = 0, device:
             check.error = f"cannot re-encode: {type(e).__name__}: {e}"
             checks.append(check)
             continue
-        stored = torch.from_numpy(np.asarray(load_row(out_dir, row)))  # through the shard's format
-        attrs, ds_attrs = shard_attrs(out_dir, row["shard"]), item_attrs(out_dir, row)
+        try:  # through the shard's format: an HDF5 dataset, a Parquet row...
+            stored = torch.from_numpy(np.ascontiguousarray(load_row(out_dir, row)))
+            attrs, ds_attrs = shard_attrs(out_dir, row["shard"]), item_attrs(out_dir, row)
+        except Exception as e:  # noqa: BLE001 -- a damaged item fails its check, the audit goes on
+            check.error = f"cannot read the stored item: {type(e).__name__}: {e}"
+            checks.append(check)
+            continue
         for key, want in (("tap", tap), ("framing", framing.name), ("weights", info.get("weights"))):
             if attrs.get(key) is not None and attrs.get(key) != want:
                 check.error = f"shard attribute {key}={attrs.get(key)!r}, run.json says {want!r}"

@@ -66,9 +66,9 @@ def test_log_gets_phase_lines_and_plain_progress(corpus, tiny_model_dir, tmp_pat
 
 
 def test_exit_codes(tmp_path, tiny_model_dir):
-    (tmp_path / "tars").mkdir()
-    (tmp_path / "tars" / "shard-000.tar").write_bytes(b"not looked into")
-    result = cli("codes", tmp_path / "tars", tmp_path / "o1", "--model", tiny_model_dir, *FAST)
+    (tmp_path / "docs").mkdir()  # (a folder of .tar files is an input now: tar shards)
+    (tmp_path / "docs" / "readme.txt").write_bytes(b"not looked into")
+    result = cli("codes", tmp_path / "docs", tmp_path / "o1", "--model", tiny_model_dir, *FAST)
     assert result.exit_code == 3 and "no input found" in result.text, result.output
     bad = tmp_path / "bad"
     bad.mkdir()

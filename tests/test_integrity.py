@@ -20,7 +20,7 @@ from mimi_extract import read_manifest
 from mimi_extract.runner import extract
 from mimi_extract.settings import Settings
 from mimi_extract.testing import check_consistency, random_model, tiny_config
-from mimi_extract.writer import LockedError, RunLock
+from mimi_extract.writer import LockedError, RunLock, valid_shard_name
 
 
 @pytest.fixture(scope="module")
@@ -97,11 +97,11 @@ def _committed_ok(out) -> int:
     return sum(r["status"] == "ok" for r in read_manifest(out))
 
 
-def _start_kill_trial(many, out, model_dir, workers):
+def _start_kill_trial(many, out, model_dir, workers, fmt="hdf5"):
     """A CLI run in its own process group with 3-item shards (a commit every few ms); returns it
     once start-up is over, with the number of items it found already done."""
     proc = cli_process("codes", many, out, "--model", model_dir, "--shard-size", 3, "--device", "cpu",
-                       "--cpu-workers", workers, "--num-workers", "1", start_new_session=True)
+                       "--cpu-workers", workers, "--num-workers", "1", "--format", fmt, start_new_session=True)
     lines = []
     deadline = time.time() + 120
     while time.time() < deadline:
@@ -143,7 +143,7 @@ def _check_after_kill(out, reference) -> dict:
     leftovers = [n for n in os.listdir(out) if n.endswith(".tmp")]
     named = {r["shard"] for r in read_manifest(out) if r.get("shard")}
     for name in leftovers:
-        assert name.startswith("shard-") and name.endswith(".h5.tmp") and name[:-4] not in named, (
+        assert valid_shard_name(name[:-4]) and name[:-4] not in named, (
             f"a kill left {name} (only an uncommitted shard's .tmp may be left)")
     committed = check_consistency(out, killed=True)  # the .tmp left, if any, checked above
     for key, data in committed.items():
@@ -151,16 +151,18 @@ def _check_after_kill(out, reference) -> dict:
     return committed
 
 
-def test_kill_9_at_random_points_then_resume(many, tiny_model_dir, reference_run, tmp_path):
+@pytest.mark.parametrize("fmt", ["hdf5", "parquet"])
+def test_kill_9_at_random_points_then_resume(many, tiny_model_dir, reference_run, tmp_path, fmt):
     """kill -9 three times, each once a random number of rows is committed (never before the
     first commit or after the last): after each kill OUT is consistent and the next run resumes
-    exactly what was committed; the final resume equals the uninterrupted run.  Observation 7
-    too: kill -9 of a two-worker parent leaves no worker behind."""
+    exactly what was committed; the final resume equals the uninterrupted run (an HDF5 run: every
+    format stores the same arrays).  Observation 7 too: kill -9 of a two-worker parent leaves no
+    worker behind."""
     out = str(tmp_path / "out")
     rng = random.Random(0)
     committed = 0
     for trial, workers in enumerate(["2", "1", "2"]):
-        proc, done = _start_kill_trial(many, out, tiny_model_dir, workers)
+        proc, done = _start_kill_trial(many, out, tiny_model_dir, workers, fmt)
         assert done == committed, f"trial {trial}: resumed {done} items, {committed} were committed"
         target = committed + rng.randint(1, 25 if trial == 0 else 15)
         at_kill = _kill_9_part_way(proc, out, target, rng, group=workers == "1")
@@ -169,9 +171,10 @@ def test_kill_9_at_random_points_then_resume(many, tiny_model_dir, reference_run
         assert at_kill <= len(kept) < 120 and len(kept) > committed, (
             f"trial {trial}: {len(kept)} committed after the kill ({at_kill} just before, {committed} at the start)")
         committed = len(kept)
-    summary = extract(many, out, Settings(model=tiny_model_dir, tap="codes", num_workers=1), shard_size=7)
+    summary = extract(many, out, Settings(model=tiny_model_dir, tap="codes", num_workers=1, format=fmt), shard_size=7)
     assert summary["skipped"] == committed and summary["ok"] == 120 - committed, summary
     assert_same(out, reference_run)
+    assert {os.path.splitext(r["shard"])[1] for r in read_manifest(out) if r["shard"]} == {"." + {"hdf5": "h5"}.get(fmt, fmt)}
 
 
 def worker_pids(parent: int) -> list[int]:
@@ -254,8 +257,9 @@ def test_second_run_is_refused_while_the_first_holds_out(many, tiny_model_dir, r
     RunLock(out).release()
 
 
-def _fill_disk_run(many, out, model_dir):
-    return cli("features", many, out, "--model", model_dir, "--tap", "encoder", "--shard-size", 10, *ONE_WORKER)
+def _fill_disk_run(many, out, model_dir, fmt="hdf5"):
+    return cli("features", many, out, "--model", model_dir, "--tap", "encoder", "--shard-size", 10, "--format", fmt,
+               *ONE_WORKER)
 
 
 def _tmpfs(path, size="64k"):
@@ -265,9 +269,9 @@ def _tmpfs(path, size="64k"):
     return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", path], capture_output=True).returncode == 0
 
 
-def _resume_elsewhere(small, big, many, model_dir):
+def _resume_elsewhere(small, big, many, model_dir, fmt="hdf5"):
     shutil.copytree(small, big)
-    result = _fill_disk_run(many, big, model_dir)
+    result = _fill_disk_run(many, big, model_dir, fmt)
     assert result.exit_code == 0, result.output
     check_consistency(big, {r["key"] for r in read_manifest(big) if r["status"] == "ok"})
     assert sum(r["status"] == "ok" for r in read_manifest(big)) == 120
@@ -287,7 +291,8 @@ def test_disk_full_real_tmpfs(many, tiny_model_dir, tmp_path):
         subprocess.run(["umount", small])
 
 
-def test_disk_full_injected(many, tiny_model_dir, tmp_path, monkeypatch):
+@pytest.mark.parametrize("fmt", ["hdf5", "parquet"])
+def test_disk_full_injected(many, tiny_model_dir, tmp_path, monkeypatch, fmt):
     """ENOSPC from the OS after ~60 KiB, wherever the writer is (shard image, manifest, run.json)."""
     import mimi_extract.writer as writer
 
@@ -302,11 +307,12 @@ def test_disk_full_injected(many, tiny_model_dir, tmp_path, monkeypatch):
 
     small = str(tmp_path / "small")
     monkeypatch.setattr(writer.os, "write", write)
-    result = _fill_disk_run(many, small, tiny_model_dir)
+    result = _fill_disk_run(many, small, tiny_model_dir, fmt)
     monkeypatch.setattr(writer.os, "write", real_write)
     assert result.exit_code == 2 and "no space left on device while writing" in result.text, result.output
+    assert any(n.startswith("shard-") for n in os.listdir(small)), "the disk filled before any shard was committed"
     check_consistency(small)
-    _resume_elsewhere(small, str(tmp_path / "big"), many, tiny_model_dir)
+    _resume_elsewhere(small, str(tmp_path / "big"), many, tiny_model_dir, fmt)
 
 
 def test_damaged_shards_are_quarantined_and_redone(many, tiny_model_dir, reference_run, tmp_path):

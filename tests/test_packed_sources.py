@@ -98,6 +98,9 @@ def test_tar_equals_loose_files_and_single_item_reference(shards, loose_run, tin
     checks, problems = verify_outputs(out, sample=None)  # reopens each member by offset, encodes it alone
     assert not problems and len(checks) == len(FILES)
     assert all(c.error is None and not [m for m in c.mismatches if not m.tie] for c in checks), checks
+    checks = verify_source(shards, settings(tiny_model_dir, batch_size=4), options=Options(id_field="id"))
+    assert len(checks) == len(FILES) and all(c.error is None and c.note is None for c in checks)
+    assert all(not [m for m in c.mismatches if not m.tie] for c in checks)
     # default keys: <shard file name>/<sample key>; the folder form finds the same shards
     found = discover(shards)
     assert found.kind == "tar" and sorted(it.key for it in found.items) == sorted(
@@ -141,6 +144,24 @@ def test_tar_sidecar_segment_and_channel(loose, tmp_path):
 
     want = load(os.path.join(loose, "d.wav"), 1, start=6000, frames=6000)
     assert np.array_equal(load(open_audio(item), item.channel, start=item.start, frames=item.frames), want)
+
+
+@pytest.mark.parametrize("fmt", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
+def test_header_index_equals_tarfile(tmp_path, fmt):
+    """The header-only indexer gives tarfile's offsets and sizes, long and non-ASCII names too."""
+    from mimi_extract.sources.tar import _index_with_tarfile, index_tar
+
+    path = tmp_path / "x.tar"
+    names = ["a.wav", "dir/b.flac", "d" * 90 + "/" + "e" * 60 + ".json", "caf\u00e9.json", "big.wav"]
+    if fmt == tarfile.USTAR_FORMAT:
+        names[3] = "plain.json"
+    with tarfile.open(path, "w", format=fmt) as tf:
+        for i, name in enumerate(names):
+            add_bytes(tf, name, bytes(range(256)) * (i * 7 + 1) if name != "big.wav" else b"x" * 100_000)
+    keep = lambda name: name.endswith(".json")  # noqa: E731
+    fast, damage = index_tar(str(path), keep)
+    assert damage is None and fast == _index_with_tarfile(str(path), keep)[0]
+    assert [m[0] for m in fast] == names and all((m[3] is not None) == m[0].endswith(".json") for m in fast)
 
 
 def test_tar_bad_inputs_are_error_rows(loose, tmp_path):
@@ -198,7 +219,8 @@ def test_parquet_equals_loose_files(hf_dataset, loose_run, tiny_model_dir, tmp_p
     if form == "data":
         checks, problems = verify_outputs(out, sample=2)
         assert not problems and all(c.error is None for c in checks)
-        found = discover(os.path.join(hf_dataset, form))  # default keys: <file>/<row>
+        found = discover(os.path.join(hf_dataset, form, "train-*.parquet"))  # a pattern; keys <file>/<row>
+        assert found.kind == "parquet"
         assert sorted(it.key for it in found.items)[0] == "train-00000-of-00001.parquet/0"
         assert {it.loc[0] for it in found.items} == {0, 1, 2}  # three row groups of two rows
 
@@ -325,9 +347,14 @@ def test_pyav_formats_decode_and_encode(tmp_path, tiny_model_dir):
     assert extract(str(root), out, settings(tiny_model_dir))["ok"] == 2
     decoders = read_run_info(out)["decoders"]
     assert decoders["soundfile"].startswith("soundfile") and decoders["pyav"].startswith("av ")
-    # verify both ways: engine vs single item, and what OUT holds vs single item
+    # verify: the engine vs each item alone
     checks = verify_source(str(root), settings(tiny_model_dir, batch_size=4))
     assert all(c.error is None and c.note is None for c in checks)
+    # the same files as tar members: decoded through PyAV from the shard, in place
+    shard = write_tar(tmp_path / "av.tar", str(root), ["x.m4a", "y.webm"], sidecar=False)
+    for it in discover(shard).items:
+        name = it.loc[-1]
+        assert np.array_equal(load(open_audio(it), start=it.start, frames=it.frames), load(str(root / name)))
 
 
 def test_mp3_decoder_is_fixed_and_recorded(tmp_path, tiny_model_dir, monkeypatch):
@@ -353,3 +380,36 @@ def test_mp3_decoder_is_fixed_and_recorded(tmp_path, tiny_model_dir, monkeypatch
         extract(str(root), out, settings(tiny_model_dir))
     monkeypatch.undo()
     assert extract(str(root), out, settings(tiny_model_dir))["ok"] == 1  # same decoders: resumes
+
+
+# -- compressed tar --------------------------------------------------------------------------
+def test_tgz_in_buffer_groups_equals_loose_files(loose, loose_run, tiny_model_dir, tmp_path):
+    """A .tar.gz read forward in groups of --sort-buffer-mb (here ~40 KB: several groups) gives
+    the loose files' arrays; each group is length-sorted alone; a truncated .tgz keeps the samples
+    before the damage and names it in an error row."""
+    import gzip as gz
+
+    plain = write_tar(tmp_path / "x.tar", loose, sorted(FILES))
+    with open(plain, "rb") as f:
+        raw = f.read()
+    (tmp_path / "z").mkdir()
+    with gz.open(tmp_path / "z" / "x.tar.gz", "wb") as f:
+        f.write(raw)
+    options = Options(id_field="id", sort_buffer_mb=0.04)
+    found = discover(str(tmp_path / "z" / "x.tar.gz"), options=options)
+    assert found.kind == "tgz" and not found.bad
+    groups = sorted({it.loc[0] for it in found.items})
+    assert len(groups) >= 3 and groups == list(range(len(groups)))
+    out = str(tmp_path / "out")
+    summary = extract(str(tmp_path / "z" / "x.tar.gz"), out, settings(tiny_model_dir), options=options)
+    assert summary["ok"] == len(FILES)
+    assert_equal_arrays(check_consistency(out), loose_run)
+    checks, problems = verify_outputs(out, sample=2)
+    assert not problems and all(c.error is None for c in checks)
+    with gz.open(tmp_path / "cut.tgz", "wb") as f:  # the stream ends inside the fourth sample's audio
+        from mimi_extract.sources.tar import index_tar
+
+        f.write(raw[: index_tar(plain)[0][6][1] + 1000])
+    found = discover(str(tmp_path / "cut.tgz"), options=Options(id_field="id"))
+    assert sorted(it.key for it in found.items) == sorted(FILES)[:3]
+    assert [it.key for it in found.bad] == ["cut.tgz@damage"] and "truncated" in found.bad[0].error

@@ -141,7 +141,8 @@ def test_from_shar_loads_exactly_what_read_returns(shar_input, tiny_model, tiny_
     reader = mimi_extract.open(out)
     assert sorted(reader.keys()) == sorted(seen) and all(np.array_equal(reader[k], read(out, k)) for k in seen)
     info = info_report(out)
-    assert info["ok"] == 6 and info["errors"] == 3 and len(info["shards"]) == 3 and info["bytes"] > 0
+    assert info["ok"] == 6 and info["errors"] == 3 and len(info["shards"]) == 3
+    assert info["bytes"] == sum(os.path.getsize(os.path.join(shar_dir, n)) for n in names)  # tars and cuts files
     assert info["settings"]["format"] == "shar"
     assert status_report(out)["complete"]
     result = cli("verify", "--out", out, "--sample", 3, "--device", "cpu")
@@ -412,3 +413,78 @@ def test_shar_extend_adds_a_field_aligned_with_each_input_shard(shar_dataset, ti
         assert get_format("shar").check(os.path.join(cli_out, "shar", name), [
             r for r in read_manifest(cli_out) if r["shard"] == f"shar/{name}"]) is None
     assert all(np.array_equal(read(cli_out, k), read(out, k)) for k in rows if rows[k]["status"] == "ok")
+    from mimi_extract.verify import verify_outputs
+
+    checks, problems = verify_outputs(cli_out, sample=2)  # re-reads the input's tar members, encodes alone
+    assert not problems and len(checks) == 2 and all(c.error is None and not c.mismatches for c in checks), checks
+    assert info_report(cli_out)["errors"] == 1 and status_report(cli_out)["complete"]
+
+
+def test_bit_rot_in_a_shar_tar_is_found_and_reencoded(many, tiny_model_dir, shar_reference, tmp_path):
+    """A flipped byte inside a stored array (the tar's structure intact, so a plain resume's check
+    passes): read raises DamagedError, verify --out --checksums lists it, --reencode-damaged redoes
+    its shard (cuts file and tar quarantined together)."""
+    from mimi_extract.formats.common import DamagedError
+
+    out = str(tmp_path / "out")
+    shutil.copytree(shar_reference[0], out)
+    victim = next(r for r in read_manifest(out) if r["shard"] == "shar/mimi_codes.000002.tar")
+    with open(os.path.join(out, victim["shard"]), "r+b") as f:
+        f.seek(victim["offset"] + victim["nbytes"] - 1)
+        byte = f.read(1)
+        f.seek(victim["offset"] + victim["nbytes"] - 1)
+        f.write(bytes([byte[0] ^ 0x5A]))
+    with pytest.raises(DamagedError, match="fails its checksum"):
+        read(out, victim["key"])
+    result = cli("verify", "--out", out, "--checksums")
+    assert result.exit_code == 1 and "1 damaged; FAIL" in result.text and victim["key"] in result.text, result.output
+    result = cli("codes", many, out, "--model", tiny_model_dir, "--format", "shar", "--shard-size", 7,
+                 "--reencode-damaged", *ONE_WORKER)
+    assert result.exit_code == 0 and "moved damaged shard shar/mimi_codes.000002.tar" in result.text, result.output
+    assert sorted(os.listdir(os.path.join(out, "quarantine"))) == ["shar__cuts.000002.jsonl.gz",
+                                                                  "shar__mimi_codes.000002.tar"]
+    assert cli("verify", "--out", out, "--checksums").exit_code == 0
+    assert_same(out, shar_reference)
+
+
+def test_long_and_non_ascii_keys_round_trip_through_lhotse(tmp_path):
+    """Keys that need PAX headers in a tar (over 100 bytes, non-ASCII): each row's offset is the
+    member's data, the format's check passes, and lhotse reads every array back under its id."""
+    attrs = {"tap": "codes", "frame_rate": 12.5, "num_quantizers": 8}
+    fmt = SHAR.for_run(attrs)
+    shard = fmt.builder(attrs)
+    rng = np.random.default_rng(0)
+    keys = ["d/" * 60 + "long name.wav", "ünï/cödé ß.flac", "plain.wav@1.5-2.25", "x.wav#ch1"]
+    arrays, rows = {}, []
+    for i, key in enumerate(keys):
+        arrays[key] = rng.integers(0, 2048, (5 + i, 8)).astype(np.int16)
+        row = {"path": key, "key": key, "dataset": key, "channel": None, "sample_rate": 24_000, "duration": 0.5,
+               "source": {"path": "/abs/x.wav", "frames": 48_000, "channels": 1}}
+        rows.append({**row, **shard.add(key, arrays[key], row, {}), "frames": 5 + i, "status": "ok",
+                     "shard": fmt.shard_name(0)})
+    for name, data in shard.files(fmt.shard_name(0)).items():
+        os.makedirs(os.path.dirname(tmp_path / name), exist_ok=True)
+        (tmp_path / name).write_bytes(data)
+    path = str(tmp_path / fmt.shard_name(0))
+    assert fmt.check(path, rows) is None and fmt.attrs(path) == attrs
+    assert all(np.array_equal(fmt.load(path, r), arrays[r["key"]]) for r in rows)
+    got = {c.id: c.load_custom("mimi_codes") for c in lhotse.CutSet.from_shar(in_dir=str(tmp_path / "shar"))}
+    assert got.keys() == arrays.keys() and all(np.array_equal(got[k], arrays[k]) for k in keys)
+
+
+def test_shar_extend_in_parts_divides_whole_input_shards(shar_dataset, tiny_model_dir, tmp_path):
+    """--part I/N with --shar-extend: each input shard goes whole to one part (a tar must hold all
+    of its shard's cuts); the parts' tars together are one per input shard; read_cuts is the union."""
+    shar, _ = shar_dataset
+    settings = Settings(model=tiny_model_dir, tap="codes", num_workers=0, format="shar", shar_extend=True)
+    out = str(tmp_path / "parts")
+    for i in range(2):
+        extract(shar, out, settings, part=Part(i, 2))
+    tars = sorted(n for d in run_dirs(out) if os.path.isdir(os.path.join(d, "shar"))
+                  for n in os.listdir(os.path.join(d, "shar")))
+    assert tars == [f"mimi_codes.{i:06d}.tar" for i in range(3)]
+    cuts = list(read_cuts(out))
+    assert sorted(c.id for c in cuts) == [f"utt/{i}" for i in range(7)]
+    assert sorted(c.id for c in cuts if c.has_custom("mimi_codes")) == [f"utt/{i}" for i in range(7) if i != 4]
+    assert all(np.array_equal(c.load_custom("mimi_codes"), read(out, c.id)[: rhu(c.duration / 0.08)])
+               for c in cuts if c.has_custom("mimi_codes"))

@@ -13,7 +13,7 @@ from mimi_extract import read_manifest
 from mimi_extract.encoder import reference_single, reset_codebook_cache
 from mimi_extract.runner import extract
 from mimi_extract.settings import Settings
-from mimi_extract.testing import random_model
+from mimi_extract.testing import random_model, restamp_checksum
 from mimi_extract.verify import classify_codes, rvq_trace, verify_outputs
 
 FRAME = 1920
@@ -173,6 +173,7 @@ def test_audit_of_out_classifies_and_fails_on_real(tmp_path):
     row = next(r for r in read_manifest(out) if r["key"] == "tie.wav")
     with h5py.File(os.path.join(out, row["shard"]), "r+") as f:
         f[row["dataset"]][3, 0] = other  # as another device's float noise could have decided the tie
+    restamp_checksum(out, "tie.wav")  # a valid item with other codes, not a damaged one
     tie = cli("verify", "--out", out, "--device", "cpu")
     assert tie.exit_code == 0, tie.output
     assert "tie.wav: frame 3, codebook 0: tie flip" in tie.text and "1 tie flips, 0 real" in tie.text
@@ -180,6 +181,7 @@ def test_audit_of_out_classifies_and_fails_on_real(tmp_path):
     with h5py.File(os.path.join(out, row["shard"]), "r+") as f:
         codes = f[row["dataset"]]
         codes[8, 2] = (codes[8, 2] + 5) % 64  # a decision nowhere near a tie
+    restamp_checksum(out, "tie.wav")
     real = cli("verify", "--out", out, "--device", "cpu")
     assert real.exit_code == 1 and "tie.wav: frame 8, codebook 2: REAL MISMATCH" in real.text, real.output
     checks, problems = verify_outputs(out, sample=None, device="cpu")

@@ -16,7 +16,6 @@ from .registry import formats, get_format, names, register
 
 DEFAULT = "hdf5"
 
-from . import hdf5  # noqa: E402,F401  (registers itself)
-from . import shar  # noqa: E402,F401  (registers itself)
+from . import hdf5, parquet, shar  # noqa: E402,F401  (each registers itself)
 
 __all__ = ["Format", "ShardBuilder", "array_checksum", "formats", "get_format", "names", "register", "DEFAULT"]

@@ -1,4 +1,4 @@
-"""The output-format interface: what a format implements, and what the shared code guarantees it.
+r"""The output-format interface: what a format implements, and what the shared code guarantees it.
 
 A *format* decides how the arrays of one shard are laid out in bytes (HDF5 datasets, Parquet rows,
 a Shar tar...).  Everything else -- the lock, ``run.json`` identity, the manifest, the commit
@@ -25,7 +25,31 @@ What a format must define
 * :meth:`Format.builder` -- a new in-memory :class:`ShardBuilder` (see below);
 * :meth:`Format.check` -- does a committed shard hold exactly what its manifest rows say?  (resume
   quarantines one that does not);
-* :meth:`Format.open`, :meth:`Format.load`, :meth:`Format.attrs` -- the read side.
+* :meth:`Format.open`, :meth:`Format.load`, :meth:`Format.attrs` -- the read side;
+* optionally: :meth:`Format.require` (say what to install, before a run starts),
+  :meth:`Format.item_attrs` (per-item metadata, for ``verify --out``), :meth:`Format.lhotse_storage`
+  (how lhotse cuts point at an item: ``lhotse_io.py``), :meth:`Format.companions` and
+  :meth:`Format.finish_run` (files about OUT as a whole, e.g. Parquet's dataset card).
+
+A format also gets, with no code of its own: parts (``part-I-of-N`` run directories), Ray, signals,
+``mimi_extract.read``/``open``/``read_manifest``/``read_cuts``, ``info``, ``status``, ``decode``,
+``verify --out`` (with ``--checksums``) and ``--reencode-damaged``; all go through the methods
+above.  Tests to copy: ``tests/test_formats.py`` (readers, damage, checksums) and the ``fmt``
+parametrisation of the kill -9 and ENOSPC tests in ``tests/test_integrity.py``.
+
+A minimal format, for orientation (``formats/hdf5.py`` is the complete one, ~100 lines)::
+
+    @register
+    class Npz(Format):
+        name = "npz"
+        shard_re = re.compile(r"shard-(\d{5,})\.npz")
+
+        def shard_name(self, index): return f"shard-{index:05d}.npz"
+        def builder(self, file_attrs): return NpzShard(file_attrs)   # add() keeps arrays; files() -> np.savez bytes
+        def check(self, path, rows): ...                            # None, or what is wrong; never raises
+        def open(self, path): return np.load(path)
+        def load(self, path, row, handle=None): ...                 # (handle or np.load(path))[row["dataset"]]
+        def attrs(self, path): ...
 
 A :class:`ShardBuilder` collects the items of one shard *in memory* and finally returns the
 shard's bytes (``files()``): nothing a format does touches OUT, so a full disk or a kill cannot
@@ -45,7 +69,8 @@ What the shared code guarantees a format
   calls damaged (or one no row names) is moved to ``quarantine/`` with its companions and its
   items are encoded again;
 * every ok row carries ``checksum`` (crc32 of the time-first array's little-endian bytes, see
-  :func:`array_checksum`), checked by every read: a format only has to store the bytes;
+  :func:`array_checksum`), checked by every read (``common.load_row``), so a format only has to
+  store the bytes; any exception from ``load`` becomes a ``DamagedError`` naming OUT, key, shard;
 * ``load`` only ever receives rows whose ``shard`` matched ``shard_re``.
 """
 
@@ -71,8 +96,8 @@ class ShardBuilder:
         raise NotImplementedError
 
     def files(self, shard_name: str) -> dict[str, bytes]:
-        """The shard's files, relative to the run directory, ``shard_name`` itself last (the
-        protocol renames in this order: the shard's rename is the commit point)."""
+        """The shard's files (any bytes-like value), relative to the run directory, ``shard_name``
+        itself last (the protocol renames in this order: the shard's rename is the commit point)."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -98,6 +123,10 @@ class Format:
 
     def builder(self, file_attrs: dict) -> ShardBuilder:
         raise NotImplementedError
+
+    def require(self) -> None:
+        """Raise a RuntimeError saying what to install when the format's library is missing
+        (called before a run starts, so it never fails after hours of encoding)."""
 
     def companions(self, shard: str) -> list[str]:
         """Other files that belong to committed shard ``shard`` (moved with it to quarantine)."""
@@ -134,6 +163,18 @@ class Format:
         """Why this format cannot store an item keyed ``key`` (the runner makes it an error row
         before encoding), or None."""
         return None
+
+    def lhotse_storage(self, path: str, row: dict) -> tuple[str, str] | None:
+        """(lhotse ``storage_type``, ``storage_key``) of an ok row's array in the shard at ``path``,
+        for the cuts that point into OUT (``lhotse_io.py``).  The storage type must be a lhotse
+        ``FeaturesReader`` name (lhotse's own, or one ``lhotse_io.register_lhotse_readers`` adds).
+        ``None``: the format's items get no cut in ``cuts.jsonl.gz`` / ``read_cuts`` (a format that
+        is its own lhotse manifest, as Shar is)."""
+        return None
+
+    def finish_run(self, out_dir: str, run_dir: str, info: dict) -> None:
+        """Called at the end of every run (an interrupted one too) with OUT, the run directory and
+        its ``run.json``: for files that describe OUT as a whole (Parquet's dataset card)."""
 
     def is_shard(self, name: str) -> bool:
         return isinstance(name, str) and bool(self.shard_re.fullmatch(name))

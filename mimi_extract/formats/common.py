@@ -36,7 +36,7 @@ import time
 import numpy as np
 
 from . import registry
-from .base import Format
+from .base import Format, array_checksum
 
 MANIFEST = "manifest.jsonl"
 RUN_INFO = "run.json"
@@ -53,6 +53,11 @@ class OutputError(Exception):
 
 class LockedError(OutputError):
     """Another process holds the run directory."""
+
+
+class DamagedError(OutputError):
+    """A stored array is not what was written: its bytes fail a checksum (the manifest row's crc32,
+    HDF5's fletcher32, a Parquet page checksum) or its shard cannot be read."""
 
 
 def _write_error(e: OSError, path: str) -> OutputError:
@@ -326,11 +331,11 @@ _EXPLAIN = {
     "input": "another input (directory or list)",
     "input_identity": "the input's shards or files changed (added, removed, rewritten: size or mtime)",
     "decoders": "other decoder versions: a resume must decode each format as the first run did",
+    "format": "another output format (--format)",
 }
 
 
 def _differences(old: dict, new: dict, ignore: tuple[str, ...]) -> str:
-    old = {"format": "hdf5", **old}  # run.json of a version before --format: HDF5
     diff = {k: (old.get(k), v) for k, v in new.items() if k not in ignore and old.get(k) != v}
     return "; ".join(f"{k}: {a!r} -> {b!r}" + (f" ({_EXPLAIN[k]})" if k in _EXPLAIN else "") for k, (a, b) in diff.items())
 
@@ -338,14 +343,15 @@ def _differences(old: dict, new: dict, ignore: tuple[str, ...]) -> str:
 def check_run_info(run_dir: str, info: dict, siblings: list[str] = (), expected_attrs: dict | None = None) -> None:
     """Refuse to mix outputs of different settings, weights or inputs in one run directory, or in
     one job array: every part of an OUT (``siblings``: the other parts' run directories) must have
-    been made from the same input with the same model and settings, or their union means nothing."""
+    been made from the same input with the same model and settings, or their union means nothing.
+    A ``run.json`` without ``format`` was written before formats existed: it is an HDF5 run."""
     for other in siblings:
-        theirs = read_run_info(other)
+        theirs = _with_format(read_run_info(other))
         changes = _differences(theirs, info, ("tool_version", "part")) if theirs is not None else ""
         if changes:
             raise OutputError(f"{other} (another part of this job array) was made with other settings ({changes}); "
                               "run every part with the same input, model and settings, or use a new OUT directory")
-    old = read_run_info(run_dir)
+    old = _with_format(read_run_info(run_dir))
     if old is None:  # run.json deleted (or never written): the shards still say what made them
         if expected_attrs is not None:
             for shard in sorted({r["shard"] for r in committed_rows(run_dir) if r.get("shard")}):
@@ -360,6 +366,10 @@ def check_run_info(run_dir: str, info: dict, siblings: list[str] = (), expected_
     if changes:
         raise OutputError(f"{run_dir} holds a run with other settings ({changes}); resume with the original "
                           "settings or use a new OUT directory")
+
+
+def _with_format(info: dict | None) -> dict | None:
+    return info if info is None or "format" in info else {**info, "format": "hdf5"}
 
 
 def _unique_path(path: str) -> str:
@@ -395,15 +405,16 @@ def _quarantine(run_dir: str, name: str) -> str:
     return dest
 
 
-def recover(run_dir: str, expected_attrs: dict | None = None, damaged: dict[str, str] | None = None
-            ) -> tuple[dict[str, dict], list[str]]:
+def recover(run_dir: str, expected_attrs: dict | None = None, damaged: dict[str, str] | None = None,
+            fmt: Format | None = None) -> tuple[dict[str, dict], list[str]]:
     """Make a run directory consistent after any interruption; return (committed ok rows by key,
     messages about what was repaired).  Error rows are dropped so those inputs are retried (but for
     the error rows committed inside a shard, as --shar-extend placeholders: they are returned with it).
     ``expected_attrs``: the settings this run writes into its shards; a readable committed shard
     holding others is refused (:func:`check_shard_settings`), not quarantined: it is not damaged,
     it is another run's.  ``damaged``: shards already known to be damaged (name -> why, e.g. from
-    a checksum scan): quarantined with the others."""
+    a checksum scan): quarantined with the others.  ``fmt``: the format this run writes; a
+    committed shard of another format is refused (``run.json`` deleted, then another ``--format``)."""
     notes = []
     for name in os.listdir(run_dir):
         if _is_tmp(name):
@@ -420,6 +431,11 @@ def recover(run_dir: str, expected_attrs: dict | None = None, damaged: dict[str,
         if not os.path.exists(os.path.join(run_dir, row["shard"])):
             continue  # killed between manifest append and rename: re-encode
         by_shard.setdefault(row["shard"], []).append(row)
+    if fmt is not None:
+        other = sorted(s for s in by_shard if not fmt.is_shard(s))
+        if other:
+            raise OutputError(f"{run_dir} holds {format_of(other[0]).name} shards ({other[0]}, ...), not {fmt.name}: "
+                              f"resume with --format {format_of(other[0]).name} or use a new OUT directory")
     done = {}
     bad_shards = dict(damaged or {})
     for shard, shard_rows in by_shard.items():
@@ -588,7 +604,8 @@ class ShardWriter:
             self._shard = self.format.builder(self.file_attrs)
         row = {**row, "key": key}
         extra = self._shard.add(key, data, row, attrs or {})
-        self._rows.append({**row, **extra, "shard": self.shard_name, "status": "ok", "error": None})
+        self._rows.append({**row, **extra, "shard": self.shard_name, "status": "ok", "error": None,
+                           "checksum": array_checksum(data)})
         self.written.add(key)
         self._bytes += data.nbytes
         if len(self._rows) >= self.max_items or self._bytes >= self.max_bytes:
@@ -656,9 +673,62 @@ def read(out_dir: str, key: str) -> np.ndarray:
 
 def load_row(out_dir: str, row: dict, shard=None) -> np.ndarray:
     """The array of one ok manifest row (``shard`` relative to OUT, as ``read_manifest`` gives it),
-    time first.  ``shard``: a handle of that shard from its format's ``open`` (readers keep a few open)."""
+    time first, checked against the row's checksum.  ``shard``: a handle of that shard from its
+    format's ``open`` (readers keep a few open).  Raises :class:`DamagedError` naming OUT, the key
+    and the shard when the bytes are not what was written."""
     fmt = format_of_path(row["shard"])
-    return fmt.load(os.path.join(out_dir, row["shard"]), row, shard)
+    try:
+        data = fmt.load(os.path.join(out_dir, row["shard"]), row, shard)
+    except Exception as e:  # fletcher32 / page checksum failures, truncated shards, a row pointing nowhere
+        raise DamagedError(f"{row['key']!r} in {out_dir}: cannot read it from its shard {row['shard']} "
+                           f"({type(e).__name__}: {e}); {_DAMAGED_HINT}") from e
+    want = row.get("checksum")
+    if want is not None and array_checksum(data) != want:
+        raise DamagedError(f"{row['key']!r} in {out_dir}: the stored array in {row['shard']} fails its checksum "
+                           f"({array_checksum(data)}, the manifest says {want}): the file was damaged after it "
+                           f"was written; {_DAMAGED_HINT}")
+    return data
+
+
+_DAMAGED_HINT = ("`mimi-extract verify --out OUT --checksums` lists every damaged item; resuming the run with "
+                 "--reencode-damaged encodes them again")
+
+
+def scan_checksums(out_dir: str, run_dir: str | None = None, on_item=None) -> dict:
+    """Read every committed ok item of OUT (or of one run directory of it) and check it against its
+    checksums, without re-encoding.  Returns ``{"checked": n, "unchecked": n (rows written before
+    checksums existed: read, but only the format's own checks apply), "damaged": [{"key", "shard"
+    (relative to OUT), "problem"}]}``.  Each shard is opened once and read in order."""
+    out_dir = os.path.abspath(out_dir)
+    dirs = [os.path.abspath(run_dir)] if run_dir else run_dirs(out_dir)
+    report = {"checked": 0, "unchecked": 0, "damaged": []}
+    for d in dirs:
+        prefix = os.path.relpath(d, out_dir)
+        by_shard: dict[str, list[dict]] = {}
+        for row in committed_rows(d):
+            if row.get("status") == "ok" and row.get("shard"):
+                row["shard"] = row["shard"] if prefix == "." else f"{prefix}/{row['shard']}"
+                by_shard.setdefault(row["shard"], []).append(row)
+        for shard, rows in sorted(by_shard.items()):
+            try:
+                handle = open_shard(out_dir, shard)
+            except Exception as e:  # noqa: BLE001 -- every item of it is unreadable
+                report["damaged"] += [{"key": r["key"], "shard": shard, "problem": f"shard unreadable: {e}"} for r in rows]
+                continue
+            try:
+                for row in rows:
+                    report["checked" if row.get("checksum") else "unchecked"] += 1
+                    try:
+                        load_row(out_dir, row, handle)
+                    except DamagedError as e:
+                        cause = e.__cause__
+                        report["damaged"].append({"key": row["key"], "shard": shard, "problem": (
+                            f"unreadable ({type(cause).__name__}: {cause})" if cause else "checksum mismatch (crc32)")})
+                    if on_item:
+                        on_item(row["key"])
+            finally:
+                close_shard(shard, handle)
+    return report
 
 
 def open_shard(out_dir: str, shard: str):

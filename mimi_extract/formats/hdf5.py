@@ -1,5 +1,5 @@
 """HDF5 shards: ``shard-NNNNN.h5``, one dataset per ok item (named by ``sources.dataset_name`` of
-its key: the row's ``dataset``), time first, the run's settings as file attributes and the item's
+its key: the row's ``dataset``), time first, with HDF5's fletcher32 checksum filter, the run's settings as file attributes and the item's
 (``key``, ``duration``, ``start``...) as dataset attributes.  lhotse reads these datasets in place
 (``numpy_hdf5`` storage, ``lhotse_io.py``).
 
@@ -21,11 +21,17 @@ from .registry import register
 class HDF5Shard(ShardBuilder):
     def __init__(self, file_attrs: dict):
         super().__init__(file_attrs)
-        self._h5 = h5py.File(f"mem-{uuid.uuid4().hex}.h5", "w", driver="core", backing_store=False)
+        # libver v110 (HDF5 >= 1.10, 2016): its single-chunk index makes fletcher32 free on disk; with
+        # the default (1.8) format each small chunked dataset costs a B-tree (measured 2.4x the bytes
+        # of 2-20 s codes, against 1.16x here and 1.19x for 1.8 contiguous datasets without a checksum)
+        self._h5 = h5py.File(f"mem-{uuid.uuid4().hex}.h5", "w", driver="core", backing_store=False,
+                             libver=("v110", "v110"))
         self._h5.attrs.update(file_attrs)
 
     def add(self, key: str, data: np.ndarray, row: dict, attrs: dict) -> dict:
-        ds = self._h5.create_dataset(row["dataset"], data=data)
+        # fletcher32: HDF5's own checksum of each chunk, verified by h5py (and lhotse) on every read;
+        # it needs a chunked layout, which an empty array cannot have
+        ds = self._h5.create_dataset(row["dataset"], data=data, fletcher32=data.size > 0)
         ds.attrs.update(attrs)
         ds.attrs["key"] = key
         return {}
@@ -80,6 +86,9 @@ class HDF5(Format):
     def attrs(self, path: str) -> dict:
         with h5py.File(path, "r") as f:
             return dict(f.attrs)
+
+    def lhotse_storage(self, path: str, row: dict) -> tuple[str, str]:
+        return "numpy_hdf5", row.get("dataset") or row["key"]
 
     def item_attrs(self, path: str, row: dict) -> dict:
         with h5py.File(path, "r") as f:

@@ -37,7 +37,7 @@ from pathlib import PurePosixPath
 
 import numpy as np
 
-from .base import Format, ShardBuilder
+from .base import Format, ShardBuilder, array_checksum
 from .registry import register
 
 FOLDER = "shar"
@@ -105,9 +105,9 @@ def cut_for(row: dict, field: str, frame_shift: float, shape: tuple) -> dict:
     """The Shar cut of one ok row: the HDF5 output's cut (``lhotse_io.cut_dict``) with Shar storage."""
     from ..lhotse_io import cut_dict
 
-    cut = cut_dict({**row, "shard": "", "frames": shape[0]}, "", field, frame_shift)
-    cut["custom"][field] = _placeholder(shape, frame_shift, cut["custom"][field]["start"])
-    return cut
+    start = row.get("start") or 0.0
+    return cut_dict({**row, "shard": "", "frames": shape[0]}, "", field, frame_shift,
+                    array=_placeholder(shape, frame_shift, start)["array"])
 
 
 class SharShard(ShardBuilder):
@@ -130,6 +130,8 @@ class SharShard(ShardBuilder):
         np.save(npy, data, allow_pickle=False)
         nbytes = npy.getbuffer().nbytes
         self._tar.write(f"{key}.npy", npy)
+        # tarfile's offset is now past the member's data padded to a 512-byte block (headers, long-name
+        # PAX headers included, come before the data): the data starts that padded size back
         offset = self._tar.tarstream.offset - -(-nbytes // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
         cut = cut_for(row, self.field, self.frame_shift, data.shape)
         meta = io.BytesIO((json.dumps(cut["custom"][self.field]) + "\n").encode("utf-8"))
@@ -174,6 +176,11 @@ class Shar(Format):
 
     def __init__(self, field: str = "mimi_latent"):
         self.field = field
+
+    def require(self) -> None:
+        from .._optional import need
+
+        need("lhotse.shar.writers.tar", "--format shar (lhotse's Shar tar writer)")
 
     def for_run(self, file_attrs: dict) -> "Shar":
         """This format with the run's field (``mimi_codes``...): shard names depend on the tap."""
@@ -294,11 +301,12 @@ def input_cut_ids(shar_dir: str) -> dict[str, list[str]]:
     return layout
 
 
-def plan_extend(source: str, kind: str, items: list, bad: list, whole: bool, output_format: str = "shar"):
+def plan_extend(source: str, kind: str, items: list, bad: list, mine=None, output_format: str = "shar"):
     """What ``--shar-extend`` encodes: ``(layout, items, bad, warnings)``.  ``layout`` maps each input
     shard number to its cut ids in order; every cut of a shard in the layout has exactly one item
     (ok or bad) keyed by its id.  A shard where a cut has no such item (a cut split by channel,
-    ``--limit``) is left out with a warning: its tar could not line up with its cuts."""
+    ``--limit``) is left out with a warning: its tar could not line up with its cuts.  ``mine``
+    (a job array's ``--part I/N``): which input shard numbers this part encodes (whole shards)."""
     from .common import OutputError
 
     if output_format != "shar":
@@ -306,9 +314,9 @@ def plan_extend(source: str, kind: str, items: list, bad: list, whole: bool, out
     if kind != "shar":
         raise OutputError(f"--shar-extend adds a field to a lhotse Shar dataset: INPUT must be a Shar folder "
                           f"(cuts.NNNNNN.jsonl.gz + recording.NNNNNN.tar), not a {kind} input")
-    if not whole:
-        raise OutputError("--shar-extend writes one tar per input shard: run it whole (no --part)")
     layout = input_cut_ids(source)
+    if mine is not None:
+        layout = {n: ids for n, ids in layout.items() if mine(n)}
     short = sorted(n for n in layout if len(n) < 6)
     if short:
         raise OutputError(f"--shar-extend: input shard number {short[0]!r} has fewer than 6 digits "
@@ -393,7 +401,8 @@ def _extend_writer_class():
                 status, data, row = held[key]
                 if status == "ok":
                     extra = shard.add(key, data, row, {})
-                    rows.append({**row, **extra, "shard": name, "status": "ok", "error": None})
+                    rows.append({**row, **extra, "shard": name, "status": "ok", "error": None,
+                                 "checksum": array_checksum(data)})
                     self.held_bytes -= data.nbytes
                 else:
                     shard.add_placeholder(key)

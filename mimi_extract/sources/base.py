@@ -193,7 +193,7 @@ class Options:
     audio_column: str | None = None  # parquet
     id_column: str | None = None  # parquet
     input_format: str | None = None  # a registered kind, instead of detecting it
-    sort_buffer_mb: float = 512  # compressed tar: the bounded sorting buffer
+    sort_buffer_mb: float = 256  # compressed tar: the bounded sorting buffer (MiB)
 
 
 class Source:
@@ -229,6 +229,12 @@ class Source:
     def probe(self, entry: Entry, channel_mode: str, framing: Framing) -> list[Item]:
         return probe(entry, channel_mode, framing)
 
+    @staticmethod
+    def plan_group(item: Item) -> int:
+        """Items are length-sorted within their group only, and groups run in order (0: one global
+        sort; a compressed tar, which can only be read forward, sorts within each buffer-full)."""
+        return 0
+
 
 REGISTRY: dict[str, type[Source]] = {}
 
@@ -236,6 +242,11 @@ REGISTRY: dict[str, type[Source]] = {}
 def register(cls: type[Source]) -> type[Source]:
     REGISTRY[cls.kind] = cls
     return cls
+
+
+def plan_group(item: Item) -> int:
+    """See :meth:`Source.plan_group`."""
+    return REGISTRY.get(item.kind, Source).plan_group(item)
 
 
 def open_source(thing: Entry | Item):

@@ -39,6 +39,10 @@ def _files(path: str) -> list[str]:
 
     if os.path.isfile(path):
         return [path]
+    if not os.path.isdir(path):  # a pattern: data/train-*.parquet, braces too
+        from .tar import shard_list
+
+        return [p for p in shard_list(path, PARQUET_EXTENSIONS) if p.lower().endswith(PARQUET_EXTENSIONS)]
     if os.path.isfile(os.path.join(path, "state.json")):
         with open(os.path.join(path, "state.json"), encoding="utf-8") as f:
             state = json.load(f)
@@ -108,6 +112,7 @@ def audio_column(schema, wanted: str | None) -> str | None:
 
 _CACHE: OrderedDict = OrderedDict()
 _CACHE_LOCK = threading.Lock()
+_READING: dict = {}  # key -> lock held by the thread reading that row group
 _CACHE_GROUPS = 4  # row groups kept per process (workers decode a few items of one group in a row)
 
 
@@ -120,12 +125,23 @@ def _group_column(path: str, group: int, column: str):
         if key in _CACHE:
             _CACHE.move_to_end(key)
             return _CACHE[key]
-    col = _Data(path).read(group, [column]).column(column)
-    with _CACHE_LOCK:
-        _CACHE[key] = col
-        while len(_CACHE) > _CACHE_GROUPS:
-            _CACHE.popitem(last=False)
-    return col
+        reading = _READING.setdefault(key, threading.Lock())
+    with reading:  # threads wanting the same group (planning probes 16 at a time) read it once
+        with _CACHE_LOCK:
+            if key in _CACHE:
+                return _CACHE[key]
+        try:
+            col = _Data(path).read(group, [column]).column(column)
+        except BaseException:
+            with _CACHE_LOCK:
+                _READING.pop(key, None)
+            raise
+        with _CACHE_LOCK:
+            _CACHE[key] = col
+            _READING.pop(key, None)
+            while len(_CACHE) > _CACHE_GROUPS:
+                _CACHE.popitem(last=False)
+        return col
 
 
 def _cell(path: str, group: int, row: int, column: str) -> tuple[bytes | None, str | None]:
@@ -145,6 +161,10 @@ class ParquetSource(Source):
     def detect(cls, path: str) -> bool:
         if os.path.isfile(path):
             return path.lower().endswith(PARQUET_EXTENSIONS)
+        if not os.path.exists(path):
+            from .tar import _is_shard_input
+
+            return _is_shard_input(path, PARQUET_EXTENSIONS)
         return _is_dataset_dir(path)
 
     def files(self) -> list[str]:
@@ -157,10 +177,13 @@ class ParquetSource(Source):
 
     def entries(self, warnings: list[str]) -> list[Entry]:
         files = self.files()
-        root = self.path if os.path.isdir(self.path) else os.path.dirname(self.path)
+        root = self.path if os.path.isdir(self.path) else os.path.dirname(files[0])
         entries, columns_found = [], 0
-        for path in files:
-            shown = os.path.relpath(path, root).replace(os.sep, "/") if os.path.isdir(self.path) else os.path.basename(path)
+        from .tar import _shown_names
+
+        names = [os.path.relpath(p, root).replace(os.sep, "/") for p in files] if os.path.isdir(self.path) \
+            else _shown_names(files)  # file names (paths when two files share one)
+        for path, shown in zip(files, names):
             full = os.path.abspath(path)
             try:
                 data = _Data(full)

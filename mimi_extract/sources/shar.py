@@ -72,7 +72,7 @@ class SharSource(Source):
                     entries.append(Entry(full, f"{shown_tar}/{key}", key=key, where=where, kind="tar",
                                          error=f"no audio for this cut: {why}"))
                     continue
-                name, offset, size = data[n]
+                name, offset, size = data[n][:3]
                 base = f"{shown_tar}/{name}"
                 if not name.startswith(cut.id + "."):
                     entries.append(Entry(full, base, key=key, where=where, kind="tar",

@@ -1,0 +1,303 @@
+"""Parquet shards: ``shard-NNNNN.parquet``, one row per ok item, what Hugging Face ``datasets``,
+pyarrow and polars read as is.
+
+Columns: ``key`` (string), the array named by the tap (``codes``: list<list<int16>>, ``latent``
+or ``encoder``: list<list<float32|float16>>, time first: one inner list per frame), ``frames``,
+``dims``, ``duration``, ``sample_rate``, ``path``, ``start``/``end`` (null unless the item is a
+segment) and ``channel`` (null unless one channel of a file was taken).  The run's settings and
+provenance are file metadata (key ``mimi_extract``, JSON).  zstd; dictionary encoding for the codes
+only; page checksums written (and verified on every read by this module).
+
+Row groups: at most 1000 rows and about 8 MiB of arrays, so a streaming reader (``datasets``
+with ``streaming=True``, a DataLoader over row groups) holds a few MiB at a time, and a random
+``read(OUT, key)`` decodes one group.  The manifest row's ``index`` is the item's row in the file.
+
+Names: ``shard-NNNNN.parquet``, not ``part-NNNNN.parquet``: the run directories of a job array
+are already ``part-I-of-N``, and the two must not be confused (by people or by globs).
+
+pyarrow is imported only when a Parquet shard is written or read."""
+
+from __future__ import annotations
+
+import bisect
+import json
+import os
+import re
+
+import numpy as np
+
+from .base import Format, ShardBuilder
+from .registry import register
+
+METADATA_KEY = b"mimi_extract"
+LHOTSE_STORAGE = "mimi_extract_parquet"
+ROW_GROUP_ROWS = 1000
+ROW_GROUP_BYTES = 8 << 20
+_NULLABLE = ("start", "end", "channel")
+CARD_MARK = "<!-- written by mimi-extract; it rewrites this card at the end of each run unless this line is removed -->"
+
+
+def _pa():
+    from .._optional import need
+
+    return need("pyarrow", "Parquet shards"), need("pyarrow.parquet", "Parquet shards")
+
+
+def array_column(tap: str) -> str:
+    """The column that holds the arrays: the tap's name (``codes``, ``latent``, ``encoder``)."""
+    return tap
+
+
+class ParquetShard(ShardBuilder):
+    def __init__(self, file_attrs: dict):
+        super().__init__(file_attrs)
+        self.column = array_column(file_attrs.get("tap", "codes"))
+        self.arrays: list[np.ndarray] = []
+        self.cols: dict[str, list] = {k: [] for k in ("key", "frames", "dims", "duration", "sample_rate", "path",
+                                                      *_NULLABLE)}
+
+    def add(self, key: str, data: np.ndarray, row: dict, attrs: dict) -> dict:
+        if data.ndim != 2:
+            raise ValueError(f"{key}: Parquet shards store [frames, dims] arrays, got shape {data.shape}")
+        index = len(self.arrays)
+        self.arrays.append(np.ascontiguousarray(data))
+        c = self.cols
+        c["key"].append(key)
+        c["frames"].append(int(data.shape[0]))
+        c["dims"].append(int(data.shape[1]))
+        c["duration"].append(float(attrs.get("duration", row.get("duration", 0.0))))
+        c["sample_rate"].append(row.get("sample_rate"))
+        c["path"].append(row.get("path"))
+        c["start"].append(attrs.get("start"))
+        c["end"].append(attrs.get("end"))
+        c["channel"].append(row.get("channel"))
+        return {"index": index}
+
+    def _array(self):
+        """list<list<T>> from the items' [frames, dims] arrays, without a Python loop over frames."""
+        pa, _ = _pa()
+        frames = np.array([a.shape[0] for a in self.arrays], dtype=np.int64)
+        dims = np.array([a.shape[1] for a in self.arrays], dtype=np.int64)
+        outer = np.concatenate([[0], np.cumsum(frames)]).astype(np.int32)
+        inner = np.concatenate([[0], np.cumsum(np.repeat(dims, frames))]).astype(np.int32)
+        dtype = self.arrays[0].dtype
+        values = np.concatenate([a.reshape(-1) for a in self.arrays]) if self.arrays else np.zeros(0, dtype)
+        frames_list = pa.ListArray.from_arrays(pa.array(inner), pa.array(values))
+        return pa.ListArray.from_arrays(pa.array(outer), frames_list)
+
+    def files(self, shard_name: str) -> dict[str, bytes]:
+        pa, pq = _pa()
+        c = self.cols
+        table = pa.table({
+            "key": pa.array(c["key"], pa.string()),
+            self.column: self._array(),
+            "frames": pa.array(c["frames"], pa.int32()),
+            "dims": pa.array(c["dims"], pa.int32()),
+            "duration": pa.array(c["duration"], pa.float64()),
+            "sample_rate": pa.array(c["sample_rate"], pa.int32()),
+            "path": pa.array(c["path"], pa.string()),
+            "start": pa.array(c["start"], pa.float64()),
+            "end": pa.array(c["end"], pa.float64()),
+            "channel": pa.array(c["channel"], pa.int32()),
+        })
+        table = table.replace_schema_metadata({METADATA_KEY: json.dumps(_jsonable(self.file_attrs))})
+        per_row = max(1, sum(a.nbytes for a in self.arrays) // max(1, len(self.arrays)))
+        rows = max(1, min(ROW_GROUP_ROWS, ROW_GROUP_BYTES // per_row))
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink, row_group_size=rows, compression="zstd", write_page_checksum=True,
+                       use_dictionary=["key", "path"] + ([f"{self.column}.list.element.list.element"]
+                                                         if self.column == "codes" else []),
+                       write_statistics=["key", "frames", "duration"])
+        return {shard_name: sink.getvalue()}  # a pyarrow Buffer: bytes-like, not copied again
+
+    def close(self) -> None:
+        self.arrays, self.cols = [], {}
+
+
+def _jsonable(attrs: dict) -> dict:
+    return {k: (v.item() if isinstance(v, np.generic) else v) for k, v in attrs.items()}
+
+
+class ParquetHandle:
+    """An open shard: its footer, row-group boundaries, and the last decoded row group (items are
+    read in shard order by iteration, so each group is decoded once)."""
+
+    def __init__(self, path: str):
+        _, pq = _pa()
+        self.path = path
+        self.file = pq.ParquetFile(path, page_checksum_verification=True)
+        meta = self.file.metadata
+        self.starts = [0]
+        for g in range(meta.num_row_groups):
+            self.starts.append(self.starts[-1] + meta.row_group(g).num_rows)
+        self.column = array_column(attrs_of(self.file).get("tap", "codes"))
+        self._group: int | None = None
+        self._cached = None
+
+    def group(self, g: int):
+        """(keys, outer offsets, inner offsets, values) of row group ``g``."""
+        if self._group != g:
+            table = self.file.read_row_group(g, columns=["key", self.column])
+            arr = table.column(self.column).combine_chunks()
+            frames = arr.values
+            self._cached = (table.column("key").to_pylist(), arr.offsets.to_numpy(), frames.offsets.to_numpy(),
+                            frames.values.to_numpy(zero_copy_only=False))
+            self._group = g
+        return self._cached
+
+    def item(self, index: int, key: str | None = None, dims: int | None = None) -> np.ndarray:
+        if not 0 <= index < self.starts[-1]:
+            raise ValueError(f"row {index} is not in {self.path} ({self.starts[-1]} rows)")
+        g = bisect.bisect_right(self.starts, index) - 1
+        keys, outer, inner, values = self.group(g)
+        j = index - self.starts[g]
+        if key is not None and keys[j] != key:
+            raise ValueError(f"row {index} of {self.path} holds {keys[j]!r}, the manifest says {key!r}")
+        a, b = int(outer[j]), int(outer[j + 1])
+        lengths = np.diff(inner[a:b + 1])
+        d = int(lengths[0]) if len(lengths) else (dims or 0)
+        if len(lengths) and not (lengths == d).all():
+            raise ValueError(f"{key!r} in {self.path}: frames of unequal width")
+        return values[int(inner[a]):int(inner[b])].reshape(b - a, d).copy()
+
+    def close(self) -> None:
+        self.file.close()
+        self._cached = None
+
+
+def attrs_of(file) -> dict:
+    meta = file.schema_arrow.metadata or {}
+    return json.loads(meta[METADATA_KEY]) if METADATA_KEY in meta else {}
+
+
+@register
+class Parquet(Format):
+    name = "parquet"
+    shard_re = re.compile(r"shard-(\d{5,})\.parquet")
+
+    def shard_name(self, index: int) -> str:
+        return f"shard-{index:05d}.parquet"
+
+    def builder(self, file_attrs: dict) -> ShardBuilder:
+        return ParquetShard(file_attrs)
+
+    def require(self) -> None:
+        _pa()
+
+    def check(self, path: str, rows: list[dict]) -> str | None:
+        try:
+            _, pq = _pa()
+            f = pq.ParquetFile(path, page_checksum_verification=True)
+            try:
+                table = f.read(columns=["key", "frames"])
+            finally:
+                f.close()
+        except Exception as e:  # truncated, zeroed or not Parquet at all
+            return f"unreadable ({type(e).__name__}: {e})"
+        keys, frames = table.column("key").to_pylist(), table.column("frames").to_pylist()
+        if len(keys) != len(rows) or set(keys) != {r["key"] for r in rows}:
+            missing = len({r["key"] for r in rows} - set(keys))
+            return f"{missing} items missing, {max(0, len(keys) - len(rows) + missing)} without a manifest row"
+        for row in rows:
+            i = row.get("index")
+            if not isinstance(i, int) or not 0 <= i < len(keys) or keys[i] != row["key"]:
+                return f"{row['key']}: not at row {i}"
+            if frames[i] != row.get("frames"):
+                return f"{row['key']}: {frames[i]} frames, manifest says {row.get('frames')}"
+        return None
+
+    def open(self, path: str):
+        return ParquetHandle(path)
+
+    def load(self, path: str, row: dict, handle=None) -> np.ndarray:
+        if handle is None:
+            handle = ParquetHandle(path)
+            try:
+                return handle.item(row["index"], row["key"], row.get("dims"))
+            finally:
+                handle.close()
+        return handle.item(row["index"], row["key"], row.get("dims"))
+
+    def attrs(self, path: str) -> dict:
+        _, pq = _pa()
+        return attrs_of(pq.ParquetFile(path))
+
+    def lhotse_storage(self, path: str, row: dict) -> tuple[str, str]:
+        """lhotse has no Parquet array storage: ``mimi_extract_parquet`` is a lhotse ``FeaturesReader``
+        that ``lhotse_io`` registers (importing ``mimi_extract.lhotse_io`` is enough; ``read_cuts``
+        does it); the key is ``INDEX/KEY`` (the row, checked against the key stored there)."""
+        return LHOTSE_STORAGE, f"{row['index']}/{row['key']}"
+
+    def finish_run(self, out_dir: str, run_dir: str, info: dict) -> None:
+        """Write OUT's dataset card (``OUT/README.md``), unless the user wrote their own (one
+        without our marker).  Parts of a job array write it under ``OUT/lock``, one at a time."""
+        from .common import RunLock, _write_atomic
+
+        path = os.path.join(out_dir, "README.md")
+        parts = os.path.abspath(run_dir) != os.path.abspath(out_dir)
+        lock = RunLock(out_dir, wait=30.0, what="dataset card") if parts else None
+        try:
+            if os.path.exists(path):
+                with open(path, encoding="utf-8", errors="replace") as f:
+                    if CARD_MARK not in f.read():
+                        return
+            _write_atomic(path, dataset_card(out_dir, info, parts))
+        finally:
+            if lock is not None:
+                lock.release()
+
+    def item_attrs(self, path: str, row: dict) -> dict:
+        _, pq = _pa()
+        f = pq.ParquetFile(path)
+        starts = np.cumsum([0] + [f.metadata.row_group(g).num_rows for g in range(f.metadata.num_row_groups)])
+        g = int(np.searchsorted(starts, row["index"], side="right") - 1)
+        t = f.read_row_group(g, columns=["key", "duration", "start", "end"]).slice(row["index"] - int(starts[g]), 1)
+        return {k: v for k, v in t.to_pylist()[0].items() if v is not None}
+
+
+def dataset_card(out_dir: str, info: dict, parts: bool) -> str:
+    """``README.md`` for OUT as a Hugging Face dataset: the YAML ``configs`` block the Hub reads
+    (``data_files`` globs every shard), and what the columns hold."""
+    glob = "part-*-of-*/shard-*.parquet" if parts else "shard-*.parquet"
+    column = array_column(info.get("tap", "codes"))
+    what = (f"Mimi codes, int16, {info.get('num_quantizers')} codebooks per frame" if column == "codes"
+            else f"Mimi {column} features, {info.get('feature_dtype', 'float32')}")
+    settings = "\n".join(f"| {k} | `{info[k]}` |" for k in sorted(info)
+                         if k in ("model", "weights", "tap", "num_quantizers", "framing", "frames_per_call",
+                                  "causal_16k", "dtype", "feature_dtype", "channel", "tool_version"))
+    rate = "25" if column == "encoder" else "12.5"
+    return f"""---
+configs:
+- config_name: default
+  data_files:
+  - split: train
+    path: "{glob}"
+---
+
+# {os.path.basename(os.path.abspath(out_dir))}
+
+{what} at {rate} Hz, written by mimi-extract (`--format parquet`): one row per audio item.
+{CARD_MARK}
+
+| column | type | |
+|---|---|---|
+| `key` | string | the item's key (its path relative to the input, `#chN` for one channel) |
+| `{column}` | list of lists | time first: one inner list per frame (`np.array(row["{column}"])` is `[frames, dims]`; `.T` gives transformers' `[num_quantizers, frames]`) |
+| `frames`, `dims` | int32 | the array's shape |
+| `duration` | float64 | seconds of audio encoded |
+| `sample_rate` | int32 | the source file's rate |
+| `path` | string | source path relative to the input |
+| `start`, `end` | float64 or null | the segment of the source, for segment inputs |
+| `channel` | int32 or null | the source channel, for one-channel items |
+
+```python
+from datasets import load_dataset
+ds = load_dataset("parquet", data_files="{glob}", split="train")  # or load_dataset("<this repo>")
+```
+
+Settings (also in each file's Parquet metadata, key `mimi_extract`):
+
+| setting | value |
+|---|---|
+{settings}
+"""

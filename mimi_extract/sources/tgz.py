@@ -1,0 +1,182 @@
+"""Compressed tar shards (``.tar.gz``, ``.tgz``; WebDataset layout as in ``tar.py``).
+
+A gzip stream has no random access, so the global length-sorted plan of uncompressed shards is not
+possible without unpacking.  Instead the shards are cut, in stream order, into *groups* of at most
+``--sort-buffer-mb`` MiB of members; the plan sorts by length within each group only and runs the
+groups in order (``Source.plan_group``).  Planning streams every shard once (headers probed from
+the member bytes as they pass); encoding streams it once more in each encoder process, which keeps
+the bytes of the group it works on (at most two groups: the buffer's memory bound, twice, per
+encoder process) and reads members from there -- no temporary files, nothing big in the plan.
+The cost is padding: a group's length spread is wider than the whole corpus's sorted neighbours
+(measured in the README: ``scripts/bench_sources.py``).
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import tarfile
+import threading
+import zlib
+
+from types import SimpleNamespace
+
+from .base import Entry, Source, SourceError, probe_info, register
+from .tar import COMPRESSED_TAR_EXTENSIONS, _is_shard_input, _shown_names, sample_entries, shard_identity, \
+    shard_list, split_name
+
+DEFAULT_SORT_BUFFER_MB = 256
+
+
+def _header(data: bytes, name: str):
+    """(sample rate, frames, channels) of a member's bytes, or the exception that says why not."""
+    from ..audio import open_decoder
+
+    buffer = io.BytesIO(data)
+    buffer.name = name
+    try:
+        f = open_decoder(buffer)
+    except Exception as e:  # its error row
+        return e
+    try:
+        return SimpleNamespace(samplerate=f.samplerate, frames=f.frames, channels=f.channels)
+    except Exception as e:
+        return e
+    finally:
+        f.close()
+
+
+_LOCK = threading.Lock()
+_GROUPS: dict = {}  # (path, group) -> bytes: the last two groups this process read
+_STREAM: dict = {}  # path -> open GzipFile, positioned after the last group read
+
+
+def group_bytes(path: str, group: int, start: int, end: int) -> bytes:
+    """Bytes ``start..end`` of ``path``'s decompressed stream (one group), read forward from
+    where this process left the stream (from the beginning only when asked for an earlier group)."""
+    with _LOCK:
+        if (path, group) in _GROUPS:
+            return _GROUPS[(path, group)]
+        f = _STREAM.get(path)
+        if f is None or f.tell() > start:
+            for old in _STREAM.values():
+                old.close()
+            _STREAM.clear()
+            f = _STREAM[path] = gzip.open(path, "rb")
+        try:
+            f.seek(start)
+            data = f.read(end - start)
+        except (OSError, EOFError, zlib.error) as e:
+            raise SourceError(f"{os.path.basename(path)}: cannot decompress bytes {start}..{end}: {e}") from e
+        if len(data) != end - start:
+            raise SourceError(f"{os.path.basename(path)} is truncated before byte {end} of its decompressed stream")
+        while len(_GROUPS) >= 2:
+            _GROUPS.pop(next(iter(_GROUPS)))
+        _GROUPS[(path, group)] = data
+        return data
+
+
+@register
+class CompressedTarSource(Source):
+    """``.tar.gz`` / ``.tgz`` shards, streamed in groups of ``--sort-buffer-mb``; see the module docstring."""
+
+    kind = "tgz"
+
+    @classmethod
+    def detect(cls, path: str) -> bool:
+        return _is_shard_input(path, COMPRESSED_TAR_EXTENSIONS)
+
+    def shards(self) -> list[str]:
+        if not hasattr(self, "_shards"):
+            shards = shard_list(self.path, COMPRESSED_TAR_EXTENSIONS + (".tar",))
+            plain = [s for s in shards if not s.lower().endswith(COMPRESSED_TAR_EXTENSIONS)]
+            if plain:
+                raise ValueError(f"{plain[0]} is an uncompressed tar: give compressed and uncompressed shards "
+                                 "as separate inputs")
+            if not shards:
+                raise FileNotFoundError(f"no .tar.gz shards in {self.path}")
+            self._shards = shards
+        return self._shards
+
+    def entries(self, warnings: list[str]) -> list[Entry]:
+        """Stream each shard once: samples are closed as their last member passes, their audio's
+        header probed from the bytes in hand (then dropped), and cut into groups of members."""
+        budget = int(self.options.sort_buffer_mb * 2**20)
+        shards = self.shards()
+        entries: list[Entry] = []
+        state = {"group": -1, "start": 0, "open": []}  # the group being filled: its start and its entries
+
+        def close_group(end):
+            for e in state["open"]:
+                e.loc = (e.loc[0], state["start"], end, *e.loc[3:])
+            state["open"] = []
+
+        for shard, shown in zip(shards, _shown_names(shards)):
+            full = os.path.abspath(shard)
+            sample_key, parts, end, damage = None, {}, 0, None
+            close_group(end)
+            state["group"] += 1
+            state["start"] = 0
+
+            def flush():
+                if sample_key is None or not parts:
+                    return
+                first = min(m[1] for m in parts.values())
+                if state["open"] and end - state["start"] > budget:
+                    close_group(first)
+                    state["group"] += 1
+                    state["start"] = first
+                entry = sample_entries(full, shown, sample_key, parts, self.options, self.kind)
+                if entry.loc is not None:
+                    offset, size, name = entry.loc
+                    entry.loc = (state["group"], state["start"], None, offset, size, name)
+                    entry._info = _header(next(m[3] for m in parts.values() if m[0] == name), name)
+                    state["open"].append(entry)
+                entries.append(entry)
+
+            try:
+                with tarfile.open(full, "r|*") as tf:
+                    for info in tf:
+                        if not info.isfile():
+                            continue
+                        key, ext = split_name(info.name)
+                        if key != sample_key:  # the previous sample is complete
+                            flush()
+                            sample_key, parts = key, {}
+                        data = tf.extractfile(info).read()
+                        if len(data) != info.size:
+                            raise EOFError("unexpected end of data")
+                        parts.setdefault(ext, (info.name, info.offset_data, info.size, data))
+                        end = info.offset_data + info.size
+            except (tarfile.ReadError, EOFError, OSError, zlib.error) as e:
+                damage = f"damaged or truncated after byte {end} of the decompressed stream ({e or type(e).__name__})"
+            else:
+                flush()
+            close_group(end)
+            if damage:
+                entries.append(Entry(full, f"{shown}@damage", key=f"{shown}@damage", where=shown, kind=self.kind,
+                                     error=f"{shown}: {damage}; the samples from there on are not read"))
+                warnings.append(f"{shown}: {damage}")
+        return entries
+
+    def probe(self, entry: Entry, channel_mode: str, framing):
+        info = getattr(entry, "_info", None)
+        if entry.error is not None or info is None:
+            return super().probe(entry, channel_mode, framing)
+        return probe_info(entry, info, channel_mode, framing)
+
+    @staticmethod
+    def plan_group(item) -> int:
+        return item.loc[0] if item.loc is not None else 0
+
+    def identity(self) -> dict:
+        return shard_identity(self.shards())
+
+    @staticmethod
+    def open(entry):
+        group, start, end, offset, size, name = entry.loc
+        data = group_bytes(entry.path, int(group), int(start), int(end))
+        buffer = io.BytesIO(data[int(offset) - int(start): int(offset) - int(start) + int(size)])
+        buffer.name = name
+        return buffer

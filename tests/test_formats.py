@@ -1,0 +1,276 @@
+"""Output formats: the registry, --format recorded and enforced, Parquet read by datasets, pyarrow,
+lhotse and every mimi-extract reader, equal to HDF5 and to the single-item reference; damaged
+Parquet shards quarantined.  (kill -9 and ENOSPC per format: test_integrity.py.)"""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+import mimi_extract
+from conftest import ONE_WORKER, cli
+from mimi_extract import read, read_manifest
+from mimi_extract.formats import get_format, names
+from mimi_extract.runner import extract
+from mimi_extract.settings import Settings
+from mimi_extract.testing import check_consistency
+from test_cli import check_outputs
+
+
+def run(root, out, model_dir, fmt, tap="codes", **kw):
+    return extract(root, str(out), Settings(model=model_dir, tap=tap, num_workers=0, format=fmt, **kw), shard_size=3)
+
+
+@pytest.fixture(scope="module")
+def both(corpus, tiny_model_dir, tmp_path_factory):
+    """The corpus as codes, once per format (3-item shards)."""
+    root, _ = corpus
+    outs = {}
+    for fmt in ("hdf5", "parquet"):
+        outs[fmt] = str(tmp_path_factory.mktemp(fmt) / "out")
+        assert run(root, outs[fmt], tiny_model_dir, fmt)["ok"] == 7
+    return outs
+
+
+def test_registry_names_and_errors():
+    assert {"hdf5", "parquet"} <= set(names())
+    assert get_format("parquet").shard_name(3) == "shard-00003.parquet"
+    with pytest.raises(ValueError, match="unknown output format 'zarr'; choose one of: hdf5, parquet"):
+        get_format("zarr")
+    # shard names of the formats never collide, and never look like job-array part folders
+    for fmt in (get_format(n) for n in names()):
+        assert [f.name for f in map(get_format, names()) if f.is_shard(fmt.shard_name(0))] == [fmt.name]
+        assert not fmt.is_shard("part-0-of-2") and not fmt.is_shard("../" + fmt.shard_name(0))
+
+
+def test_parquet_equals_hdf5_and_the_single_item_reference(both, corpus, tiny_model):
+    root, _ = corpus
+    arrays = check_consistency(both["parquet"])
+    hdf5 = check_consistency(both["hdf5"])
+    assert arrays.keys() == hdf5.keys() and len(arrays) == 7
+    for key in arrays:
+        assert arrays[key].dtype == np.int16 and np.array_equal(arrays[key], hdf5[key]), key
+    check_outputs(both["parquet"], root, tiny_model, "codes")  # each item vs MimiModel on it alone
+    assert json.load(open(os.path.join(both["parquet"], "run.json")))["format"] == "parquet"
+    assert sorted(f for f in os.listdir(both["parquet"]) if f.startswith("shard-")) == [
+        "shard-00000.parquet", "shard-00001.parquet", "shard-00002.parquet"]
+
+
+def test_datasets_and_pyarrow_read_parquet_as_is(both):
+    import pyarrow.parquet as pq
+    from datasets import load_dataset
+
+    out = both["parquet"]
+    keys = {r["key"] for r in read_manifest(out) if r["status"] == "ok"}
+    # the dataset card's YAML configs block: load_dataset(OUT) finds the shards by itself
+    card = open(os.path.join(out, "README.md")).read()
+    assert card.startswith("---\nconfigs:\n") and 'path: "shard-*.parquet"' in card
+    ds = load_dataset(out, split="train")
+    assert ds.num_rows == 7 and set(ds["key"]) == keys
+    assert str(ds.features["codes"].feature.feature.dtype) == "int16"
+    for row in ds:
+        assert np.array_equal(np.array(row["codes"], dtype=np.int16), read(out, row["key"])), row["key"]
+        assert row["frames"] == len(row["codes"]) and row["dims"] == 8
+    table = pq.read_table(os.path.join(out, "shard-00000.parquet"))
+    for key, codes in zip(table["key"].to_pylist(), table["codes"].to_pylist()):
+        assert np.array_equal(np.array(codes, np.int16), read(out, key))
+    meta = json.loads(table.schema.metadata[b"mimi_extract"])
+    assert meta["tap"] == "codes" and meta["num_quantizers"] == 8 and len(meta["weights"]) == 24
+    # zstd, page checksums, and dictionary pages for the codes
+    column = pq.ParquetFile(os.path.join(out, "shard-00000.parquet")).metadata.row_group(0).column(1)
+    assert column.path_in_schema == "codes.list.element.list.element" and column.compression == "ZSTD"
+    assert column.has_dictionary_page
+    segment = [r for r in ds if r["key"] == "stereo.wav"][0]
+    assert segment["start"] is None and segment["channel"] is None and segment["sample_rate"] == 24_000
+
+
+def test_every_reader_works_on_parquet(both, tiny_model, tiny_model_dir, tmp_path):
+    import torch
+
+    out = both["parquet"]
+    with mimi_extract.open(out) as reader:
+        assert len(reader) == 7 and [k for k, _ in reader] == reader.keys()
+        for key, data in reader:
+            assert np.array_equal(data, read(both["hdf5"], key))
+    cuts = mimi_extract.read_cuts(out)  # lhotse loads the rows through mimi-extract's storage backend
+    for cut in cuts:
+        stored = read(out, cut.id)
+        assert cut.custom["mimi_codes"].array.storage_type == "mimi_extract_parquet"
+        assert np.array_equal(cut.load_custom("mimi_codes"), stored), cut.id
+        if cut.duration > 0.5:
+            part = cut.truncate(offset=0.16, duration=0.32)
+            assert np.array_equal(part.load_custom("mimi_codes"), stored[2:6]), cut.id
+    info = json.loads(cli("info", out, "--json").output)
+    assert info["ok"] == 7 and info["errors"] == 3 and info["settings"]["format"] == "parquet"
+    assert sorted(info["shards"]) == ["shard-00000.parquet", "shard-00001.parquet", "shard-00002.parquet"]
+    status = cli("status", out)
+    assert status.exit_code == 0 and "complete: 7 ok, 3 errors" in status.text, status.output
+    wav = str(tmp_path / "sine.wav")
+    assert cli("decode", out, "sine_440.wav", "-o", wav, "--device", "cpu").exit_code == 0
+    import soundfile as sf
+
+    audio, _ = sf.read(wav, dtype="float32")
+    with torch.no_grad():
+        expected = tiny_model.decode(torch.from_numpy(read(out, "sine_440.wav")).long().T[None]).audio_values[0, 0]
+    assert np.allclose(audio, expected[: len(audio)].numpy(), atol=1e-5)
+    verify = cli("verify", "--out", out, "--sample", 3, "--device", "cpu")
+    assert verify.exit_code == 0 and "FAIL" not in verify.text, verify.output
+
+
+def test_parquet_features_float16_and_segments(tmp_path, tiny_model_dir, corpus):
+    """Features as list<list<float16>>; --channel each gives the channel column."""
+    from datasets import load_dataset
+
+    root, _ = corpus
+    hdf5, parquet = str(tmp_path / "h"), str(tmp_path / "p")
+    for fmt, out in (("hdf5", hdf5), ("parquet", parquet)):
+        run(root, out, tiny_model_dir, fmt, tap="encoder", feature_dtype="float16", channel="each")
+    a, b = check_consistency(hdf5), check_consistency(parquet)
+    assert a.keys() == b.keys() and all(b[k].dtype == np.float16 and np.array_equal(a[k], b[k]) for k in a)
+    ds = load_dataset(parquet, split="train")
+    assert str(ds.features["encoder"].feature.feature.dtype) == "float16"
+    row = [r for r in ds if r["key"] == "stereo.wav#ch1"][0]
+    assert row["channel"] == 1 and np.array_equal(np.array(row["encoder"], np.float16), b["stereo.wav#ch1"])
+
+
+def test_resume_with_another_format_is_refused(both, corpus, tiny_model_dir, tmp_path):
+    root, _ = corpus
+    out = str(tmp_path / "out")
+    shutil.copytree(both["hdf5"], out)
+    result = cli("codes", root, out, "--model", tiny_model_dir, "--format", "parquet", *ONE_WORKER)
+    assert result.exit_code == 2 and "format: 'hdf5' -> 'parquet'" in result.text, result.output
+    assert "another output format" in result.text
+    # run.json deleted: the shards on disk still say what the run wrote
+    os.remove(os.path.join(out, "run.json"))
+    result = cli("codes", root, out, "--model", tiny_model_dir, "--format", "parquet", *ONE_WORKER)
+    assert result.exit_code == 2 and "holds hdf5 shards" in result.text and "--format hdf5" in result.text, result.output
+    # an OUT of mimi-extract 0.2 (no "format" in run.json) is an HDF5 run and resumes as one
+    info = json.load(open(os.path.join(both["hdf5"], "run.json")))
+    info.pop("format")
+    with open(os.path.join(out, "run.json"), "w") as f:
+        json.dump(info, f)
+    result = cli("codes", root, out, "--model", tiny_model_dir, *ONE_WORKER)
+    assert result.exit_code == 0 and "(7 already done)" in result.text, result.output
+
+
+def test_damaged_parquet_shards_are_quarantined_and_redone(both, corpus, tiny_model_dir, tmp_path):
+    root, _ = corpus
+    out = str(tmp_path / "out")
+    shutil.copytree(both["parquet"], out)
+    with open(os.path.join(out, "shard-00000.parquet"), "r+b") as f:
+        f.truncate(100)
+    size = os.path.getsize(os.path.join(out, "shard-00002.parquet"))
+    with open(os.path.join(out, "shard-00002.parquet"), "r+b") as f:
+        f.write(b"\0" * size)
+    result = cli("codes", root, out, "--model", tiny_model_dir, "--format", "parquet", "--shard-size", 3, *ONE_WORKER)
+    assert result.exit_code == 0, result.output
+    assert result.text.count("moved damaged shard") == 2 and "quarantine/shard-00000.parquet" in result.text
+    assert "(3 already done)" in result.text  # 3 + 1 items of the two shards encoded again
+    arrays = check_consistency(out)
+    reference = check_consistency(both["hdf5"])
+    assert arrays.keys() == reference.keys() and all(np.array_equal(arrays[k], reference[k]) for k in arrays)
+
+
+def test_parquet_parts_card_and_union(corpus, tiny_model_dir, tmp_path):
+    """Parts of a job array: one card for OUT, its glob over every part's shards."""
+    from datasets import load_dataset
+
+    from mimi_extract.plan import Part
+
+    root, _ = corpus
+    out = str(tmp_path / "parts")
+    for i in range(2):
+        extract(root, out, Settings(model=tiny_model_dir, tap="codes", num_workers=0, format="parquet"), part=Part(i, 2))
+    card = open(os.path.join(out, "README.md")).read()
+    assert 'path: "part-*-of-*/shard-*.parquet"' in card
+    ds = load_dataset(out, split="train")
+    assert sorted(ds["key"]) == sorted(check_consistency(out)) and ds.num_rows == 7
+    assert sorted(c.id for c in mimi_extract.read_cuts(out)) == sorted(ds["key"])
+
+
+# -- checksums: bit rot is detected -----------------------------------------------------------
+def _flip_hdf5_byte(out, row):
+    """Flip one byte inside the stored data of ``row``'s dataset (not its header)."""
+    import h5py
+
+    path = os.path.join(out, row["shard"])
+    with h5py.File(path, "r") as f:
+        ds = f[row["dataset"]]
+        offset = ds.id.get_chunk_info(0).byte_offset if ds.chunks else ds.id.get_offset()
+        size = ds.id.get_storage_size()
+    assert offset is not None and size > 0
+    _flip(path, offset + size // 2)
+
+
+def _flip(path, offset):
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0x5A]))
+
+
+def _flip_parquet_page(out, shard):
+    """Flip one byte inside the data pages of the array column of ``shard``'s first row group;
+    returns the keys of that row group (a page holds several items: all of them are damaged)."""
+    import pyarrow.parquet as pq
+
+    path = os.path.join(out, shard)
+    f = pq.ParquetFile(path)
+    col = f.metadata.row_group(0).column(1)
+    keys = f.read_row_group(0, columns=["key"])["key"].to_pylist()
+    f.close()
+    start = col.dictionary_page_offset if col.has_dictionary_page else col.data_page_offset
+    _flip(path, start + col.total_compressed_size - 3)  # the chunk ends with its last data page
+    return keys
+
+
+@pytest.mark.parametrize("fmt", ["hdf5", "parquet"])
+def test_a_flipped_byte_is_found_read_refuses_and_resume_repairs(both, corpus, tiny_model_dir, tmp_path, fmt):
+    root, _ = corpus
+    out = str(tmp_path / "out")
+    shutil.copytree(both[fmt], out)
+    clean = cli("verify", "--out", out, "--checksums")
+    assert clean.exit_code == 0 and "7 stored items read, 7 against their checksums; 0 damaged; PASS" in clean.text, clean.output
+    rows = [r for r in read_manifest(out) if r["status"] == "ok"]
+    assert all(r["checksum"].startswith("crc32:") for r in rows)
+    victim = next(r for r in rows if r["key"] == "sub/deeper/chirp.flac")
+    if fmt == "hdf5":
+        _flip_hdf5_byte(out, victim)
+        damaged = [victim["key"]]
+    else:
+        damaged = _flip_parquet_page(out, victim["shard"])
+        assert victim["key"] in damaged
+    with pytest.raises(mimi_extract.formats.common.DamagedError) as e:
+        read(out, victim["key"])
+    assert out in str(e.value) and repr(victim["key"]) in str(e.value) and victim["shard"] in str(e.value)
+    with pytest.raises(mimi_extract.formats.common.DamagedError):
+        mimi_extract.open(out)[victim["key"]]
+    result = cli("verify", "--out", out, "--checksums")
+    assert result.exit_code == 1 and f"{len(damaged)} damaged; FAIL" in result.text, result.output
+    listed = [line.split(" in shard-")[0] for line in result.output.splitlines() if " in shard-" in line]
+    assert sorted(listed) == sorted(damaged)
+    # a plain resume does not read every array (structure only); --reencode-damaged does
+    result = cli("codes", root, out, "--model", tiny_model_dir, "--format", fmt, "--shard-size", 3,
+                 "--reencode-damaged", *ONE_WORKER)
+    assert result.exit_code == 0 and "fail their checksums" in result.text and "moved damaged shard" in result.text, result.output
+    assert cli("verify", "--out", out, "--checksums").exit_code == 0
+    arrays, reference = check_consistency(out), check_consistency(both["hdf5"])
+    assert arrays.keys() == reference.keys() and all(np.array_equal(arrays[k], reference[k]) for k in arrays)
+
+
+def test_an_array_edited_in_place_fails_the_manifest_checksum(both, tmp_path):
+    """HDF5 recomputes fletcher32 when h5py writes: only the manifest's crc32 catches an edit."""
+    import h5py
+
+    out = str(tmp_path / "out")
+    shutil.copytree(both["hdf5"], out)
+    row = next(r for r in read_manifest(out) if r["status"] == "ok")
+    with h5py.File(os.path.join(out, row["shard"]), "r+") as f:
+        f[row["dataset"]][0, 0] = f[row["dataset"]][0, 0] + 1
+    with pytest.raises(mimi_extract.formats.common.DamagedError, match="fails its checksum"):
+        read(out, row["key"])
+    result = cli("verify", "--out", out, "--checksums")
+    assert result.exit_code == 1 and "checksum mismatch (crc32)" in result.text and "1 damaged" in result.text
