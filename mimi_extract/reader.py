@@ -256,8 +256,11 @@ class ManifestCuts:
 
     def __len__(self) -> int:
         if self._len is None:
+            from .formats.common import format_of
+
             self._len = sum(1 for d in self.dirs for r in _stream_committed(d)
-                            if r.get("status") == "ok" and r.get("source"))
+                            if r.get("status") == "ok" and r.get("source")
+                            and format_of(r["shard"]).lhotse_storage(r["shard"], r) is not None)
         return self._len
 
 

@@ -274,3 +274,25 @@ def test_an_array_edited_in_place_fails_the_manifest_checksum(both, tmp_path):
         read(out, row["key"])
     result = cli("verify", "--out", out, "--checksums")
     assert result.exit_code == 1 and "checksum mismatch (crc32)" in result.text and "1 damaged" in result.text
+
+
+def test_lhotse_sampler_and_dataloader_workers_over_parquet_cuts(both):
+    """lhotse's own DynamicBucketingSampler and a DataLoader with a (forked) worker process load
+    the Parquet rows through mimi-extract's storage backend, each cut exactly read()."""
+    import torch
+    from lhotse.dataset import DynamicBucketingSampler
+
+    out = both["parquet"]
+    cuts = mimi_extract.read_cuts(out)
+    assert len(cuts) == 7
+
+    class Codes(torch.utils.data.Dataset):
+        def __getitem__(self, batch):
+            return [(c.id, c.load_custom("mimi_codes")) for c in batch]
+
+    sampler = DynamicBucketingSampler(cuts, max_duration=4.0, num_buckets=2, shuffle=True, seed=0)
+    loader = torch.utils.data.DataLoader(Codes(), sampler=sampler, batch_size=None, num_workers=1)
+    seen = {key: data for batch in loader for key, data in batch}
+    assert sorted(seen) == sorted(c.id for c in cuts)
+    for key, data in seen.items():
+        assert np.array_equal(data, read(out, key)), key

@@ -184,13 +184,14 @@ def worker_pids(parent: int) -> list[int]:
     return [p for p in children if b"spawn_main" in open(f"/proc/{p}/cmdline", "rb").read()]
 
 
-@pytest.mark.parametrize("sig,group", [(signal.SIGINT, False), (signal.SIGTERM, False), (signal.SIGTERM, True)])
-def test_signal_commits_what_was_encoded(many, tiny_model_dir, reference_run, tmp_path, sig, group):
+@pytest.mark.parametrize("sig,group,fmt", [(signal.SIGINT, False, "hdf5"), (signal.SIGTERM, False, "hdf5"),
+                                           (signal.SIGTERM, True, "hdf5"), (signal.SIGTERM, True, "parquet")])
+def test_signal_commits_what_was_encoded(many, tiny_model_dir, reference_run, tmp_path, sig, group, fmt):
     """``group``: SIGTERM to the whole process group of a two-worker run, as Slurm's scancel or a
     time limit sends it: the workers must not die before the parent has committed."""
     out = str(tmp_path / "out")
     workers = ["--device", "cpu", "--cpu-workers", "2", "--num-workers", "1"] if group else ONE_WORKER
-    proc, _ = start(many, out, tiny_model_dir, *workers)
+    proc, _ = start(many, out, tiny_model_dir, *workers, "--format", fmt)
     wait_for_rows(out, 14)  # two shards committed
     os.killpg(proc.pid, sig) if group else proc.send_signal(sig)
     code, text = finish(proc)
@@ -201,7 +202,8 @@ def test_signal_commits_what_was_encoded(many, tiny_model_dir, reference_run, tm
     assert 0 < len(committed) < 120, "the signal came too late or too early to test anything"
     for key, data in committed.items():
         assert np.array_equal(data, reference_run[key])
-    code, text = finish(cli_process("codes", many, out, "--model", tiny_model_dir, "--shard-size", 7, *ONE_WORKER))
+    code, text = finish(cli_process("codes", many, out, "--model", tiny_model_dir, "--shard-size", 7, "--format", fmt,
+                                    *ONE_WORKER))
     assert code == 0 and f"({len(committed)} already done)" in " ".join(text.split()), text
     assert_same(out, reference_run)
 
