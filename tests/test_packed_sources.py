@@ -413,3 +413,17 @@ def test_tgz_in_buffer_groups_equals_loose_files(loose, loose_run, tiny_model_di
     found = discover(str(tmp_path / "cut.tgz"), options=Options(id_field="id"))
     assert sorted(it.key for it in found.items) == sorted(FILES)[:3]
     assert [it.key for it in found.bad] == ["cut.tgz@damage"] and "truncated" in found.bad[0].error
+
+
+def test_cli_input_flags(shards, loose_run, tiny_model_dir, tmp_path):
+    """The Input flags reach the source: --id-field keys, --input-format named, a bad kind refused."""
+    from conftest import ONE_WORKER
+
+    out = tmp_path / "out"
+    result = cli("codes", shards, out, "--model", tiny_model_dir, *ONE_WORKER, "--id-field", "id",
+                 "--input-format", "tar", "--audio-ext", "flac,wav")
+    assert result.exit_code == 0, result.output
+    assert_equal_arrays(check_consistency(str(out)), loose_run)
+    result = cli("codes", shards, tmp_path / "o2", "--model", tiny_model_dir, *ONE_WORKER, "--input-format", "zip")
+    assert result.exit_code == 2 and "choose from" in result.text
+    assert "--sort-buffer-mb" in cli("codes", "--help", env={"COLUMNS": "300"}).text
