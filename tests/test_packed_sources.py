@@ -380,6 +380,12 @@ def test_mp3_decoder_is_fixed_and_recorded(tmp_path, tiny_model_dir, monkeypatch
         extract(str(root), out, settings(tiny_model_dir))
     monkeypatch.undo()
     assert extract(str(root), out, settings(tiny_model_dir))["ok"] == 1  # same decoders: resumes
+    info_path = os.path.join(out, "run.json")  # an OUT made before decoders were recorded resumes
+    info = read_run_info(out)
+    del info["decoders"]
+    with open(info_path, "w") as f:
+        json.dump(info, f)
+    assert extract(str(root), out, settings(tiny_model_dir))["skipped"] == 2
 
 
 # -- compressed tar --------------------------------------------------------------------------
