@@ -19,7 +19,7 @@ from mimi_extract.settings import Settings
 from mimi_extract.sources import Options, discover, open_audio
 from mimi_extract.testing import check_consistency
 from mimi_extract.verify import verify_outputs, verify_source
-from mimi_extract.writer import OutputError, read_manifest, read_run_info
+from mimi_extract.writer import OutputError, read_run_info
 from conftest import cli
 
 # name -> (seconds, rate, channels); flac and wav, three rates, one stereo file
@@ -380,6 +380,12 @@ def test_mp3_decoder_is_fixed_and_recorded(tmp_path, tiny_model_dir, monkeypatch
         extract(str(root), out, settings(tiny_model_dir))
     monkeypatch.undo()
     assert extract(str(root), out, settings(tiny_model_dir))["ok"] == 1  # same decoders: resumes
+    info_path = os.path.join(out, "run.json")  # an OUT made before decoders were recorded resumes
+    info = read_run_info(out)
+    del info["decoders"]
+    with open(info_path, "w") as f:
+        json.dump(info, f)
+    assert extract(str(root), out, settings(tiny_model_dir))["skipped"] == 2
 
 
 # -- compressed tar --------------------------------------------------------------------------
@@ -413,3 +419,17 @@ def test_tgz_in_buffer_groups_equals_loose_files(loose, loose_run, tiny_model_di
     found = discover(str(tmp_path / "cut.tgz"), options=Options(id_field="id"))
     assert sorted(it.key for it in found.items) == sorted(FILES)[:3]
     assert [it.key for it in found.bad] == ["cut.tgz@damage"] and "truncated" in found.bad[0].error
+
+
+def test_cli_input_flags(shards, loose_run, tiny_model_dir, tmp_path):
+    """The Input flags reach the source: --id-field keys, --input-format named, a bad kind refused."""
+    from conftest import ONE_WORKER
+
+    out = tmp_path / "out"
+    result = cli("codes", shards, out, "--model", tiny_model_dir, *ONE_WORKER, "--id-field", "id",
+                 "--input-format", "tar", "--audio-ext", "flac,wav")
+    assert result.exit_code == 0, result.output
+    assert_equal_arrays(check_consistency(str(out)), loose_run)
+    result = cli("codes", shards, tmp_path / "o2", "--model", tiny_model_dir, *ONE_WORKER, "--input-format", "zip")
+    assert result.exit_code == 2 and "choose from" in result.text
+    assert "--sort-buffer-mb" in cli("codes", "--help", env={"COLUMNS": "300"}).text

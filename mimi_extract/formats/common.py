@@ -335,8 +335,14 @@ _EXPLAIN = {
 }
 
 
+# keys run.json gained after OUT directories existed: an OUT written before them lacks them, and is
+# resumed (it cannot say otherwise); once recorded they are compared like every other key
+_ADDED_LATER = ("decoders",)
+
+
 def _differences(old: dict, new: dict, ignore: tuple[str, ...]) -> str:
-    diff = {k: (old.get(k), v) for k, v in new.items() if k not in ignore and old.get(k) != v}
+    diff = {k: (old.get(k), v) for k, v in new.items()
+            if k not in ignore and old.get(k) != v and not (k in _ADDED_LATER and k not in old)}
     return "; ".join(f"{k}: {a!r} -> {b!r}" + (f" ({_EXPLAIN[k]})" if k in _EXPLAIN else "") for k, (a, b) in diff.items())
 
 
