@@ -236,7 +236,9 @@ def _extract_with(engine, source, run_dir, settings, shard_size, shard_mb, limit
     if settings.split:
         encoder = PaddedMimiEncoder(model)
         if encoder.window is not None:
-            todo, split = split_items(todo, len(planned.devices) * planned.rows, encoder.receptive_field, encoder.hop)
+            # lanes: streams that run side by side (a step holds as many full chunks as its budget allows)
+            per_device = max(1, min(planned.rows, int(planned.step_seconds * SAMPLE_RATE) // planned.chunk_samples()))
+            todo, split = split_items(todo, len(planned.devices) * per_device, encoder.receptive_field, encoder.hop)
         del encoder
     units = plan_units(todo, planned.chunk_samples(), planned.step_seconds, planned.rows,
                        long_group=planned.rows if settings.engine == "ray" else 1)
