@@ -34,9 +34,13 @@ def corpus(tmp_path_factory):
     return str(root)
 
 
+# 1 s chunks, 8 s steps: 8 streams side by side per worker, 16 lanes (the GPU-like shape on CPU)
+LANES = ("--chunk-seconds", 1, "--max-batch-seconds", 8)
+
+
 def run(corpus, out, model_dir, *extra):
     result = cli("codes" if "--tap" not in extra else "features", corpus, out, "--model", model_dir,
-                 "--device", "cpu", "--cpu-workers", 2, "--num-workers", 1, *extra)
+                 "--device", "cpu", "--cpu-workers", 2, "--num-workers", 1, *LANES, *extra)
     assert result.exit_code == 0, result.output
     return result.text
 
@@ -44,11 +48,15 @@ def run(corpus, out, model_dir, *extra):
 def test_split_codes_equal_the_single_item_reference(corpus, tiny_model, tiny_model_dir, tmp_path):
     """24, 16 (decoded from the start and dropped up to the piece) and 44.1 kHz (resampled the
     same way) recordings split on 2 workers: codes identical to transformers' encode of each file
-    alone, and to an unsplit run; short files untouched."""
+    alone, and to an unsplit run; short files untouched.  With one full chunk per step (the CPU
+    default) there are only 2 lanes and nothing here is longer than half the run: not split."""
     text = run(corpus, tmp_path / "split", tiny_model_dir, "-q", 8)
     assert "split 3 long recording(s) into" in text, text
     run(corpus, tmp_path / "whole", tiny_model_dir, "-q", 8, "--no-split")
     check_consistency(str(tmp_path / "split"))
+    default = cli("codes", corpus, tmp_path / "default", "--model", tiny_model_dir, "-q", 8, "--device", "cpu",
+                  "--cpu-workers", 2, "--num-workers", 1)
+    assert default.exit_code == 0 and "long recording(s) into" not in default.text, default.text
     for name in [*RATES, "short0.wav"]:
         ref = reference_single(tiny_model, load(os.path.join(corpus, name)), 8)["codes"].numpy()
         got = read(tmp_path / "split", name)
@@ -87,7 +95,7 @@ def test_kill_9_mid_split_item_then_resume(corpus, tiny_model_dir, tmp_path):
     expected = {r["key"]: read(reference, r["key"]) for r in read_manifest(reference)}
     out = str(tmp_path / "out")
     proc = cli_process("codes", corpus, out, "--model", tiny_model_dir, "-q", 8, "--device", "cpu", "--cpu-workers", 2,
-                       "--num-workers", 1, "--shard-size", 1, start_new_session=True)
+                       "--num-workers", 1, "--shard-size", 1, *LANES, start_new_session=True)
     deadline = time.time() + 120
     path = os.path.join(out, "manifest.jsonl")
     while not (os.path.exists(path) and sum(1 for _ in open(path))):
