@@ -70,7 +70,7 @@ def message(limit: int, need: int | None = None) -> str:
     need = needed() if need is None else need
     return (f"the address-space limit (ulimit -v / RLIMIT_AS) is {limit / GIB:.2f} GiB ({limit // 1024} KiB), and "
             f"this {'CUDA' if build == 'cuda' else 'CPU'} build of torch needs about {need / GIB:.1f} GiB of "
-            f"address space ({threads()} threads): raise it (`ulimit -v unlimited`, or at least "
+            f"address space ({threads()} thread{'s' if threads() != 1 else ''}): raise it (`ulimit -v unlimited`, or at least "
             f"{-(-need // 1024)}), or limit memory with a cgroup instead (Slurm --mem, systemd-run -p MemoryMax=, "
             "docker --memory), which counts memory used, not address space mapped")
 

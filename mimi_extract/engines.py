@@ -197,7 +197,7 @@ class DeviceRunner:
             reader.close()
         return stream, result
 
-    def _feed(self, next_unit, steps: queue_mod.Queue, stop) -> None:
+    def _feed(self, next_unit, steps: queue_mod.Queue, stop, consumer_gone: threading.Event) -> None:
         pending: deque[Item] = deque()
         active: dict[int, _Stream] = {}
         free = list(range(self.rows))[::-1]
@@ -296,10 +296,12 @@ class DeviceRunner:
             for stream in active.values():
                 stream.reader.close()
             pool.shutdown(wait=False, cancel_futures=True)
-            try:  # the encoder loop drains until it sees this
-                steps.put(_DONE, timeout=10)
-            except queue_mod.Full:
-                pass
+            while not consumer_gone.is_set():  # the encoder loop drains until it sees this: never dropped
+                try:  # while it listens, however long its step takes (a dropped one hung the run for good)
+                    steps.put(_DONE, timeout=0.2)
+                    break
+                except queue_mod.Full:
+                    continue
 
     # -- encoder ---------------------------------------------------------------------------
     def _forward(self, step: _Step):
@@ -374,13 +376,14 @@ class DeviceRunner:
         steps: queue_mod.Queue = queue_mod.Queue(maxsize=2)
         halt = threading.Event()  # this runner's own stop (an error here must not stop the others)
         feeder_stop = _AnyEvent(stop, halt)
-        feeder = threading.Thread(target=self._feed, args=(next_unit, steps, feeder_stop), name="feeder", daemon=True)
+        feeder = threading.Thread(target=self._feed, args=(next_unit, steps, feeder_stop, halt), name="feeder",
+                                  daemon=True)
         start = time.perf_counter()
         feeder.start()
         try:
             while True:
                 t0 = time.perf_counter()
-                step = steps.get()
+                step = _get_while(steps, feeder)
                 self.stats.wait_input += time.perf_counter() - t0
                 if step is _DONE:
                     break
@@ -410,6 +413,20 @@ class DeviceRunner:
             feeder.join(timeout=10)
             self.stats.wall += time.perf_counter() - start
         return self.stats
+
+
+def _get_while(q: queue_mod.Queue, producer: threading.Thread, poll: float = 1.0):
+    """``q.get()``, bounded by the producer's life: a producer that ended without its end-of-work
+    marker (it cannot, but a wait must not outlive the one who would end it) gives an error."""
+    while True:
+        try:
+            return q.get(timeout=poll)
+        except queue_mod.Empty:
+            if not producer.is_alive():
+                try:
+                    return q.get_nowait()
+                except queue_mod.Empty:
+                    return RuntimeError(f"the {producer.name} thread ended without its end-of-work marker")
 
 
 # -- engines -------------------------------------------------------------------------------
@@ -447,9 +464,11 @@ class InProcessEngine:
         thread.start()
         try:
             while True:
-                piece = out.get()
+                piece = _get_while(out, thread)
                 if piece is _DONE:
                     break
+                if isinstance(piece, RuntimeError):  # from _get_while: pieces are never exceptions
+                    raise piece
                 yield piece
         finally:
             abandoned.set()

@@ -114,5 +114,35 @@ def test_stream_failing_alone_on_worker_processes(tmp_path, tiny_model_dir, posi
     write_nan_corpus(root, [position], clean=False)
     rc, output = run_cli(["codes", root, out, "-m", tiny_model_dir, "--device", "cpu", "--num-workers", "1",
                           "--chunk-seconds", CHUNK, "--cpu-workers", "2"])
-    assert rc == 4, output  # every input failed (and the run ended: no hang)
+    assert rc == 4, output  # every input failed (the only one): exit 4, as documented
     assert rows_of(out)[position]["status"] == "error"
+
+
+def test_run_ends_after_a_step_slower_than_any_timeout(tmp_path, tiny_model_dir, monkeypatch):
+    """A step taking longer than the feeder once waited to hand over its end-of-work marker (10 s):
+    the marker was dropped with the queue full, and the encoder loop then waited for it forever.
+    Three one-row steps, the first one 11 s long: the run ends with all three items."""
+    import time
+
+    root = tmp_path / "in"
+    root.mkdir()
+    rng = np.random.default_rng(1)
+    for i in range(3):
+        sf.write(root / f"{i}.wav", (0.2 * rng.standard_normal(RATE // 2)).astype(np.float32), RATE)
+    settings = Settings(model=tiny_model_dir, tap="codes", batch_size=1, num_workers=1)
+    runner = DeviceRunner(settings, "cpu")
+    encode, slow = runner._encode, [11.0]
+
+    def slow_first(step):
+        time.sleep(slow.pop() if slow else 0)
+        return encode(step)
+
+    monkeypatch.setattr(runner, "_encode", slow_first)
+    units = iter(plan_units(discover(str(root)).items, runner.chunk, settings.step_seconds, settings.rows))
+    finals = []
+    thread = threading.Thread(target=runner.run, daemon=True,
+                              args=(lambda block=True: next(units, None), lambda p: finals.append(p), threading.Event()))
+    thread.start()
+    thread.join(timeout=45)
+    assert not thread.is_alive(), "the run never ended after a step slower than 10 s"
+    assert sorted(p.item.key for p in finals if p.final and p.error is None) == ["0.wav", "1.wav", "2.wav"]
