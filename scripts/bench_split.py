@@ -92,6 +92,12 @@ def main() -> None:
             err = ((got[tap] - ref[tap]).abs().max() / ref[tap].abs().max()).item()
             print(f"exactness {args.exact_minutes:g} min, {args.exact_pieces} pieces, {tap}: "
                   f"{got[tap].shape[0]} frames, max |diff| / max |ref| = {err:.2e}")
+        from mimi_extract.verify import classify_codes
+
+        mismatches, _ = classify_codes(model, got["codes"], ref["latent"], 32, got["latent"])
+        ties, cascade = sum(m.tie for m in mismatches), sum(m.cascade and not m.tie for m in mismatches)
+        real = len(mismatches) - ties - cascade
+        print(f"code mismatches classified as verify does: {ties} tie flips, {cascade} in their cascades, {real} real")
         eq = (got["codes"] == ref["codes"]).float()
         print(f"codes (32 codebooks): {100 * eq.mean():.4f}% equal, first codebook {100 * eq[:, 0].mean():.4f}%, "
               f"frames with any difference {int((eq.min(1).values < 1).sum())} of {eq.shape[0]}")
