@@ -28,13 +28,17 @@ def die_with_parent(parent: int) -> None:
     threading.Thread(target=watch, daemon=True, name="parent-watch").start()
 
 
-def worker_main(parent: int, settings: dict, *args) -> None:
+def worker_main(parent: int, settings: dict, main: str, *args) -> None:
+    """Tie this process to ``parent``, then run ``main`` (``"module:function"``, named rather than
+    imported here: this module imports nothing of the package) with the settings and ``args``."""
     die_with_parent(parent)
     # the parent decides what an interrupt means (Ctrl-C, and Slurm's or systemd's SIGTERM reach the
     # whole process group): it commits what was encoded, then stops us; dying with it is PDEATHSIG's job
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    from .engines import _process_main
+    import importlib
+
     from .settings import Settings
 
-    _process_main(Settings(**settings), *args)
+    module, name = main.split(":")
+    getattr(importlib.import_module(module), name)(Settings(**settings), *args)

@@ -1,6 +1,6 @@
 """One extraction run: lock OUT, check identity, discover, recover, plan, encode, write, report.
 
-The caller's thread is the only writer; engines (``engines.py``) encode in threads, processes or
+The caller's thread is the only writer; engines (``engines/``) encode in threads, processes or
 Ray actors and hand back pieces.  SIGINT/SIGTERM stop the engines, commit exactly the items that
 were completely encoded, and leave OUT ready to resume; a second signal exits at once (OUT is
 still consistent: the commit protocol survives any kill).

@@ -5,7 +5,7 @@ dynamically (``ray.wait``: an actor that finishes takes the next unit, so fast a
 both stay busy), it alone writes OUT (with the usual crash-safe commit), and it retries the unit
 of an actor that died on another actor -- Ray's own restarts and task retries are off, because a
 retried task could deliver a unit twice.  The writer ignores an item it already stored anyway.
-Each actor decodes and encodes its unit with the same :class:`~mimi_extract.engines.DeviceRunner`
+Each actor decodes and encodes its unit with the same :class:`~mimi_extract.engines.device.DeviceRunner`
 as a local device (decoding inside the actor, next to its device).
 
 A unit's pieces come back as one list per unit; the outputs of a long file are held by its actor
@@ -20,9 +20,10 @@ import os
 import threading
 from dataclasses import asdict, replace
 
-from .engines import DeviceRunner, Piece, Stats
-from .plan import WorkUnit
-from .settings import Settings
+from ..plan import WorkUnit
+from ..settings import Settings
+from .base import Piece, Stats
+from .device import DeviceRunner
 
 # read by Ray at import: keep a CLI's terminal clean (the user's environment wins)
 os.environ.setdefault("RAY_DEDUP_LOGS_SKIP_REGEX", ".")
@@ -91,7 +92,7 @@ class RayEngine:
             quiet = dict(log_to_driver=False, logging_level=logging.ERROR)
             address = settings.ray_address
             if address in (None, "", "local", "none"):  # a private local cluster: never attach to a stray one
-                from . import _reaper
+                from .. import _reaper
 
                 self.reaper = _reaper.start()  # the cluster goes with this process, however it dies
                 try:
@@ -127,7 +128,7 @@ class RayEngine:
         if self.started_here and self.ray.is_initialized():
             self.ray.shutdown()
         if self.reaper is not None:  # it sweeps what the shutdown left (Ray's agents), then exits
-            from . import _reaper
+            from .. import _reaper
 
             _reaper.stop(self.reaper)
             self.reaper = None

@@ -1,92 +1,34 @@
-"""Execution engines: how planned work units become encoded pieces, on one device or many.
+"""The engine on one device: :class:`DeviceRunner`.
 
-:class:`DeviceRunner` is the engine on one device.  A *feeder* thread composes each step ahead of
-the encoder: it keeps up to ``batch_size`` rows, each a stream (an item being read chunk by chunk
-through :class:`~mimi_extract.audio.AudioReader`), refills a row as soon as its stream ends
-(continuous batching), decodes in a small thread pool, and stays under the padded-seconds budget.
-The encoder thread runs the exact :class:`~mimi_extract.encoder.PaddedMimiEncoder` on each step
-with the rows' :class:`~mimi_extract.encoder.EncoderState`, and emits a :class:`Piece` per row.
-A step whose rows all start and end in it (short files) takes the single-shot path.
-
-Engines share one interface, ``run(units, stop) -> iterator of Piece``:
-
-* :class:`InProcessEngine` -- one device in this process (the caller's thread writes);
-* :class:`ProcessEngine` -- one spawned process per device (GPUs, or single-threaded CPU workers),
-  units handed out on request (an idle worker takes the next one), a dead worker's units handed
-  to the others, workers that exit when their parent dies;
-* ``ray_engine.RayEngine`` -- the same on a Ray cluster.
-
-The writer ignores a piece for an item it already stored, so a unit handed out twice (after a
-worker died) can never store an item twice.
+A *feeder* thread composes each step ahead of the encoder: it keeps up to ``batch_size`` rows, each
+a stream (an item being read chunk by chunk through :class:`~mimi_extract.audio.AudioReader`),
+refills a row as soon as its stream ends (continuous batching), decodes in a small thread pool, and
+stays under the padded-seconds budget.  The encoder thread runs the exact
+:class:`~mimi_extract.encoder.PaddedMimiEncoder` on each step with the rows'
+:class:`~mimi_extract.encoder.EncoderState`, and emits a :class:`~.base.Piece` per row.  A step
+whose rows all start and end in it (short files) takes the single-shot path.  Every engine runs
+its units through one of these, wherever it runs.
 """
 
 from __future__ import annotations
+
 
 import os
 import queue as queue_mod
 import threading
 import time
-import traceback
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from ._boot import worker_main
-from .audio import SAMPLE_RATE, AudioError, AudioReader, PieceReader
-from .encoder import PaddedMimiEncoder, frames_of, load_model, prepare
-from .plan import WorkUnit
-from .settings import DTYPES, Settings, threads_per_worker
-from .sources import Item, open_audio
-
-
-@dataclass
-class Piece:
-    """Frames of one item from one step (time first), or the item's error."""
-
-    item: Item
-    data: np.ndarray | None
-    first: bool
-    final: bool
-    seconds: float  # encoder-input seconds this piece covers (progress)
-    error: str | None = None
-
-
-@dataclass
-class Stats:
-    """Where a device's wall time went: the encoder busy, waiting for input, waiting to hand out."""
-
-    wall: float = 0.0
-    busy: float = 0.0
-    wait_input: float = 0.0
-    wait_output: float = 0.0
-    steps: int = 0
-    real: int = 0  # samples
-    padded: int = 0  # samples computed (rows x step length)
-    joined: int = 0  # streams that started in a row freed mid-run, beside streams going on (continuous batching)
-
-    def add(self, other: "Stats") -> None:
-        for name in self.__dataclass_fields__:
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-
-    @property
-    def idle_fraction(self) -> float:
-        return (self.wait_input + self.wait_output) / self.wall if self.wall else 0.0
-
-    @property
-    def padding_fraction(self) -> float:
-        return 1 - self.real / self.padded if self.padded else 0.0
-
-
-def is_out_of_memory(e: BaseException) -> bool:
-    """Out of memory on any device: CUDA's error, the CPU allocator's, or Python's."""
-    if isinstance(e, (MemoryError, getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError))):
-        return True
-    message = str(e).lower()
-    return isinstance(e, RuntimeError) and any(s in message for s in (
-        "out of memory", "can't allocate memory", "not enough memory", "failed to allocate"))
+from ..audio import SAMPLE_RATE, AudioError, AudioReader, PieceReader
+from ..encoder import PaddedMimiEncoder, frames_of, load_model, prepare
+from ..settings import DTYPES, Settings
+from ..sources import Item, open_audio
+from .base import _DONE, Piece, Stats, _AnyEvent, _get_while, is_out_of_memory
 
 
 def build_encoder(settings: Settings, device: str, model=None) -> PaddedMimiEncoder:
@@ -135,17 +77,7 @@ class _Step:
                      [self.items[i] for i in index])
 
 
-_DONE = object()
 LATER = object()  # next_unit(block=False): nothing to hand out right now
-
-
-class _AnyEvent:
-    def __init__(self, *events):
-        self.events = events
-
-    def is_set(self) -> bool:
-        return any(e.is_set() for e in self.events)
-
 
 class DeviceRunner:
     """Continuous-batching encode on one device; see the module docstring."""
@@ -414,225 +346,3 @@ class DeviceRunner:
             self.stats.wall += time.perf_counter() - start
         return self.stats
 
-
-def _get_while(q: queue_mod.Queue, producer: threading.Thread, poll: float = 1.0):
-    """``q.get()``, bounded by the producer's life: a producer that ended without its end-of-work
-    marker (it cannot, but a wait must not outlive the one who would end it) gives an error."""
-    while True:
-        try:
-            return q.get(timeout=poll)
-        except queue_mod.Empty:
-            if not producer.is_alive():
-                try:
-                    return q.get_nowait()
-                except queue_mod.Empty:
-                    return RuntimeError(f"the {producer.name} thread ended without its end-of-work marker")
-
-
-# -- engines -------------------------------------------------------------------------------
-class InProcessEngine:
-    """One device in this process: the encoder runs in a thread, the caller's thread writes."""
-
-    def __init__(self, settings: Settings):
-        self.settings = settings
-        self.stats = Stats()
-
-    def close(self) -> None:
-        pass
-
-    def run(self, units: list[WorkUnit], stop: threading.Event, model=None):
-        """``model``: the weights the caller already loaded, used rather than loading them again."""
-        torch.set_num_threads(threads_per_worker(self.settings))
-        given = [model]  # handed to the runner, not held here (on GPU the CPU copy is then freed)
-        del model
-        out: queue_mod.Queue = queue_mod.Queue(maxsize=64)
-        todo = iter(units)
-        error: list[BaseException] = []
-        abandoned = threading.Event()  # the consumer left (an error while writing): stop as well
-
-        def work():
-            try:
-                runner = DeviceRunner(self.settings, self.settings.devices[0], given.pop())
-                runner.run(lambda block=True: next(todo, None), out.put, _AnyEvent(stop, abandoned))
-                self.stats.add(runner.stats)
-            except BaseException as e:
-                error.append(e)
-            finally:
-                out.put(_DONE)
-
-        thread = threading.Thread(target=work, name="encoder", daemon=True)
-        thread.start()
-        try:
-            while True:
-                piece = _get_while(out, thread)
-                if piece is _DONE:
-                    break
-                if isinstance(piece, RuntimeError):  # from _get_while: pieces are never exceptions
-                    raise piece
-                yield piece
-        finally:
-            abandoned.set()
-            while thread.is_alive():  # drain, so that a blocked put cannot keep the thread alive
-                try:
-                    out.get(timeout=0.1)
-                except queue_mod.Empty:
-                    pass
-            thread.join()
-        if error:
-            raise error[0]
-
-
-def _process_main(settings: Settings, device: str, wid: int, requests, inbox, out_q, stop) -> None:
-    """A device worker (started by ``_boot.worker_main``, which ties it to its parent first)."""
-    torch.set_num_threads(threads_per_worker(settings))
-    try:
-        runner = DeviceRunner(settings, device)
-        asked = [False]
-
-        def next_unit(block=True):
-            if not asked[0]:
-                requests.put(("want", wid, None))
-                asked[0] = True
-            try:
-                unit = inbox.get(timeout=None if block else 0.01)
-            except queue_mod.Empty:
-                return LATER
-            asked[0] = False
-            return unit
-
-        runner.run(next_unit, lambda p: out_q.put(("piece", wid, p)), stop)
-        out_q.put(("done", wid, runner.stats))
-    except BaseException:
-        out_q.put(("fail", wid, f"{device}: {traceback.format_exc()}"))
-
-
-class ProcessEngine:
-    """One spawned process per device; units handed out as workers ask, re-handed if one dies."""
-
-    def __init__(self, settings: Settings):
-        self.settings = settings
-        self.stats = Stats()
-        self.worker_stats: dict[int, Stats] = {}  # per worker: who did how much (dynamic hand-out)
-        self.notes: list[str] = []
-        self.procs: list = []
-        self.handed = False  # has any worker been given a unit (then it may hold results to deliver)
-
-    def start(self) -> None:
-        """Spawn the workers (``make_engine`` does, before the runner's own start-up): each spends
-        seconds importing torch and loading the weights, overlapped with the runner's identity check,
-        discovery and planning."""
-        if self.procs:
-            return
-        ctx = torch.multiprocessing.get_context("spawn")
-        self.out_q = ctx.Queue(maxsize=8 * len(self.settings.devices) + 8)
-        self.inboxes = [ctx.Queue() for _ in self.settings.devices]
-        self.mp_stop = ctx.Event()
-        self.procs = [ctx.Process(target=worker_main, args=(os.getpid(), asdict(self.settings), dev, wid, self.out_q,
-                                                            self.inboxes[wid], self.out_q, self.mp_stop), daemon=True)
-                      for wid, dev in enumerate(self.settings.devices)]
-        for p in self.procs:
-            p.start()
-
-    def close(self) -> None:
-        """Stop the workers (idempotent).  Workers never given a unit (a run that failed or was
-        refused during start-up) hold nothing: they are killed at once rather than waited for."""
-        if not self.procs:
-            return
-        if not self.handed:
-            for p in self.procs:
-                p.kill()
-        self.mp_stop.set()
-        for inbox in self.inboxes:
-            inbox.put(None)
-        deadline = time.time() + 30
-        while any(p.is_alive() for p in self.procs) and time.time() < deadline:
-            try:  # drain: a worker blocked on a full queue must see the stop
-                self.out_q.get(timeout=0.1)
-            except queue_mod.Empty:
-                pass
-        for p in self.procs:
-            if p.is_alive():
-                p.kill()  # (workers ignore SIGTERM: the parent decides what a stop means)
-            p.join(5)
-        self.procs = []
-
-    def run(self, units: list[WorkUnit], stop: threading.Event, model=None):
-        del model  # every worker loads its own copy; this frame must not keep the caller's alive
-        self.start()
-        procs, inboxes, out_q, mp_stop = self.procs, self.inboxes, self.out_q, self.mp_stop
-        todo: deque[WorkUnit] = deque(units)
-        keys_left = {u.index: {it.uid for it in u.items} for u in units}
-        unit_of = {it.uid: u.index for u in units for it in u.items}
-        taken: dict[int, set[int]] = {w: set() for w in range(len(procs))}
-        waiting: list[int] = []
-        finished: set[int] = set()
-        failed_workers: set[int] = set()
-
-        def hand_out():
-            while waiting and (todo or not any(keys_left.values()) or stop.is_set()):
-                wid = waiting.pop(0)
-                if wid in failed_workers:
-                    continue
-                if todo and not stop.is_set():
-                    unit = todo.popleft()
-                    taken[wid].add(unit.index)
-                    inboxes[wid].put(unit)
-                    self.handed = True
-                else:
-                    inboxes[wid].put(None)
-
-        try:
-            while len(finished | failed_workers) < len(procs):
-                if stop.is_set():
-                    mp_stop.set()
-                    hand_out()
-                try:
-                    kind, wid, payload = out_q.get(timeout=0.5)
-                except queue_mod.Empty:
-                    for wid, p in enumerate(procs):
-                        if wid not in finished and wid not in failed_workers and not p.is_alive():
-                            failed_workers.add(wid)
-                            if wid in waiting:
-                                waiting.remove(wid)
-                            lost = [i for i in taken[wid] if keys_left[i]]
-                            # only the items not yet delivered: a delivered one has its row already
-                            todo.extendleft(replace(u, items=[it for it in u.items if it.uid in keys_left[u.index]])
-                                            for u in reversed(units) if u.index in lost)
-                            self.notes.append(f"worker on {self.settings.devices[wid]} died (exit code {p.exitcode}); "
-                                              f"its {len(lost)} unfinished work units were handed to the others")
-                    if len(failed_workers) == len(procs) and not stop.is_set():
-                        raise RuntimeError("every device worker died (killed? out of host memory?)")
-                    hand_out()
-                    continue
-                if kind == "want":
-                    waiting.append(wid)
-                    hand_out()
-                elif kind == "piece":
-                    if payload.final:
-                        left = keys_left.get(unit_of.get(payload.item.uid, -1))
-                        if left is not None:
-                            left.discard(payload.item.uid)
-                        hand_out()
-                    yield payload
-                elif kind == "done":
-                    finished.add(wid)
-                    self.stats.add(payload)
-                    self.worker_stats[wid] = payload
-                elif kind == "fail":
-                    raise RuntimeError(f"device worker failed:\n{payload}")
-        finally:
-            self.close()
-
-
-def make_engine(settings: Settings):
-    """The engine for ``settings``, already starting (worker processes, a Ray cluster connection).
-    Every engine has ``run(units, stop, model=None) -> pieces`` and ``close()`` (idempotent)."""
-    if settings.engine == "ray":
-        from .ray_engine import RayEngine
-
-        return RayEngine(settings)
-    if len(settings.devices) == 1:
-        return InProcessEngine(settings)
-    engine = ProcessEngine(settings)
-    engine.start()
-    return engine

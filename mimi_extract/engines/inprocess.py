@@ -1,0 +1,67 @@
+"""``InProcessEngine``: one device in this process; the encoder runs in a thread, the caller's
+thread writes."""
+
+from __future__ import annotations
+
+import queue as queue_mod
+import threading
+
+import torch
+
+from ..plan import WorkUnit
+from ..settings import Settings, threads_per_worker
+from .base import _DONE, Stats, _AnyEvent, _get_while
+from .device import DeviceRunner
+
+
+class InProcessEngine:
+    """One device in this process: the encoder runs in a thread, the caller's thread writes."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.stats = Stats()
+
+    def close(self) -> None:
+        pass
+
+    def run(self, units: list[WorkUnit], stop: threading.Event, model=None):
+        """``model``: the weights the caller already loaded, used rather than loading them again."""
+        torch.set_num_threads(threads_per_worker(self.settings))
+        given = [model]  # handed to the runner, not held here (on GPU the CPU copy is then freed)
+        del model
+        out: queue_mod.Queue = queue_mod.Queue(maxsize=64)
+        todo = iter(units)
+        error: list[BaseException] = []
+        abandoned = threading.Event()  # the consumer left (an error while writing): stop as well
+
+        def work():
+            try:
+                runner = DeviceRunner(self.settings, self.settings.devices[0], given.pop())
+                runner.run(lambda block=True: next(todo, None), out.put, _AnyEvent(stop, abandoned))
+                self.stats.add(runner.stats)
+            except BaseException as e:
+                error.append(e)
+            finally:
+                out.put(_DONE)
+
+        thread = threading.Thread(target=work, name="encoder", daemon=True)
+        thread.start()
+        try:
+            while True:
+                piece = _get_while(out, thread)
+                if piece is _DONE:
+                    break
+                if isinstance(piece, RuntimeError):  # from _get_while: pieces are never exceptions
+                    raise piece
+                yield piece
+        finally:
+            abandoned.set()
+            while thread.is_alive():  # drain, so that a blocked put cannot keep the thread alive
+                try:
+                    out.get(timeout=0.1)
+                except queue_mod.Empty:
+                    pass
+            thread.join()
+        if error:
+            raise error[0]
+

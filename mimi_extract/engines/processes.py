@@ -1,0 +1,167 @@
+"""``ProcessEngine``: one spawned process per device (GPUs, or single-threaded CPU workers), units
+handed out on request (an idle worker takes the next one), a dead worker's units handed to the
+others, workers that exit when their parent dies (:mod:`mimi_extract._boot` ties them first)."""
+
+from __future__ import annotations
+
+import os
+import queue as queue_mod
+import threading
+import time
+import traceback
+from collections import deque
+from dataclasses import asdict, replace
+
+import torch
+
+from .._boot import worker_main
+from ..plan import WorkUnit
+from ..settings import Settings, threads_per_worker
+from .base import Stats
+from .device import LATER, DeviceRunner
+
+WORKER_MAIN = "mimi_extract.engines.processes:_process_main"  # what _boot.worker_main runs, by name
+
+
+def _process_main(settings: Settings, device: str, wid: int, requests, inbox, out_q, stop) -> None:
+    """A device worker (started by ``_boot.worker_main``, which ties it to its parent first, and
+    finds this function by its name, ``WORKER_MAIN``)."""
+    torch.set_num_threads(threads_per_worker(settings))
+    try:
+        runner = DeviceRunner(settings, device)
+        asked = [False]
+
+        def next_unit(block=True):
+            if not asked[0]:
+                requests.put(("want", wid, None))
+                asked[0] = True
+            try:
+                unit = inbox.get(timeout=None if block else 0.01)
+            except queue_mod.Empty:
+                return LATER
+            asked[0] = False
+            return unit
+
+        runner.run(next_unit, lambda p: out_q.put(("piece", wid, p)), stop)
+        out_q.put(("done", wid, runner.stats))
+    except BaseException:
+        out_q.put(("fail", wid, f"{device}: {traceback.format_exc()}"))
+
+
+class ProcessEngine:
+    """One spawned process per device; units handed out as workers ask, re-handed if one dies."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.stats = Stats()
+        self.worker_stats: dict[int, Stats] = {}  # per worker: who did how much (dynamic hand-out)
+        self.notes: list[str] = []
+        self.procs: list = []
+        self.handed = False  # has any worker been given a unit (then it may hold results to deliver)
+
+    def start(self) -> None:
+        """Spawn the workers (``make_engine`` does, before the runner's own start-up): each spends
+        seconds importing torch and loading the weights, overlapped with the runner's identity check,
+        discovery and planning."""
+        if self.procs:
+            return
+        ctx = torch.multiprocessing.get_context("spawn")
+        self.out_q = ctx.Queue(maxsize=8 * len(self.settings.devices) + 8)
+        self.inboxes = [ctx.Queue() for _ in self.settings.devices]
+        self.mp_stop = ctx.Event()
+        self.procs = [ctx.Process(target=worker_main, args=(os.getpid(), asdict(self.settings), WORKER_MAIN, dev, wid, self.out_q,
+                                                            self.inboxes[wid], self.out_q, self.mp_stop), daemon=True)
+                      for wid, dev in enumerate(self.settings.devices)]
+        for p in self.procs:
+            p.start()
+
+    def close(self) -> None:
+        """Stop the workers (idempotent).  Workers never given a unit (a run that failed or was
+        refused during start-up) hold nothing: they are killed at once rather than waited for."""
+        if not self.procs:
+            return
+        if not self.handed:
+            for p in self.procs:
+                p.kill()
+        self.mp_stop.set()
+        for inbox in self.inboxes:
+            inbox.put(None)
+        deadline = time.time() + 30
+        while any(p.is_alive() for p in self.procs) and time.time() < deadline:
+            try:  # drain: a worker blocked on a full queue must see the stop
+                self.out_q.get(timeout=0.1)
+            except queue_mod.Empty:
+                pass
+        for p in self.procs:
+            if p.is_alive():
+                p.kill()  # (workers ignore SIGTERM: the parent decides what a stop means)
+            p.join(5)
+        self.procs = []
+
+    def run(self, units: list[WorkUnit], stop: threading.Event, model=None):
+        del model  # every worker loads its own copy; this frame must not keep the caller's alive
+        self.start()
+        procs, inboxes, out_q, mp_stop = self.procs, self.inboxes, self.out_q, self.mp_stop
+        todo: deque[WorkUnit] = deque(units)
+        keys_left = {u.index: {it.uid for it in u.items} for u in units}
+        unit_of = {it.uid: u.index for u in units for it in u.items}
+        taken: dict[int, set[int]] = {w: set() for w in range(len(procs))}
+        waiting: list[int] = []
+        finished: set[int] = set()
+        failed_workers: set[int] = set()
+
+        def hand_out():
+            while waiting and (todo or not any(keys_left.values()) or stop.is_set()):
+                wid = waiting.pop(0)
+                if wid in failed_workers:
+                    continue
+                if todo and not stop.is_set():
+                    unit = todo.popleft()
+                    taken[wid].add(unit.index)
+                    inboxes[wid].put(unit)
+                    self.handed = True
+                else:
+                    inboxes[wid].put(None)
+
+        try:
+            while len(finished | failed_workers) < len(procs):
+                if stop.is_set():
+                    mp_stop.set()
+                    hand_out()
+                try:
+                    kind, wid, payload = out_q.get(timeout=0.5)
+                except queue_mod.Empty:
+                    for wid, p in enumerate(procs):
+                        if wid not in finished and wid not in failed_workers and not p.is_alive():
+                            failed_workers.add(wid)
+                            if wid in waiting:
+                                waiting.remove(wid)
+                            lost = [i for i in taken[wid] if keys_left[i]]
+                            # only the items not yet delivered: a delivered one has its row already
+                            todo.extendleft(replace(u, items=[it for it in u.items if it.uid in keys_left[u.index]])
+                                            for u in reversed(units) if u.index in lost)
+                            self.notes.append(f"worker on {self.settings.devices[wid]} died (exit code {p.exitcode}); "
+                                              f"its {len(lost)} unfinished work units were handed to the others")
+                    if len(failed_workers) == len(procs) and not stop.is_set():
+                        raise RuntimeError("every device worker died (killed? out of host memory?)")
+                    hand_out()
+                    continue
+                if kind == "want":
+                    waiting.append(wid)
+                    hand_out()
+                elif kind == "piece":
+                    if payload.final:
+                        left = keys_left.get(unit_of.get(payload.item.uid, -1))
+                        if left is not None:
+                            left.discard(payload.item.uid)
+                        hand_out()
+                    yield payload
+                elif kind == "done":
+                    finished.add(wid)
+                    self.stats.add(payload)
+                    self.worker_stats[wid] = payload
+                elif kind == "fail":
+                    raise RuntimeError(f"device worker failed:\n{payload}")
+        finally:
+            self.close()
+
