@@ -234,7 +234,7 @@ class ManifestCuts:
         self._len: int | None = None
 
     def dicts(self):
-        from .lhotse_io import FIELDS, cut_dict
+        from .formats.cuts import FIELDS, cut_dict
 
         for d in self.dirs:
             info = read_run_info(d)
@@ -248,7 +248,7 @@ class ManifestCuts:
     def __iter__(self):
         from lhotse.serialization import deserialize_item
 
-        from .lhotse_io import register_lhotse_readers
+        from .formats.cuts import register_lhotse_readers
 
         register_lhotse_readers()  # Parquet OUTs: lhotse loads their arrays through our reader
 

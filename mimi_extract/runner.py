@@ -372,7 +372,7 @@ def _extract_with(engine, source, run_dir, settings, shard_size, shard_mb, limit
         "idle_fraction": stats.idle_fraction, "steps": stats.steps, "padding": stats.padding_fraction,
         "elapsed": time.perf_counter() - started, "workers": len(settings.devices), "seconds": summary["seconds"], "ok": summary["ok"],
         "interrupted": stop.is_set()}, indent=2))
-    from .lhotse_io import write_cuts
+    from .formats.cuts import write_cuts
 
     write_cuts(run_dir)  # interrupted too: the cuts of what is committed
     get_format(settings.format).finish_run(out_dir_of(run_dir, part), run_dir, read_run_info(run_dir))

@@ -28,7 +28,7 @@ What a format must define
 * :meth:`Format.open`, :meth:`Format.load`, :meth:`Format.attrs` -- the read side;
 * optionally: :meth:`Format.require` (say what to install, before a run starts),
   :meth:`Format.item_attrs` (per-item metadata, for ``verify --out``), :meth:`Format.lhotse_storage`
-  (how lhotse cuts point at an item: ``lhotse_io.py``), :meth:`Format.companions` and
+  (how lhotse cuts point at an item: ``cuts.py``), :meth:`Format.companions` and
   :meth:`Format.finish_run` (files about OUT as a whole, e.g. Parquet's dataset card).
 
 A format also gets, with no code of its own: parts (``part-I-of-N`` run directories), Ray, signals,
@@ -166,8 +166,8 @@ class Format:
 
     def lhotse_storage(self, path: str, row: dict) -> tuple[str, str] | None:
         """(lhotse ``storage_type``, ``storage_key``) of an ok row's array in the shard at ``path``,
-        for the cuts that point into OUT (``lhotse_io.py``).  The storage type must be a lhotse
-        ``FeaturesReader`` name (lhotse's own, or one ``lhotse_io.register_lhotse_readers`` adds).
+        for the cuts that point into OUT (``cuts.py``).  The storage type must be a lhotse
+        ``FeaturesReader`` name (lhotse's own, or one ``cuts.register_lhotse_readers`` adds).
         ``None``: the format's items get no cut in ``cuts.jsonl.gz`` / ``read_cuts`` (a format that
         is its own lhotse manifest, as Shar is)."""
         return None

@@ -1,7 +1,7 @@
 """HDF5 shards: ``shard-NNNNN.h5``, one dataset per ok item (named by ``sources.dataset_name`` of
 its key: the row's ``dataset``), time first, with HDF5's fletcher32 checksum filter, the run's settings as file attributes and the item's
 (``key``, ``duration``, ``start``...) as dataset attributes.  lhotse reads these datasets in place
-(``numpy_hdf5`` storage, ``lhotse_io.py``).
+(``numpy_hdf5`` storage, ``cuts.py``).
 
 A shard is built in memory (HDF5's ``core`` driver, no backing store) and its file image handed
 to the shared commit protocol, so h5py never writes to OUT (it segfaults on a full disk)."""

@@ -224,8 +224,7 @@ class Parquet(Format):
 
     def lhotse_storage(self, path: str, row: dict) -> tuple[str, str]:
         """lhotse has no Parquet array storage: ``mimi_extract_parquet`` is a lhotse ``FeaturesReader``
-        that ``lhotse_io`` registers (importing ``mimi_extract.lhotse_io`` is enough; ``read_cuts``
-        does it); the key is ``INDEX/KEY`` (the row, checked against the key stored there)."""
+        that ``cuts.register_lhotse_readers`` adds to lhotse's registry (``read_cuts`` calls it); the key is ``INDEX/KEY`` (the row, checked against the key stored there)."""
         return LHOTSE_STORAGE, f"{row['index']}/{row['key']}"
 
     def finish_run(self, out_dir: str, run_dir: str, info: dict) -> None:

@@ -102,8 +102,8 @@ def _placeholder(data_shape: tuple, frame_shift: float, start: float) -> dict:
 
 
 def cut_for(row: dict, field: str, frame_shift: float, shape: tuple) -> dict:
-    """The Shar cut of one ok row: the HDF5 output's cut (``lhotse_io.cut_dict``) with Shar storage."""
-    from ..lhotse_io import cut_dict
+    """The Shar cut of one ok row: the HDF5 output's cut (``cuts.cut_dict``) with Shar storage."""
+    from .cuts import cut_dict
 
     start = row.get("start") or 0.0
     return cut_dict({**row, "shard": "", "frames": shape[0]}, "", field, frame_shift,

@@ -1,0 +1,136 @@
+"""The lhotse cuts of an OUT: ``cuts.jsonl.gz`` next to the manifest (lhotse manifests as *inputs* are a source
+kind: ``sources/lhotse.py``).
+
+Output: one ``MonoCut`` per ok item whose custom field (``mimi_codes``, ``mimi_latent`` or
+``mimi_encoder``) is a ``TemporalArray`` pointing *into* our shard (absolute path), so lhotse
+reads the very bytes ``mimi_extract.read`` does -- no copy.  HDF5 shards use lhotse's own
+``numpy_hdf5`` storage (the dataset's name as key); Parquet shards a ``mimi_extract_parquet``
+storage, a lhotse ``FeaturesReader`` that :func:`register_lhotse_readers` adds to lhotse's registry
+(``read_cuts`` calls it; a process that loads a written ``cuts.jsonl.gz`` of a Parquet OUT must
+``import mimi_extract.lhotse_io`` (or this module) and call it first).  Shards are time-first, the only layout lhotse's partial loads slice correctly.
+lhotse keeps ``round(duration / frame_shift)`` frames of a cut (half up), so each cut spans its
+item's whole frame grid (``frames x frame_shift``, at most one frame longer than the audio, which
+lhotse pads): ``cut.load_custom(...)`` then equals ``read()``, trailing partial frame included,
+and ``cut.truncate(...)`` loads the matching frames.
+
+The cuts file is written with plain JSON (it is lhotse's serialisation, checked by a round trip
+through lhotse in the tests), so extraction needs no lhotse import.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+
+from .common import _write_file, committed_rows, format_of, read_run_info, run_dirs
+
+CUTS = "cuts.jsonl.gz"
+FIELDS = {"codes": "mimi_codes", "latent": "mimi_latent", "encoder": "mimi_encoder"}
+
+
+def cut_dict(row: dict, run_dir: str, field: str, frame_shift: float, array: dict | None = None) -> dict | None:
+    """The cut of one ok row (None when its format gives lhotse no storage: ``Format.lhotse_storage``).
+    ``array``: the field's storage given (Shar writes its own placeholder)."""
+    src = row["source"]
+    rate, start = row["sample_rate"], row.get("start") or 0.0
+    channels = list(range(src["channels"]))
+    shard = os.path.abspath(os.path.join(run_dir, row["shard"]))
+    frames = row["frames"]
+    dims = row.get("dims")
+    if array is None:
+        storage = format_of(row["shard"]).lhotse_storage(shard, row)
+        if storage is None:
+            return None
+        storage_type, storage_key = storage
+        array = {"storage_type": storage_type, "storage_path": shard, "storage_key": storage_key,
+                 "shape": [frames] + ([dims] if dims else [])}
+    recording_id = row["path"]
+    if row.get("channel") is not None:
+        channel, kind = row["channel"], "MonoCut"
+    elif len(channels) > 1:  # a mix of every channel
+        channel, kind = channels, "MultiCut"
+    else:
+        channel, kind = 0, "MonoCut"
+    return {
+        "id": row["key"], "start": start, "duration": round(frames * frame_shift, 6),
+        "channel": channel, "supervisions": [],
+        "recording": {"id": recording_id, "sources": [{"type": "file", "channels": channels, "source": src["path"]}],
+                      "sampling_rate": rate, "num_samples": src["frames"], "duration": src["frames"] / rate,
+                      "channel_ids": channels},
+        "custom": {field: {"array": array, "temporal_dim": 0, "frame_shift": frame_shift, "start": start}},
+        "type": kind,
+    }
+
+
+def cut_dicts(run_dir: str) -> list[dict]:
+    """One cut per committed ok row of a run directory (lhotse's serialisation of a MonoCut/MultiCut)."""
+    info = read_run_info(run_dir)
+    if info is None:
+        return []
+    tap = info["tap"]
+    frame_shift = 0.04 if tap == "encoder" else 0.08
+    cuts = (cut_dict(r, run_dir, FIELDS[tap], frame_shift)
+            for r in committed_rows(run_dir) if r.get("status") == "ok" and r.get("source"))
+    return [c for c in cuts if c is not None]
+
+
+def write_cuts(run_dir: str) -> str | None:
+    """(Re)write ``run_dir/cuts.jsonl.gz`` from the manifest's committed ok rows, atomically.  Every
+    run ends with it, an interrupted one too; after a kill -9 it lags the manifest until the next
+    run of that directory (``read_cuts`` never does: it reads the manifest)."""
+    info = read_run_info(run_dir)
+    if info is None or info.get("format") == "shar":  # Shar's cuts are its shar/cuts.* files
+        return None
+    lines = [json.dumps(c, ensure_ascii=False) for c in cut_dicts(run_dir)]
+    path = os.path.join(run_dir, CUTS)
+    _write_file(path + ".tmp", gzip.compress(("\n".join(lines) + ("\n" if lines else "")).encode("utf-8"), 6))
+    os.replace(path + ".tmp", path)
+    return path
+
+
+_REGISTERED = False
+
+
+def register_lhotse_readers() -> None:
+    """Add ``mimi_extract_parquet`` to lhotse's storage registry (idempotent): a
+    ``FeaturesReader`` whose ``read(key, left, right)`` loads row ``INDEX`` of a Parquet shard
+    (checking its key) and slices its frames, as lhotse's own readers do."""
+    global _REGISTERED
+    if _REGISTERED:
+        return
+    from lhotse.features.io import FeaturesReader, register_reader
+
+    from .parquet import LHOTSE_STORAGE
+
+    @register_reader
+    class MimiParquetReader(FeaturesReader):
+        name = LHOTSE_STORAGE
+
+        def __init__(self, storage_path, *args, **kwargs):
+            super().__init__()
+            self.path = str(storage_path)
+
+        def read(self, key: str, left_offset_frames: int = 0, right_offset_frames=None):
+            index, _, item = key.partition("/")
+            handle = _parquet_handle(self.path)
+            return handle.item(int(index), item)[left_offset_frames:right_offset_frames]
+
+    _REGISTERED = True
+
+
+_HANDLES: dict = {}
+
+
+def _parquet_handle(path: str):
+    """A few open Parquet shards per process (lhotse readers are built per call; a dataloader
+    reading cuts in shard order then decodes each row group once)."""
+    from .parquet import ParquetHandle
+
+    key = (path, os.getpid())
+    handle = _HANDLES.get(key)
+    if handle is None:
+        if len(_HANDLES) >= 16:
+            _HANDLES.pop(next(iter(_HANDLES))).close()
+        handle = _HANDLES[key] = ParquetHandle(path)
+    return handle
