@@ -1,9 +1,11 @@
-"""A tar corpus under faults and on Ray: kill -9 mid-run then resume gives exactly the uninterrupted
-result; ``--engine ray`` actors read the shards themselves by offset and give the local result."""
+"""Packaged corpora under faults and on Ray: for tar, .tar.gz, Parquet and lhotse Shar inputs, kill -9
+mid-run then resume gives exactly the uninterrupted result; ``--engine ray`` actors read the shards
+themselves (by offset, by row group) and give the local result, into Parquet and Shar outputs too."""
 
 import os
 import random
 import tarfile
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -63,3 +65,69 @@ def test_tar_on_ray_equals_local(many_tar, tiny_model_dir, tar_reference, tmp_pa
     got = check_consistency(out)
     assert len(got) == 40 and all(np.array_equal(got[k], tar_reference[k]) for k in got)
     assert all(k.startswith("part-000000.tar/") for k in got)
+
+
+@pytest.fixture(scope="module")
+def many_packed(many_tar, tmp_path_factory):
+    """The same 120 samples as a .tar.gz, a Parquet file (datasets' Audio struct, 30-row groups) and
+    a lhotse Shar written by lhotse itself."""
+    loose = os.path.join(os.path.dirname(os.path.dirname(many_tar)), "loose")
+    names = sorted(os.listdir(loose))
+    root = tmp_path_factory.mktemp("many-packed")
+    with tarfile.open(root / "all.tar.gz", "w:gz") as tf:
+        for n in names:
+            tf.add(os.path.join(loose, n), arcname=n)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    audio = pa.array([{"bytes": open(os.path.join(loose, n), "rb").read(), "path": n} for n in names],
+                     pa.struct([("bytes", pa.binary()), ("path", pa.string())]))
+    pq.write_table(pa.table({"id": [n.split(".")[0] for n in names], "audio": audio}), root / "all.parquet",
+                   row_group_size=30)
+    lhotse = pytest.importorskip("lhotse")
+    recs = [lhotse.Recording.from_file(os.path.join(loose, n), recording_id=n.split(".")[0]) for n in names]
+    cuts = lhotse.CutSet.from_manifests(recordings=lhotse.RecordingSet.from_recordings(recs))
+    (root / "shar").mkdir()
+    lhotse.CutSet.from_cuts(c.with_id(c.recording_id) for c in cuts).to_shar(
+        str(root / "shar"), fields={"recording": "flac"}, shard_size=40)
+    return {"tgz": str(root / "all.tar.gz"), "parquet": str(root / "all.parquet"), "shar": str(root / "shar")}
+
+
+@pytest.fixture(scope="module")
+def packed_reference(many_packed, tiny_model_dir, tmp_path_factory):
+    refs = {}
+    for kind, path in many_packed.items():
+        out = str(tmp_path_factory.mktemp(f"ref-{kind}") / "out")
+        assert extract(path, out, Settings(model=tiny_model_dir, tap="codes", num_workers=1), shard_size=7)["ok"] == 120
+        refs[kind] = check_consistency(out)
+    return refs
+
+
+@pytest.mark.parametrize("kind", ["tgz", "parquet", "shar"])
+def test_packed_kill_9_then_resume_equals_uninterrupted(kind, many_packed, packed_reference, tiny_model_dir, tmp_path):
+    """As for tar shards: kill -9 part-way (its process group), then the resume equals the
+    uninterrupted run of the same input exactly."""
+    out = str(tmp_path / "out")
+    reference = packed_reference[kind]
+    proc, done = _start_kill_trial(many_packed[kind], out, tiny_model_dir, "1")
+    assert done == 0
+    at_kill = _kill_9_part_way(proc, out, random.Random(3).randint(5, 30), random.Random(4), group=True)
+    assert no_processes_left(proc.pid)
+    kept = _check_after_kill(out, reference)
+    assert at_kill <= len(kept) < 120
+    summary = extract(many_packed[kind], out, Settings(model=tiny_model_dir, tap="codes", num_workers=1), shard_size=7)
+    assert summary["skipped"] == len(kept) and summary["ok"] == 120 - len(kept)
+    assert_same(out, reference)
+
+
+@pytest.mark.parametrize("kind, fmt", [("parquet", "parquet"), ("shar", "shar")])
+def test_packed_inputs_on_ray_into_every_format(kind, fmt, many_packed, packed_reference, tiny_model_dir, tmp_path):
+    """Ray actors read Parquet row groups and Shar members themselves; the output written as
+    Parquet or Shar equals the local HDF5 run of the same input, array for array."""
+    pytest.importorskip("ray")
+    out = str(tmp_path / "out")
+    settings = Settings(model=tiny_model_dir, tap="codes", num_workers=1, engine="ray", ray_cpu_actors=2)
+    summary = extract(many_packed[kind], out, replace(settings, format=fmt), limit=40)
+    assert summary["ok"] == 40
+    got = check_consistency(out)
+    assert len(got) == 40 and all(np.array_equal(got[k], packed_reference[kind][k]) for k in got)
