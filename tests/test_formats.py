@@ -58,7 +58,7 @@ def test_parquet_equals_hdf5_and_the_single_item_reference(both, corpus, tiny_mo
         "shard-00000.parquet", "shard-00001.parquet", "shard-00002.parquet"]
 
 
-def test_datasets_and_pyarrow_read_parquet_as_is(both):
+def test_datasets_pyarrow_and_polars_read_parquet_as_is(both):
     import pyarrow.parquet as pq
     from datasets import load_dataset
 
@@ -84,6 +84,13 @@ def test_datasets_and_pyarrow_read_parquet_as_is(both):
     assert column.has_dictionary_page
     segment = [r for r in ds if r["key"] == "stereo.wav"][0]
     assert segment["start"] is None and segment["channel"] is None and segment["sample_rate"] == 24_000
+    # polars, as is: the glob a user would type
+    import polars as pl
+
+    frame = pl.read_parquet(os.path.join(out, "*.parquet"))
+    assert frame.height == 7 and set(frame["key"].to_list()) == keys
+    for key, codes in zip(frame["key"].to_list(), frame["codes"].to_list()):
+        assert np.array_equal(np.array(codes, np.int16), read(out, key)), key
 
 
 def test_every_reader_works_on_parquet(both, tiny_model, tiny_model_dir, tmp_path):
