@@ -131,3 +131,18 @@ def test_packed_inputs_on_ray_into_every_format(kind, fmt, many_packed, packed_r
     assert summary["ok"] == 40
     got = check_consistency(out)
     assert len(got) == 40 and all(np.array_equal(got[k], packed_reference[kind][k]) for k in got)
+
+
+@pytest.mark.parametrize("kind", ["tgz", "parquet", "shar"])
+def test_packed_parts_union_equals_a_whole_run(kind, many_packed, packed_reference, tiny_model_dir, tmp_path):
+    """--part by key hash over a packaged input: two parts into one OUT hold every item once,
+    each equal to the whole run's."""
+    from mimi_extract.plan import Part
+
+    out = str(tmp_path / "out")
+    settings = Settings(model=tiny_model_dir, tap="codes", num_workers=1)
+    counts = [extract(many_packed[kind], out, settings, part=Part(i, 2))["ok"] for i in range(2)]
+    assert sum(counts) == 120 and all(counts)
+    got = check_consistency(out)
+    assert set(got) == set(packed_reference[kind])
+    assert all(np.array_equal(got[k], packed_reference[kind][k]) for k in got)
