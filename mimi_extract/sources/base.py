@@ -226,6 +226,11 @@ class Source:
             raise SourceError("empty file (0 bytes)")
         return entry.path
 
+    @classmethod
+    def open_header(cls, entry: Entry):
+        """What planning probes (header only): :meth:`open` unless a kind has something cheaper."""
+        return cls.open(entry)
+
     def probe(self, entry: Entry, channel_mode: str, framing: Framing) -> list[Item]:
         return probe(entry, channel_mode, framing)
 
@@ -261,7 +266,7 @@ def probe(entry: Entry, channel_mode: str = "mix", framing: Framing = Framing())
         return probe_info(entry, None, channel_mode, framing)
     handle = None
     try:
-        handle = open_source(entry)
+        handle = REGISTRY.get(entry.kind, Source).open_header(entry)
         name = entry.loc[-1] if entry.loc and isinstance(entry.loc[-1], str) else entry.path
         f = open_decoder(handle, name)  # accurate message, decoder warnings captured
         try:

@@ -82,6 +82,28 @@ def open_member(path: str, offset: int, size: int, name: str):
     return io.BufferedReader(view, 1 << 16)  # .name: the member's
 
 
+_PROBE_IN_MEMORY = 4 << 20
+
+
+def read_member(path: str, offset: int, size: int, name: str) -> io.BytesIO:
+    """The member's bytes in memory (a small member, for its header probe); SourceError as
+    :func:`open_member` if the shard no longer holds them."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            data = os.pread(fd, size, offset)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        raise SourceError(f"shard {path}: {e.strerror or e}") from e
+    if len(data) < size:
+        raise SourceError(f"shard {os.path.basename(path)} is truncated: member {name!r} needs bytes "
+                          f"{offset}..{offset + size}, the file has {offset + len(data)}")
+    view = io.BytesIO(data)
+    view.name = name
+    return view
+
+
 def expand_braces(pattern: str) -> list[str]:
     """``a-{000..002}.tar`` -> three names; ``{x,y}`` alternatives; nested and repeated braces."""
     m = re.search(r"\{([^{}]*)\}", pattern)
@@ -403,3 +425,12 @@ class TarSource(Source):
     def open(entry):
         offset, size, name = entry.loc
         return open_member(entry.path, int(offset), int(size), name)
+
+    @classmethod
+    def open_header(cls, entry):
+        """A member up to 4 MiB is read in one ``pread`` and probed from memory: as cheap as probing
+        a loose file (75 us per FLAC header here), where the file view's Python reads cost 95 us."""
+        offset, size, name = entry.loc
+        if int(size) > _PROBE_IN_MEMORY:
+            return cls.open(entry)
+        return read_member(entry.path, int(offset), int(size), name)
