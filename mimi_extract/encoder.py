@@ -680,8 +680,10 @@ def encode_chunked(encoder: PaddedMimiEncoder, items: list[torch.Tensor], chunk:
     return [{t: torch.cat(p[t]) for t in taps} for p in pieces]
 
 
-def split_bounds(total: int, pieces: int, warmup: int, hop: int) -> list[tuple[int, int, int]]:
-    """Cut a recording of ``total`` samples into ``pieces`` pieces at frame boundaries.
+def split_bounds(total: int, pieces: int, warmup: int, hop: int,
+                 cuts: list[int] | None = None) -> list[tuple[int, int, int]]:
+    """Cut a recording of ``total`` samples into ``pieces`` equal pieces at frame boundaries (or at
+    the frame indices ``cuts``, increasing, inside the recording).
 
     Returns ``(begin, first, end)`` per piece, in samples: the piece owns ``[first, end)`` (its
     frames ``first / hop`` to ``ceil(end / hop)``; the last piece ends at ``total``, trailing partial
@@ -689,8 +691,13 @@ def split_bounds(total: int, pieces: int, warmup: int, hop: int) -> list[tuple[i
     so its frames see all the context the unchunked encode gives them (``warmup`` >= the encoder's
     :attr:`~PaddedMimiEncoder.receptive_field`)."""
     frames = -(-total // hop)
-    pieces = max(1, min(pieces, frames))
-    bounds = [frames * i // pieces for i in range(pieces + 1)]
+    if cuts is None:
+        pieces = max(1, min(pieces, frames))
+        bounds = [frames * i // pieces for i in range(pieces + 1)]
+    else:
+        if any(not 0 < c < frames for c in cuts) or sorted(set(cuts)) != list(cuts):
+            raise ValueError(f"cuts must be increasing frame indices inside the recording's {frames} frames")
+        bounds = [0, *cuts, frames]
     out = []
     for a, b in zip(bounds, bounds[1:]):
         first = a * hop

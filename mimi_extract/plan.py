@@ -131,20 +131,27 @@ def split_items(items: list[Item], lanes: int, warmup: int, hop: int, max_overhe
     device.  Mimi's receptive field is finite (``warmup`` samples, see
     ``PaddedMimiEncoder.receptive_field``), so a piece encoded from ``warmup`` samples before its
     first frame gives the unsplit result for its frames (``encoder.split_bounds``).  Split only where
-    it pays: a recording longer than a lane's fair share of the work (total / ``lanes``), into at most
-    ``lanes`` pieces, each long enough that its warm-up costs at most ``max_overhead`` of it."""
+    it pays: a recording longer than a lane's fair share of the work (total / ``lanes``), into pieces
+    of that fair share (the last one takes the rest), each long enough that its warm-up costs at most
+    ``max_overhead`` of it.  Pieces of one fair share each, not equal pieces: the scheduler hands the
+    longest units first, so the lane that gets the shorter last piece also takes the short items,
+    and every lane ends at about the same time."""
     from .encoder import split_bounds
 
     warm = -(-warmup // hop) * hop
     shortest = max(hop, int(warm / max_overhead))  # a piece's own audio: warm-up <= max_overhead of it
     fair = sum(it.samples for it in items) / max(1, lanes)
+    per = -(-max(shortest, int(fair)) // hop)  # frames of own audio per piece
     out, split = [], Split()
     for it in items:
-        count = min(lanes, it.samples // shortest)
-        if lanes < 2 or count < 2 or it.samples <= fair or it.piece is not None:
+        frames = -(-it.samples // hop)
+        cuts = list(range(per, frames, per))
+        if cuts and (frames - cuts[-1]) * hop < shortest:  # a last piece too short: joins the one before
+            cuts.pop()
+        if lanes < 2 or not cuts or it.samples <= fair or it.piece is not None:
             out.append(it)
             continue
-        bounds = split_bounds(it.samples, count, warm, hop)
+        bounds = split_bounds(it.samples, 0, warm, hop, cuts)
         for i, (begin, first, end) in enumerate(bounds):
             out.append(replace(it, piece=(i, len(bounds), begin, first, end), samples=end - begin))
         split.items += 1

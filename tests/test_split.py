@@ -112,3 +112,21 @@ def test_stitcher_orders_pieces_and_restarts_a_rehanded_one():
     assert whole_item.piece is None and whole_item.samples == 100 and s.open_items == 0
     assert s.add(piece(0), arr(1), True, False, "cannot decode")[2] == "cannot decode"
     assert s.add(piece(1), arr(1), True, True, "again") is None and s.open_items == 0
+
+
+def test_split_items_cuts_fair_shares_and_keeps_short_recordings_whole():
+    """Pieces of one lane's fair share each (the last takes the rest, never shorter than the
+    warm-up bound allows); a recording within its fair share, or with one lane, stays whole."""
+    from mimi_extract.plan import split_items
+    from mimi_extract.sources import Item
+
+    rate, hop, warm = 24_000, FRAME, 10 * FRAME  # shortest piece: warm / 0.15 = 66.7 frames
+    long = Item("/l.wav", "l.wav", "l.wav", sample_rate=rate, frames=FRAME * 400 + 5, samples=FRAME * 400 + 5)
+    shorts = [Item(f"/s{i}.wav", f"s{i}.wav", f"s{i}.wav", sample_rate=rate, frames=FRAME * 50, samples=FRAME * 50)
+              for i in range(4)]
+    out, split = split_items([long, *shorts], 3, warm, hop)  # total 601 frames: fair share ~200
+    pieces = [it for it in out if it.piece]
+    assert [p.piece[3] // FRAME for p in pieces] == [0, 201] and pieces[-1].piece[4] == long.samples
+    assert split.items == 1 and split.pieces == 2 and all(it.piece is None for it in out if it.key != "l.wav")
+    assert split_items([long, *shorts], 1, warm, hop)[1].items == 0  # one lane: nothing to balance
+    assert split_items([long], 9, 300 * FRAME, hop)[1].items == 0  # warm-up too long for any piece
