@@ -132,8 +132,8 @@ def split_items(items: list[Item], lanes: int, warmup: int, hop: int, max_overhe
     ``PaddedMimiEncoder.receptive_field``), so a piece encoded from ``warmup`` samples before its
     first frame gives the unsplit result for its frames (``encoder.split_bounds``).  Split only where
     it pays: a recording longer than a lane's fair share of the work (total / ``lanes``), into pieces
-    of that fair share (the last one takes the rest), each long enough that its warm-up costs at most
-    ``max_overhead`` of it.  Pieces of one fair share each, not equal pieces: the scheduler hands the
+    of that fair share (the last one takes the rest, or the least a piece may be when the rest is
+    shorter), each long enough that its warm-up costs at most ``max_overhead`` of it.  Pieces of one fair share each, not equal pieces: the scheduler hands the
     longest units first, so the lane that gets the shorter last piece also takes the short items,
     and every lane ends at about the same time."""
     from .encoder import split_bounds
@@ -146,8 +146,11 @@ def split_items(items: list[Item], lanes: int, warmup: int, hop: int, max_overhe
     for it in items:
         frames = -(-it.samples // hop)
         cuts = list(range(per, frames, per))
-        if cuts and (frames - cuts[-1]) * hop < shortest:  # a last piece too short: joins the one before
-            cuts.pop()
+        least = -(-shortest // hop)
+        if cuts and frames - cuts[-1] < least:  # a last piece too short: move its cut back, or drop it
+            cuts[-1] = frames - least
+            if cuts[-1] - (cuts[-2] if len(cuts) > 1 else 0) < least:
+                cuts.pop()
         if lanes < 2 or not cuts or it.samples <= fair or it.piece is not None:
             out.append(it)
             continue

@@ -128,5 +128,9 @@ def test_split_items_cuts_fair_shares_and_keeps_short_recordings_whole():
     pieces = [it for it in out if it.piece]
     assert [p.piece[3] // FRAME for p in pieces] == [0, 201] and pieces[-1].piece[4] == long.samples
     assert split.items == 1 and split.pieces == 2 and all(it.piece is None for it in out if it.key != "l.wav")
+    # 2 lanes: a fair share is ~301 frames, the rest (100) is less than a piece may be (67 frames
+    # with this warm-up is fine, 134 with twice it): the cut moves back to leave the least piece
+    pieces = [it.piece for it in split_items([long, *shorts], 2, 2 * warm, hop)[0] if it.piece]
+    assert [p[3] // FRAME for p in pieces] == [0, 401 - 134]
     assert split_items([long, *shorts], 1, warm, hop)[1].items == 0  # one lane: nothing to balance
     assert split_items([long], 9, 300 * FRAME, hop)[1].items == 0  # warm-up too long for any piece
