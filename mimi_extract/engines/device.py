@@ -167,7 +167,7 @@ class DeviceRunner:
                     if not pending:
                         if units_done:
                             break
-                        if rows and (len(rows) + len(chosen) + 1) * size > self.budget:
+                        if (rows or chosen) and (len(rows) + len(chosen) + 1) * size > self.budget:
                             break  # nothing more fits this step: leave the next unit to a free worker
                         block = not rows and not chosen  # never stall running streams
                         if block and errors:  # deliver them before waiting: the caller may be waiting for them
