@@ -104,6 +104,19 @@ def read_member(path: str, offset: int, size: int, name: str) -> io.BytesIO:
     return view
 
 
+def tar_shards(path: str, compressed: bool) -> list[str]:
+    """The shards of one kind (uncompressed or gzip-compressed) that ``path`` names; the other kind
+    among them, or none at all, is an error (the two are read differently: by offset, forward)."""
+    shards = shard_list(path, TAR_EXTENSIONS + COMPRESSED_TAR_EXTENSIONS)
+    other = [s for s in shards if s.lower().endswith(COMPRESSED_TAR_EXTENSIONS) != compressed]
+    if other:
+        raise ValueError(f"{other[0]} is {'an uncompressed' if compressed else 'a compressed'} tar: give compressed "
+                         "and uncompressed shards as separate inputs")
+    if not shards:
+        raise FileNotFoundError(f"no {'.tar.gz' if compressed else '.tar'} shards in {path}")
+    return shards
+
+
 def expand_braces(pattern: str) -> list[str]:
     """``a-{000..002}.tar`` -> three names; ``{x,y}`` alternatives; nested and repeated braces."""
     m = re.search(r"\{([^{}]*)\}", pattern)
@@ -394,14 +407,7 @@ class TarSource(Source):
 
     def shards(self) -> list[str]:
         if not hasattr(self, "_shards"):
-            shards = shard_list(self.path, TAR_EXTENSIONS + COMPRESSED_TAR_EXTENSIONS)
-            compressed = [s for s in shards if s.lower().endswith(COMPRESSED_TAR_EXTENSIONS)]
-            if compressed:
-                raise ValueError(f"{compressed[0]} is a compressed tar: give compressed and uncompressed shards "
-                                 "as separate inputs")
-            if not shards:
-                raise FileNotFoundError(f"no .tar shards in {self.path}")
-            self._shards = shards
+            self._shards = tar_shards(self.path, compressed=False)
         return self._shards
 
     def entries(self, warnings: list[str]) -> list[Entry]:

@@ -24,7 +24,7 @@ from types import SimpleNamespace
 
 from .base import Entry, Source, SourceError, probe_info, register
 from .tar import COMPRESSED_TAR_EXTENSIONS, _is_shard_input, _shown_names, sample_entries, shard_identity, \
-    shard_list, split_name
+    split_name, tar_shards
 
 DEFAULT_SORT_BUFFER_MB = 256
 
@@ -89,14 +89,7 @@ class CompressedTarSource(Source):
 
     def shards(self) -> list[str]:
         if not hasattr(self, "_shards"):
-            shards = shard_list(self.path, COMPRESSED_TAR_EXTENSIONS + (".tar",))
-            plain = [s for s in shards if not s.lower().endswith(COMPRESSED_TAR_EXTENSIONS)]
-            if plain:
-                raise ValueError(f"{plain[0]} is an uncompressed tar: give compressed and uncompressed shards "
-                                 "as separate inputs")
-            if not shards:
-                raise FileNotFoundError(f"no .tar.gz shards in {self.path}")
-            self._shards = shards
+            self._shards = tar_shards(self.path, compressed=True)
         return self._shards
 
     def entries(self, warnings: list[str]) -> list[Entry]:
