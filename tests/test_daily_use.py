@@ -144,9 +144,14 @@ def test_offline_first_run_fails_fast_and_leaves_nothing(tmp_path, corpus, monke
     root, _ = corpus
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-empty"))  # nothing cached
     out = tmp_path / "out"
-    start = time.perf_counter()
+    called = []  # fails fast: no request to the Hub, no model load (was: a wall-time bound, load-dependent)
+    import mimi_extract.encoder
+    import mimi_extract.hub
+
+    monkeypatch.setattr(mimi_extract.hub, "hub_reachable", lambda *a, **k: called.append("hub") or None)
+    monkeypatch.setattr(mimi_extract.encoder, "load_model", lambda *a, **k: called.append("load_model"))
     result = cli("codes", root, out, "--device", "cpu", env={"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf-empty")})
-    assert time.perf_counter() - start < 10
+    assert called == []
     assert result.exit_code == 2, result.output
     assert "HF_HUB_OFFLINE is set" in result.text and "--model DIR" in result.text
     assert "make_demo.py demo --random-model tiny" in result.text

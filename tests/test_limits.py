@@ -5,7 +5,6 @@ import os
 import resource
 import subprocess
 import sys
-import time
 
 from conftest import ROOT
 from mimi_extract import _limits
@@ -13,15 +12,33 @@ from mimi_extract import _limits
 MIB = 1 << 20
 
 
-def run_limited(limit: int, *args, env=None):
+# the real CLI in a fresh interpreter; as it exits (os._exit included) it writes whether torch was
+# imported to $IMPORTED_TORCH
+PROBE = ("import atexit, os, sys, runpy\n"
+         "def record(): open(os.environ['IMPORTED_TORCH'], 'w').write(str('torch' in sys.modules))\n"
+         "atexit.register(record)\n"
+         "_exit = os._exit\n"
+         "os._exit = lambda code: (record(), _exit(code))\n"
+         "sys.argv = ['mimi-extract'] + sys.argv[1:]\n"
+         "runpy.run_module('mimi_extract', run_name='__main__')\n")
+
+
+def run_limited(limit: int, *args, env=None, tmp_path=None):
+    """The CLI under RLIMIT_AS = ``limit``; with ``tmp_path``, also whether it imported torch."""
     def cap():
         resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
 
     env = {**os.environ, "PYTHONPATH": ROOT, "HF_HUB_OFFLINE": "1", **(env or {})}
-    start = time.perf_counter()
-    p = subprocess.run([sys.executable, "-m", "mimi_extract", *map(str, args)], env=env, capture_output=True,
-                       text=True, preexec_fn=cap, timeout=120)
-    return p, time.perf_counter() - start
+    if tmp_path is None:
+        command = [sys.executable, "-m", "mimi_extract"]
+    else:
+        env["IMPORTED_TORCH"] = str(tmp_path / "imported-torch")
+        command = [sys.executable, "-c", PROBE]
+    p = subprocess.run([*command, *map(str, args)], env=env, capture_output=True, text=True, preexec_fn=cap,
+                       timeout=120)
+    if tmp_path is None:
+        return p, None
+    return p, (tmp_path / "imported-torch").read_text()
 
 
 def assert_explained(p, limit):
@@ -34,11 +51,11 @@ def assert_explained(p, limit):
 def test_limit_below_need_refused_before_torch(tmp_path, tiny_model_dir):
     (tmp_path / "in").mkdir()
     limit = _limits.needed() - 64 * MIB
-    p, seconds = run_limited(limit, "codes", tmp_path / "in", tmp_path / "out", "--model", tiny_model_dir,
-                             "--device", "cpu")
+    p, imported_torch = run_limited(limit, "codes", tmp_path / "in", tmp_path / "out", "--model", tiny_model_dir,
+                                    "--device", "cpu", tmp_path=tmp_path)
     assert_explained(p, limit)
     assert not (tmp_path / "out").exists()  # nothing started
-    assert seconds < 20  # refused before torch is imported
+    assert imported_torch == "False"  # refused before torch is imported (was: a wall-time bound)
 
 
 def test_import_failing_under_the_limit_is_explained(tmp_path, tiny_model_dir):

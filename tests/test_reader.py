@@ -73,17 +73,22 @@ def test_read_reuses_its_index_until_the_manifest_changes(tmp_path):
     assert cached_reader(str(out)) is not first
 
 
-def test_read_is_fast_on_a_large_out(tmp_path):
-    """2000 items in 20 shards: 200 read() calls take milliseconds each (before: a manifest scan per call)."""
+def test_read_is_fast_on_a_large_out(tmp_path, monkeypatch):
+    """2000 items in 20 shards: 200 read() calls parse the manifests once and open each shard they
+    touch once (before: a manifest scan per call).  Counted, not timed: a timing bound fails on a
+    loaded machine (scripts/bench_reader.py measures the time)."""
+    import mimi_extract.reader as reader_module
+
     out = tmp_path / "out"
     arrays = make_out(out, [f"spk{i % 7}/{i}.wav" for i in range(2000)], shard_size=100)
     keys = list(arrays)[::10]
-    mimi_extract.read(out, keys[0])
-    start = time.process_time()
+    scans, opened = [], []
+    rows, open_shard = reader_module.committed_rows, reader_module.open_shard
+    monkeypatch.setattr(reader_module, "committed_rows", lambda *a, **k: scans.append(a) or rows(*a, **k))
+    monkeypatch.setattr(reader_module, "open_shard", lambda *a, **k: opened.append(a) or open_shard(*a, **k))
     for key in keys:
         assert (mimi_extract.read(out, key) == arrays[key]).all()
-    per_call = (time.process_time() - start) / len(keys)
-    assert per_call < 0.003, f"{per_call * 1000:.1f} ms CPU per read()"
+    assert len(scans) == 1 and len(opened) <= 20, (len(scans), len(opened))
 
 
 def test_dataset_in_a_dataloader_with_workers(tmp_path):

@@ -354,7 +354,8 @@ def shar_dataset(tmp_path_factory):
     return str(shar), str(loose)
 
 
-def test_shar_extend_adds_a_field_aligned_with_each_input_shard(shar_dataset, tiny_model, tiny_model_dir, tmp_path):
+def test_shar_extend_adds_a_field_aligned_with_each_input_shard(shar_dataset, tiny_model, tiny_model_dir, tmp_path,
+                                                                monkeypatch):
     """One mimi_codes.NNNNNN.tar per input shard, in its cut order: lhotse's from_shar lines it up
     1:1 with the input's cuts and recordings; arrays equal the single-item reference; a cut that
     fails gets lhotse's placeholder (no field) and an error row; an interrupted run commits whole
@@ -365,10 +366,42 @@ def test_shar_extend_adds_a_field_aligned_with_each_input_shard(shar_dataset, ti
     shar, loose = shar_dataset
     settings = Settings(model=tiny_model_dir, tap="codes", num_workers=0, format="shar", shar_extend=True, batch_size=1)
     out = str(tmp_path / "out")
-    stop, seen = threading.Event(), []
-    extract(shar, out, settings, stop=stop, on_progress=lambda *a: seen.append(1) or (len(seen) == 5 and stop.set()))
+    stop, armed, done = threading.Event(), threading.Event(), []
+    import mimi_extract.formats.shar as shar_format
+
+    class _UntilLastShard(list):
+        """Units as planned; the engine's walk over them (once planning is over: ``armed``) waits at
+        the first unit of the last input shard until the consumer has every item of the shards
+        before it (``stop`` is then set), and ends there: an interruption between shards, the same on every machine (a count of progress
+        calls raced the encoder, which could finish every shard before the 5th call).  With
+        ``batch_size=1`` the feeder has handed on everything it took when it asks for a unit."""
+
+        def __iter__(self):
+            for unit in super().__iter__():
+                if armed.is_set() and any(self.shard_of[it.key] == self.last for it in unit.items):
+                    assert stop.wait(timeout=300), "the shards before the last never completed"
+                    return
+                yield unit
+
+    planned = shar_format.extend_units
+
+    def extend_units(todo, layout, plan):
+        units = _UntilLastShard(planned(todo, layout, plan))
+        units.shard_of, units.last = {k: n for n, ids in layout.items() for k in ids}, list(layout)[-1]
+        before_last.append(sum(len(ids) for n, ids in layout.items() if n != units.last))
+        return units
+
+    def on_progress(items, seconds, errors):
+        done.append(items)
+        if sum(done) >= before_last[0]:
+            stop.set()
+
+    before_last: list[int] = []
+    monkeypatch.setattr(shar_format, "extend_units", extend_units)
+    extract(shar, out, settings, stop=stop, on_progress=on_progress, on_plan=lambda summary: armed.set())
+    monkeypatch.undo()
     partial = sorted(os.listdir(os.path.join(out, "shar")))
-    assert 0 < len(partial) < 3 and all(n.startswith("mimi_codes.") for n in partial), partial
+    assert partial == ["mimi_codes.000000.tar", "mimi_codes.000001.tar"], partial
     summary = extract(shar, out, settings)
     ours = sorted(os.path.join(out, "shar", n) for n in os.listdir(os.path.join(out, "shar")))
     assert [os.path.basename(p) for p in ours] == [f"mimi_codes.{i:06d}.tar" for i in range(3)]
