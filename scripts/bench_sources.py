@@ -109,7 +109,7 @@ def e2e(args):
     tars = to_tars(root, names, os.path.join(args.out, "e2e-tar"), 100)
     pq = to_parquet(root, names, os.path.join(args.out, "e2e-parquet"))
     rows = {}
-    for rep in range(args.reps):
+    for _rep in range(args.reps):
         for label, src, opts in (("loose", root, None), ("tar", tars, Options(id_field="id")),
                                  ("parquet", pq, Options(id_column="id"))):
             out = os.path.join(args.out, f"e2e-out-{label}")

@@ -3,7 +3,6 @@
 import gzip
 import json
 import os
-import time
 
 import numpy as np
 import pytest

@@ -252,7 +252,7 @@ def test_kill_9_at_random_points_then_resume(many, tiny_model_dir, shar_referenc
     out = str(tmp_path / "out")
     rng = random.Random(1)
     committed = 0
-    for trial in range(2):
+    for _trial in range(2):
         proc = cli_process("codes", many, out, "--model", tiny_model_dir, "--shard-size", 3, "--format", "shar",
                            *ONE_WORKER, start_new_session=True)
         lines = []

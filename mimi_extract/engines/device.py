@@ -13,7 +13,6 @@ its units through one of these, wherever it runs.
 from __future__ import annotations
 
 
-import os
 import queue as queue_mod
 import threading
 import time

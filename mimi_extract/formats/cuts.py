@@ -23,7 +23,7 @@ import gzip
 import json
 import os
 
-from .common import _write_file, committed_rows, format_of, read_run_info, run_dirs
+from .common import _write_file, committed_rows, format_of, read_run_info
 
 CUTS = "cuts.jsonl.gz"
 FIELDS = {"codes": "mimi_codes", "latent": "mimi_latent", "encoder": "mimi_encoder"}

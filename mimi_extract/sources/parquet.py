@@ -63,7 +63,7 @@ def _is_dataset_dir(path: str) -> bool:
         return False
     if os.path.isfile(os.path.join(path, "state.json")) or os.path.isfile(os.path.join(path, "dataset_dict.json")):
         return True
-    for dirpath, dirnames, filenames in os.walk(path):
+    for dirpath, _dirnames, filenames in os.walk(path):
         if any(f.lower().endswith(PARQUET_EXTENSIONS) for f in filenames):
             return True
         if len(dirpath) - len(path) > 200:

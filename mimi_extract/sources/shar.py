@@ -47,7 +47,7 @@ class SharSource(Source):
         _lhotse()
         entries = []
         wanted = tuple(e.lower().lstrip(".") for e in self.options.audio_ext) if self.options.audio_ext else None
-        for index, cuts_file, tar in shar_shards(self.path):
+        for _index, cuts_file, tar in shar_shards(self.path):
             shown_tar = os.path.basename(tar)
             full = os.path.abspath(tar)
             if os.path.isfile(tar):
