@@ -1,4 +1,4 @@
-"""Command line: ``mimi-extract features | codes | verify | status | info | decode``.
+"""Command line: ``mimi-extract features | codes | verify | status | info | cuts | decode``.
 
 Printing only: the work happens in ``runner``, ``verify`` and ``outputs``.  Every string that can
 hold a path or an error message is printed as plain text (never as rich markup), so a file named
@@ -52,7 +52,7 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     rich_markup_mode="rich",
-    help="Bulk Mimi (Kyutai neural audio codec) feature/code extraction into HDF5 shards, "
+    help="Bulk Mimi (Kyutai neural audio codec) feature/code extraction into HDF5, Parquet or lhotse Shar shards, "
     "padding-aware: a file encoded in a padded batch gives what it gives alone.\n\n" + EXIT_CODES_HELP,
 )
 console = Console(stderr=True, highlight=False)
