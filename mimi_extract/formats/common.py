@@ -332,6 +332,9 @@ _EXPLAIN = {
     "input_identity": "the input's shards or files changed (added, removed, rewritten: size or mtime)",
     "decoders": "other decoder versions: a resume must decode each format as the first run did",
     "format": "another output format (--format)",
+    "metadata": "other input metadata kept as output columns and cut fields (--keep-fields; an OUT written before "
+                "metadata was kept resumes with --keep-fields none)",
+    "keep_fields": "another --keep-fields / --keep-columns",
 }
 
 
