@@ -28,8 +28,8 @@ from .common import _write_file, committed_rows, format_of, read_run_info, run_d
 CUTS = "cuts.jsonl.gz"
 FIELDS = {"codes": "mimi_codes", "latent": "mimi_latent", "encoder": "mimi_encoder"}
 # a lhotse supervision's fields, and the names an input row may give them under (the first present wins)
-SUPERVISION_FIELDS = {"text": ("text",), "speaker": ("speaker", "speaker_id"), "language": ("language", "lang"),
-                      "gender": ("gender",)}
+SUPERVISION_FIELDS = {"text": ("text", "transcript", "transcription", "sentence"), "speaker": ("speaker", "speaker_id"),
+                      "language": ("language", "lang", "locale"), "gender": ("gender",)}
 
 
 def cut_metadata(row: dict, recording_id: str, channel, duration: float) -> tuple[list[dict], dict]:
