@@ -83,6 +83,20 @@ def test_sidecars_reach_the_cuts_as_supervisions_and_custom_fields(webdataset, t
     assert extract(webdataset, out, settings(tiny_model_dir))["skipped"] == 4
 
 
+def test_an_out_written_before_metadata_was_kept_resumes_with_keep_fields_none(webdataset, tiny_model_dir, tmp_path):
+    out = str(tmp_path / "out")
+    extract(webdataset, out, settings(tiny_model_dir), options=Options(keep_fields="none"), limit=2)
+    path = os.path.join(out, "run.json")
+    info = json.load(open(path))
+    assert "metadata" not in info and info.pop("keep_fields") == "none"
+    json.dump(info, open(path, "w"))  # run.json as the tool wrote it before --keep-fields existed
+    with pytest.raises(OutputError, match="--keep-fields none"):
+        extract(webdataset, out, settings(tiny_model_dir))  # the new shards would have columns the old lack
+    summary = extract(webdataset, out, settings(tiny_model_dir), options=Options(keep_fields="none"))
+    assert summary["skipped"] == 2 and summary["ok"] == 2
+    assert all(not c.supervisions for c in read_cuts(out))
+
+
 def test_sidecars_become_parquet_columns_aligned_with_the_keys(webdataset, tiny_model_dir, tmp_path):
     out = str(tmp_path / "out")
     assert extract(webdataset, out, settings(tiny_model_dir, "parquet"), shard_size=2)["ok"] == 4  # two shards

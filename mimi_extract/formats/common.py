@@ -340,7 +340,7 @@ _EXPLAIN = {
 
 # keys run.json gained after OUT directories existed: an OUT written before them lacks them, and is
 # resumed (it cannot say otherwise); once recorded they are compared like every other key
-_ADDED_LATER = ("decoders",)
+_ADDED_LATER = ("decoders", "keep_fields")
 
 
 def _differences(old: dict, new: dict, ignore: tuple[str, ...]) -> str:
