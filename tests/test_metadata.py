@@ -75,6 +75,7 @@ def test_sidecars_reach_the_cuts_as_supervisions_and_custom_fields(webdataset, t
             assert "nested" not in cut.custom and "start" not in cut.custom  # default: scalars; the segment is the cut
             assert np.array_equal(cut.load_custom("mimi_codes"), read(out, cut.id))
         assert cuts[key("u3")].start == 0.1 and cuts[key("u3")].supervisions[0].duration == 0.5
+    assert cli("info", out).exit_code == 0 and cli("status", out).exit_code == 0
     info = read_run_info(out)
     assert info["metadata"] == {"language": "string", "score": "float64", "speaker": "string", "text": "string"}
     # a resume with other metadata settings is refused (the shards would differ), the same one resumes
