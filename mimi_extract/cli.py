@@ -128,17 +128,24 @@ IdFieldOpt = Annotated[Optional[str], typer.Option(rich_help_panel=_INPUTS, help
 AudioColumnOpt = Annotated[Optional[str], typer.Option(rich_help_panel=_INPUTS, help="Parquet: the audio column \\[default: the first struct of bytes and path, the datasets Audio feature].")]
 SortBufferOpt = Annotated[float, typer.Option(min=1, rich_help_panel=_INPUTS, help="Compressed tar (.tar.gz/.tgz, no random access): items are length-sorted within groups of this many MiB of the stream, not globally; each encoder process holds at most two groups in memory. Smaller groups pad more (measured: see the README).")]
 IdColumnOpt = Annotated[Optional[str], typer.Option(rich_help_panel=_INPUTS, help="Parquet: the id column \\[default: key = <file>/<row>].")]
+KeepFieldsOpt = Annotated[Optional[str], typer.Option("--keep-fields", "--keep-columns", rich_help_panel=_INPUTS, help="Input metadata carried into the outputs (Parquet columns, the cuts' supervisions and custom fields): the fields of tar sidecars and list rows, the columns of Parquet input, a lhotse cut's custom fields. 'a,b' those; 'all' nested values too (as JSON); 'none' nothing (nor a lhotse cut's supervisions) \\[default: every string, number or boolean field]. text/speaker/language/gender become a lhotse supervision over the item. Recorded in run.json.")]
 
 
 def _input_options(recordings=None, input_format=None, audio_ext=None, id_field=None, audio_column=None, id_column=None,
-                   sort_buffer_mb=256.0):
+                   sort_buffer_mb=256.0, keep_fields=None):
     from .sources import REGISTRY, Options
 
     if input_format and input_format not in REGISTRY:
         _fail(f"--input-format {input_format!r}: choose from {', '.join(sorted(REGISTRY))}")
     exts = tuple(e.strip().lstrip(".") for e in audio_ext.split(",") if e.strip()) if audio_ext else None
-    return Options(recordings=recordings, input_format=input_format, audio_ext=exts, id_field=id_field,
-                   audio_column=audio_column, id_column=id_column, sort_buffer_mb=sort_buffer_mb)
+    options = Options(recordings=recordings, input_format=input_format, audio_ext=exts, id_field=id_field,
+                      audio_column=audio_column, id_column=id_column, sort_buffer_mb=sort_buffer_mb,
+                      keep_fields=keep_fields)
+    try:
+        options.keep  # a reserved name is a usage error, before OUT is touched
+    except ValueError as e:
+        _fail(e)
+    return options
 
 
 def _hours(seconds: float) -> str:
@@ -377,6 +384,7 @@ def features(
     output_format: FormatOpt = OutFormat["hdf5"],
     reencode_damaged: ReencodeOpt = False,
     sort_buffer_mb: SortBufferOpt = 256.0,
+    keep_fields: KeepFieldsOpt = None,
 ):
     """Continuous Mimi features, one \\[frames, dim] dataset per input.
 
@@ -395,7 +403,7 @@ def features(
                          ray_cpu_actors=ray_cpu_actors, split=split, **_format_settings(output_format.value, shar_extend))
     _run(input_path, out_dir, settings, shard_size, shard_mb, limit, strict, part, recordings, progress_seconds,
          _input_options(recordings, input_format, audio_ext, id_field, audio_column, id_column,
-                        sort_buffer_mb), reencode_damaged)
+                        sort_buffer_mb, keep_fields), reencode_damaged)
 
 
 features.__doc__ += _RUN_HELP
@@ -439,6 +447,7 @@ def codes(
     output_format: FormatOpt = OutFormat["hdf5"],
     reencode_damaged: ReencodeOpt = False,
     sort_buffer_mb: SortBufferOpt = 256.0,
+    keep_fields: KeepFieldsOpt = None,
 ):
     """Discrete Mimi codes, one int16 \\[frames, num_quantizers] dataset per input (12.5 Hz).
 
@@ -455,7 +464,7 @@ def codes(
                          ray_cpu_actors=ray_cpu_actors, split=split, **_format_settings(output_format.value, shar_extend))
     _run(input_path, out_dir, settings, shard_size, shard_mb, limit, strict, part, recordings, progress_seconds,
          _input_options(recordings, input_format, audio_ext, id_field, audio_column, id_column,
-                        sort_buffer_mb), reencode_damaged)
+                        sort_buffer_mb, keep_fields), reencode_damaged)
 
 
 codes.__doc__ += _RUN_HELP

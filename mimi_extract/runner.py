@@ -52,10 +52,12 @@ def row_for(item: Item) -> dict:
         row["source"] = {"path": os.path.abspath(item.path), "frames": item.file_frames, "channels": item.file_channels}
         if item.kind != "file":  # a member of a container: how to reach its bytes again (verify --out)
             row["source"].update(kind=item.kind, loc=list(item.loc) if item.loc is not None else None)
+    if item.meta:  # what the input says about it (text, speaker, supervisions...): the cuts' and columns' source
+        row["meta"] = item.meta
     return row
 
 
-def file_attrs(settings: Settings, config, identity: dict) -> dict:
+def file_attrs(settings: Settings, config, identity: dict, metadata: dict | None = None) -> dict:
     attrs = {
         "tap": settings.tap,
         "frame_rate": frame_rate(settings.tap, config),
@@ -72,11 +74,13 @@ def file_attrs(settings: Settings, config, identity: dict) -> dict:
         attrs["num_quantizers"] = settings.num_quantizers
     if settings.framing_rule.stream_frames is not None:
         attrs["frames_per_call"] = settings.frames_per_call
+    if metadata:  # the kept fields' columns (name -> type, JSON text: an HDF5 attribute holds no dict)
+        attrs["metadata"] = json.dumps(metadata, sort_keys=True)
     return attrs
 
 
 def run_info(settings: Settings, identity: dict, input_root: str, kind: str, part: Part,
-             input_identity: dict | None = None) -> dict:
+             input_identity: dict | None = None, metadata: dict | None = None, keep_fields: str | None = None) -> dict:
     keep = ("model", "tap", "channel", "causal_16k", "feature_dtype", "dtype", "framing", "format")
     info = {k: v for k, v in asdict(settings).items() if k in keep}
     if settings.shar_extend:
@@ -88,6 +92,10 @@ def run_info(settings: Settings, identity: dict, input_root: str, kind: str, par
     info["decoders"] = decoder_versions()  # a resume must decode every format the same way
     if input_identity:  # e.g. tar shards: each shard's size and mtime
         info["input_identity"] = input_identity
+    if keep_fields is not None:  # --keep-fields / --keep-columns, as given
+        info["keep_fields"] = keep_fields
+    if metadata:  # the metadata columns the outputs carry (name -> type): every shard must have the same
+        info["metadata"] = metadata
     return {**info, **identity, "input": input_root, "input_kind": kind, "part": str(part),
             "tool_version": __version__}
 
@@ -261,8 +269,9 @@ def _extract_with(engine, source, run_dir, settings, shard_size, shard_mb, limit
         layout, items, bad, more = plan_extend(source, found.kind, items, bad, mine, settings.format)
         warnings += more
     siblings = [d for d in run_dirs(os.path.dirname(run_dir)) if d != run_dir] if not part.whole else []
-    attrs = file_attrs(settings, config, identity)
-    check_run_info(run_dir, run_info(settings, identity, found.root, found.kind, part, found.identity), siblings, attrs)
+    attrs = file_attrs(settings, config, identity, found.metadata)
+    check_run_info(run_dir, run_info(settings, identity, found.root, found.kind, part, found.identity, found.metadata,
+                                     (options or Options()).keep_fields), siblings, attrs)
     damaged = None
     if reencode_damaged:
         on_phase("reading every stored item to check its checksums (--reencode-damaged)")
@@ -319,9 +328,9 @@ def _extract_with(engine, source, run_dir, settings, shard_size, shard_mb, limit
     if layout is not None:
         from .formats.shar import extend_writer
 
-        writer = extend_writer(run_dir, fmt, file_attrs(settings, config, identity), layout)
+        writer = extend_writer(run_dir, fmt, attrs, layout)
     else:
-        writer = ShardWriter(run_dir, fmt, file_attrs(settings, config, identity), shard_size, int(shard_mb * 2**20))
+        writer = ShardWriter(run_dir, fmt, attrs, shard_size, int(shard_mb * 2**20))
     attrs_of = lambda it: {"duration": it.duration, "source_sample_rate": it.sample_rate,  # noqa: E731
                            **({"start": it.segment[0], "end": it.segment[1]} if it.segment else {})}
     pieces = None

@@ -332,12 +332,15 @@ _EXPLAIN = {
     "input_identity": "the input's shards or files changed (added, removed, rewritten: size or mtime)",
     "decoders": "other decoder versions: a resume must decode each format as the first run did",
     "format": "another output format (--format)",
+    "metadata": "other input metadata kept as output columns and cut fields (--keep-fields; an OUT written before "
+                "metadata was kept resumes with --keep-fields none)",
+    "keep_fields": "another --keep-fields / --keep-columns",
 }
 
 
 # keys run.json gained after OUT directories existed: an OUT written before them lacks them, and is
 # resumed (it cannot say otherwise); once recorded they are compared like every other key
-_ADDED_LATER = ("decoders",)
+_ADDED_LATER = ("decoders", "keep_fields")
 
 
 def _differences(old: dict, new: dict, ignore: tuple[str, ...]) -> str:

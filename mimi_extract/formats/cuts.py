@@ -27,6 +27,31 @@ from .common import _write_file, committed_rows, format_of, read_run_info
 
 CUTS = "cuts.jsonl.gz"
 FIELDS = {"codes": "mimi_codes", "latent": "mimi_latent", "encoder": "mimi_encoder"}
+# a lhotse supervision's fields, and the names an input row may give them under (the first present wins)
+SUPERVISION_FIELDS = {"text": ("text", "transcript", "transcription", "sentence"), "speaker": ("speaker", "speaker_id"),
+                      "language": ("language", "lang", "locale"), "gender": ("gender",)}
+
+
+def cut_metadata(row: dict, recording_id: str, channel, duration: float) -> tuple[list[dict], dict]:
+    """(supervisions, custom fields) of an ok row's cut, from what its input said (``row["meta"]``).
+    A lhotse input's supervisions are its cut's (times already relative to the item: only the
+    recording and channel become the output cut's); an item with a ``text`` (``speaker``,
+    ``language``, ``gender``) but no supervisions (a sidecar, a list or Parquet row) gets one
+    supervision over the whole item, so lhotse recipes find ``cut.supervisions[0].text``.  Every
+    other kept field is a custom field."""
+    meta = row.get("meta") or {}
+    custom = {k: v for k, v in meta.items() if k != "supervisions"}
+    if "supervisions" in meta:
+        return [{**s, "recording_id": recording_id, "channel": channel} for s in meta["supervisions"]], custom
+    fields = {}
+    for name, aliases in SUPERVISION_FIELDS.items():
+        found = next((a for a in aliases if custom.get(a) is not None), None)
+        if found is not None:
+            fields[name] = str(custom.pop(found))
+    if not fields:
+        return [], custom
+    return [{"id": row["key"], "recording_id": recording_id, "start": 0.0, "duration": duration, "channel": channel,
+             **fields}], custom
 
 
 def cut_dict(row: dict, run_dir: str, field: str, frame_shift: float, array: dict | None = None) -> dict | None:
@@ -52,13 +77,14 @@ def cut_dict(row: dict, run_dir: str, field: str, frame_shift: float, array: dic
         channel, kind = channels, "MultiCut"
     else:
         channel, kind = 0, "MonoCut"
+    supervisions, custom = cut_metadata(row, recording_id, channel, row["duration"])
     return {
         "id": row["key"], "start": start, "duration": round(frames * frame_shift, 6),
-        "channel": channel, "supervisions": [],
+        "channel": channel, "supervisions": supervisions,
         "recording": {"id": recording_id, "sources": [{"type": "file", "channels": channels, "source": src["path"]}],
                       "sampling_rate": rate, "num_samples": src["frames"], "duration": src["frames"] / rate,
                       "channel_ids": channels},
-        "custom": {field: {"array": array, "temporal_dim": 0, "frame_shift": frame_shift, "start": start}},
+        "custom": {field: {"array": array, "temporal_dim": 0, "frame_shift": frame_shift, "start": start}, **custom},
         "type": kind,
     }
 

@@ -55,6 +55,9 @@ class ParquetShard(ShardBuilder):
         self.arrays: list[np.ndarray] = []
         self.cols: dict[str, list] = {k: [] for k in ("key", "frames", "dims", "duration", "sample_rate", "path",
                                                       *_NULLABLE)}
+        # the kept input fields (text, speaker, supervisions...): name -> type, the same in every shard of the run
+        self.meta_types: dict[str, str] = json.loads(file_attrs.get("metadata") or "{}")
+        self.meta: dict[str, list] = {k: [] for k in self.meta_types}
 
     def add(self, key: str, data: np.ndarray, row: dict, attrs: dict) -> dict:
         if data.ndim != 2:
@@ -71,6 +74,11 @@ class ParquetShard(ShardBuilder):
         c["start"].append(attrs.get("start"))
         c["end"].append(attrs.get("end"))
         c["channel"].append(row.get("channel"))
+        meta = row.get("meta") or {}
+        for name, kind in self.meta_types.items():
+            value = meta.get(name)
+            self.meta[name].append(json.dumps(value, ensure_ascii=False) if kind == "json" and value is not None
+                                   else value)
         return {"index": index}
 
     def _array(self):
@@ -99,6 +107,7 @@ class ParquetShard(ShardBuilder):
             "start": pa.array(c["start"], pa.float64()),
             "end": pa.array(c["end"], pa.float64()),
             "channel": pa.array(c["channel"], pa.int32()),
+            **{name: pa.array(self.meta[name], _meta_type(kind)) for name, kind in self.meta_types.items()},
         })
         table = table.replace_schema_metadata({METADATA_KEY: json.dumps(_jsonable(self.file_attrs))})
         per_row = max(1, sum(a.nbytes for a in self.arrays) // max(1, len(self.arrays)))
@@ -111,7 +120,13 @@ class ParquetShard(ShardBuilder):
         return {shard_name: sink.getvalue()}  # a pyarrow Buffer: bytes-like, not copied again
 
     def close(self) -> None:
-        self.arrays, self.cols = [], {}
+        self.arrays, self.cols, self.meta = [], {}, {}
+
+
+def _meta_type(kind: str):
+    """The Arrow type of a metadata column (``sources.metadata_columns``); ``json``: JSON text."""
+    pa, _ = _pa()
+    return {"string": pa.string, "int64": pa.int64, "float64": pa.float64, "bool": pa.bool_, "json": pa.string}[kind]()
 
 
 def _jsonable(attrs: dict) -> dict:
@@ -265,6 +280,10 @@ def dataset_card(out_dir: str, info: dict, parts: bool) -> str:
                          if k in ("model", "weights", "tap", "num_quantizers", "framing", "frames_per_call",
                                   "causal_16k", "dtype", "feature_dtype", "channel", "tool_version"))
     rate = "25" if column == "encoder" else "12.5"
+    kept = info.get("metadata") or {}
+    meta_rows = "".join(f"| `{name}` | {'string (JSON)' if kind == 'json' else kind} or null | kept from the input "
+                        f"({'its lhotse supervisions' if name == 'supervisions' else '--keep-fields'}) |\n"
+                        for name, kind in kept.items())
     return f"""---
 configs:
 - config_name: default
@@ -288,7 +307,7 @@ configs:
 | `path` | string | source path relative to the input |
 | `start`, `end` | float64 or null | the segment of the source, for segment inputs |
 | `channel` | int32 or null | the source channel, for one-channel items |
-
+{meta_rows}
 ```python
 from datasets import load_dataset
 ds = load_dataset("parquet", data_files="{glob}", split="train")  # or load_dataset("<this repo>")

@@ -13,6 +13,7 @@ size), and whoever encodes it (a worker process, a Ray actor) opens them itself.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -43,6 +44,7 @@ class Entry:
     where: str | None = None  # the row it came from ("line 12"), named in its error messages
     kind: str = "file"  # the source kind that opens its bytes
     loc: tuple | None = None  # where the bytes are within ``path``, for that kind (None: the file)
+    meta: dict | None = None  # what the input says about it, kept for the outputs (see :class:`Keep`)
 
 
 @dataclass
@@ -67,6 +69,10 @@ class Item:
     # one piece of a split recording (see plan.split_items): (index, count, begin, first, end), in
     # encoder-input samples; ``samples`` is then the piece's own stream length (end - begin)
     piece: tuple[int, int, int, int, int] | None = None
+    # what the input says about the item (sidecar/list/Parquet fields, a lhotse cut's custom fields
+    # and ``supervisions``: lhotse dicts, times relative to the item's start), JSON-able and small:
+    # it rides with the item to the manifest row, the cuts and the Parquet columns (see :class:`Keep`)
+    meta: dict | None = None
 
     @property
     def uid(self) -> str:
@@ -87,6 +93,7 @@ class Discovered:
     root: str = ""  # the input's identity, recorded in run.json
     kind: str = "directory"
     identity: dict = field(default_factory=dict)  # the kind's own description (shards, sizes, mtimes)
+    metadata: dict = field(default_factory=dict)  # the kept fields' output columns: name -> type (metadata_columns)
 
 
 def dataset_name(key: str) -> str:
@@ -164,6 +171,126 @@ def segment_fields(row: dict, entry: Entry) -> None:
     entry.channel = _channel(row.get("channel"))
 
 
+# -- metadata kept for the outputs (--keep-fields) --------------------------------------------
+# names a kept field may not have: the outputs' own (Parquet columns, the cuts' array fields);
+# ``supervisions`` is lhotse's, in ``meta``
+RESERVED_FIELDS = frozenset({"key", "path", "start", "end", "duration", "channel", "frames", "dims", "sample_rate",
+                             "codes", "latent", "encoder", "mimi_codes", "mimi_latent", "mimi_encoder", "supervisions"})
+# what a list row or a sidecar already says about the item itself (read, never kept as metadata)
+ITEM_FIELDS = ("id", "path", "start", "end", "duration", "channel")
+
+
+def _scalar(value) -> bool:
+    return isinstance(value, (str, bool, int, float))
+
+
+@dataclass
+class Keep:
+    """Which fields of an input row an item carries into the outputs (``--keep-fields``, alias
+    ``--keep-columns``): ``default`` every scalar field (string, number, boolean); ``all`` nested
+    values too (lists and objects: JSON); ``none`` nothing (not even a lhotse cut's supervisions);
+    or the names listed.  Never the fields that made the item (``skip``: a list row's id, path and
+    segment, the ``--id-field``, the audio and id columns), nor one named as an output's own column
+    (:data:`RESERVED_FIELDS`: ``duration``, ``path``...): that one is left out and named in a
+    warning (``dropped``), or refused when listed by name."""
+
+    mode: str = "default"  # default | all | none | names
+    names: tuple[str, ...] = ()
+    dropped: set = field(default_factory=set)  # reserved names seen (and not kept) in default/all mode
+
+    @classmethod
+    def parse(cls, spec: str | None) -> "Keep":
+        """``None`` (default), ``all``, ``none`` or ``a,b,c``; ValueError for a reserved name."""
+        if spec is None or spec.strip() == "":
+            return cls()
+        if spec.strip().lower() in ("all", "none"):
+            return cls(spec.strip().lower())
+        names = tuple(dict.fromkeys(n.strip() for n in spec.split(",") if n.strip()))
+        taken = [n for n in names if n in RESERVED_FIELDS]
+        if taken:
+            raise ValueError(f"--keep-fields {taken[0]!r}: the outputs have their own {taken[0]!r} column or field, "
+                             "so it cannot be kept as metadata")
+        return cls("names", names)
+
+    @property
+    def keeps_supervisions(self) -> bool:
+        return self.mode != "none"
+
+    def wants(self, name: str, scalar: bool) -> bool:
+        """Whether a field (a Parquet column: ``scalar`` from its type) is read at all."""
+        if self.mode == "names":
+            return name in self.names
+        if self.mode == "none":
+            return False
+        if name in RESERVED_FIELDS:
+            self.dropped.add(name)
+            return False
+        return scalar or self.mode == "all"
+
+    def pick(self, row: dict, skip=()) -> dict | None:
+        """The kept fields of one row (a sidecar, a list row, a Parquet row, a cut's ``custom``),
+        JSON-able; None when nothing is kept.  ``skip``: fields that already made the item (the
+        ``--id-field``, the audio and id columns).  A null or absent field is not kept."""
+        if self.mode == "none":
+            return None
+        out = {}
+        for name in (self.names if self.mode == "names" else row):
+            value = row.get(name)
+            if value is None or name in skip or not isinstance(name, str):
+                continue  # (a name listed that is an item field: the names mode's own choice, skipped too)
+            if self.mode != "names":
+                if name in RESERVED_FIELDS:
+                    self.dropped.add(name)
+                    continue
+                if self.mode == "default" and not _scalar(value):
+                    continue
+            if isinstance(value, (bytes, bytearray)):
+                continue
+            if not _scalar(value):  # nested (or a type JSON lacks: a date): its JSON form
+                value = json.loads(json.dumps(value, default=str))
+            out[name] = value
+        return out or None
+
+
+def _value_kind(name: str, value) -> str:
+    if name == "supervisions" or not _scalar(value):
+        return "json"
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "int64" if -2**63 <= value < 2**63 else "json"
+    return "float64" if isinstance(value, float) else "string"
+
+
+def metadata_columns(metas) -> dict[str, str]:
+    """The output columns of the kept fields over all of an input's ``meta`` dicts: name -> type
+    (``string``, ``int64``, ``float64``, ``bool``; ``json``: a JSON string, for nested or mixed
+    values and lhotse ``supervisions``).  Decided over the whole input before any shard is written
+    (and recorded in run.json), so every shard, and every part of a job array, has the same schema."""
+    kinds: dict[str, set] = {}
+    for meta in metas:
+        for name, value in (meta or {}).items():
+            kinds.setdefault(name, set()).add(_value_kind(name, value))
+    out = {}
+    for name, found in sorted(kinds.items()):
+        if len(found) == 1:
+            out[name] = found.pop()
+        elif found == {"int64", "float64"}:
+            out[name] = "float64"
+        else:
+            out[name] = "json"
+    return out
+
+
+def supervisions_for_channel(meta: dict | None, channel: int) -> dict | None:
+    """``meta`` for one channel of a multi-channel item: only the supervisions on that channel."""
+    if not meta or "supervisions" not in meta:
+        return meta
+    sups = [s for s in meta["supervisions"] if s.get("channel") is None or s["channel"] == channel
+            or (isinstance(s["channel"], list) and channel in s["channel"])]
+    return {**meta, "supervisions": sups}
+
+
 # -- probing -------------------------------------------------------------------------------
 def seconds_to_samples(seconds: float, rate: int) -> int:
     """lhotse's rounding (``compute_num_samples``: round to 8 digits, then half up), so a segment
@@ -194,6 +321,14 @@ class Options:
     id_column: str | None = None  # parquet
     input_format: str | None = None  # a registered kind, instead of detecting it
     sort_buffer_mb: float = 256  # compressed tar: the bounded sorting buffer (MiB)
+    keep_fields: str | None = None  # --keep-fields / --keep-columns: what metadata items carry (Keep)
+
+    @property
+    def keep(self) -> Keep:
+        """:class:`Keep` of ``keep_fields``, parsed once (it collects the reserved names it met)."""
+        if getattr(self, "_keep", None) is None or self._keep_spec != self.keep_fields:
+            self._keep, self._keep_spec = Keep.parse(self.keep_fields), self.keep_fields
+        return self._keep
 
 
 class Source:
@@ -347,7 +482,8 @@ def probe_info(entry: Entry, info, channel_mode: str = "mix", framing: Framing =
     return [
         Item(entry.path, entry.rel, f"{key}#ch{c}" if channel_mode == "each" and entry.channel is None else key,
              c, rate, start, frames, samples, segment=segment, file_frames=info.frames, file_channels=info.channels,
-             where=entry.where, kind=entry.kind, loc=entry.loc)
+             where=entry.where, kind=entry.kind, loc=entry.loc,
+             meta=supervisions_for_channel(entry.meta, c) if len(channels) > 1 else entry.meta)
         for c in channels
     ]
 
@@ -407,11 +543,15 @@ def discover(source: str, channel: str = "mix", framing: Framing = Framing(), li
     kind = source_kind(source, input_format or options.input_format)
     src = REGISTRY[kind](source, options)
     warnings: list[str] = []
-    entries = src.entries(warnings)[:limit]
+    entries = src.entries(warnings)
+    metadata = metadata_columns(e.meta for e in entries)  # the whole input's: every part, every --limit the same
+    if options.keep.dropped:
+        warnings.append("not kept as metadata (the outputs have their own): " + ", ".join(sorted(options.keep.dropped)))
+    entries = entries[:limit]
     with ThreadPoolExecutor(16) as pool:  # header reads are I/O bound (network file systems)
         probed = [it for found in pool.map(lambda e: safe_probe(src, e, channel, framing), entries) for it in found]
     items, bad = dedup(probed)
-    return Discovered(items, bad, warnings, os.path.realpath(source), kind, src.identity())
+    return Discovered(items, bad, warnings, os.path.realpath(source), kind, src.identity(), metadata)
 
 
 def source_kind(source: str, input_format: str | None = None) -> str:

@@ -6,7 +6,8 @@ import csv
 import json
 import os
 
-from .base import AUDIO_EXTENSIONS, Entry, Source, _printable, printable, register, segment_fields, text_problem
+from .base import (AUDIO_EXTENSIONS, ITEM_FIELDS, Entry, Keep, Source, _printable, printable, register, segment_fields,
+                   text_problem)
 
 LIST_EXTENSIONS = (".txt", ".lst", ".scp", ".jsonl", ".csv", ".tsv")
 
@@ -58,7 +59,7 @@ def walk_directory(root: str, warnings: list[str], exclude: str | None = None) -
     return found
 
 
-def _list_entry(row: dict, base: str, where: str) -> Entry:
+def _list_entry(row: dict, base: str, where: str, keep: Keep | None = None) -> Entry:
     raw_id = row.get("id")
     key = None if raw_id in (None, "") else str(raw_id)
     path = str(row.get("path") or "").strip()
@@ -74,13 +75,15 @@ def _list_entry(row: dict, base: str, where: str) -> Entry:
         segment_fields(row, entry)
     except ValueError as e:
         entry.error = f"{where}: {e}"
+    if keep is not None:  # the row's other fields (text, speaker...): --keep-fields
+        entry.meta = keep.pick(row, skip=ITEM_FIELDS)
     return entry
 
 
-def read_list(path: str) -> list[Entry]:
+def read_list(path: str, keep: Keep | None = None) -> list[Entry]:
     """``.txt`` (one path per line) or ``.jsonl``/``.csv``/``.tsv`` with ``path`` and optional
     ``id``, ``start``, ``end`` or ``duration`` (seconds) and ``channel``; relative paths resolve
-    against the list's folder."""
+    against the list's folder.  ``keep``: which other fields of a row its item carries."""
     base = os.path.dirname(os.path.abspath(path))
     name = path.lower()
     entries = []
@@ -97,13 +100,13 @@ def read_list(path: str) -> list[Entry]:
                     entries.append(Entry("", f"line {n}", key=f"line {n}", where=f"line {n}",
                                          error=f"line {n}: not a JSON object ({e})"))
                     continue
-                entries.append(_list_entry(row, base, f"line {n}"))
+                entries.append(_list_entry(row, base, f"line {n}", keep))
         elif name.endswith((".csv", ".tsv")):
             reader = csv.DictReader(f, delimiter="\t" if name.endswith(".tsv") else ",")
             if "path" not in (reader.fieldnames or []):
                 raise ValueError(f"{path}: a CSV list needs a 'path' column (has {reader.fieldnames})")
             for n, row in enumerate(reader, 2):
-                entries.append(_list_entry(row, base, f"line {n}"))
+                entries.append(_list_entry(row, base, f"line {n}", keep))
         else:
             for n, line in enumerate(f, 1):
                 if line.strip() and not line.lstrip().startswith("#"):
@@ -138,4 +141,4 @@ class ListSource(Source):
         return os.path.isfile(path) and path.lower().endswith(LIST_EXTENSIONS) and not LhotseSource.detect(path)
 
     def entries(self, warnings: list[str]) -> list[Entry]:
-        return read_list(self.path)
+        return read_list(self.path, self.options.keep)

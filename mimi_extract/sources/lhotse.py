@@ -11,7 +11,7 @@ import json
 import os
 
 from .._optional import lhotse as _lhotse
-from .base import Entry, Source, printable, register, text_problem
+from .base import Entry, Keep, Source, printable, register, supervisions_for_channel, text_problem
 
 
 def is_lhotse_manifest(path: str) -> bool:
@@ -60,6 +60,36 @@ def _manifest_rows(path: str):
                 yield f"item {n}", row
 
 
+def _is_manifest(value) -> bool:
+    """A lhotse object (array, recording, image) or its serialised dict: not metadata to copy (an
+    input's own field would point at storage that the outputs do not have)."""
+    if isinstance(value, dict):
+        return bool({"storage_type", "array", "sources", "width"} & set(value))
+    return not isinstance(value, (str, bool, int, float, list))
+
+
+def cut_meta(obj, keep: Keep, start: float | None) -> dict | None:
+    """What a cut (or a supervision) carries into the outputs: its ``supervisions`` as lhotse dicts,
+    with times relative to the item's ``start`` (None: the recording's start), and its ``custom``
+    fields that ``keep`` keeps (never a lhotse array or recording: those point at the input's
+    storage).  A SupervisionSet's item is the supervision itself: it is its own one supervision."""
+    if not keep.keeps_supervisions:
+        return None
+    if type(obj).__name__ == "SupervisionSegment":
+        sups = [{**obj.to_dict(), "start": 0.0}]
+        custom = None
+    else:
+        shift = obj.start - (start or 0.0)  # the cut's supervisions are relative to the cut's own start
+        sups = [s.to_dict() for s in obj.supervisions]
+        if abs(shift) > 1e-9:
+            sups = [{**s, "start": round(s["start"] + shift, 8)} for s in sups]
+        custom = keep.pick({k: v for k, v in (obj.custom or {}).items() if not _is_manifest(v)})
+    meta = dict(custom or {})
+    if sups:
+        meta["supervisions"] = json.loads(json.dumps(sups, default=str))
+    return meta or None
+
+
 _KINDS = {"Recording": "RecordingSet", "SupervisionSegment": "SupervisionSet", "MonoCut": "CutSet",
           "MultiCut": "CutSet", "MixedCut": "CutSet"}
 
@@ -89,11 +119,13 @@ def _manifest_items(path: str):
             yield where, obj, ident, kind
 
 
-def read_lhotse_manifest(path: str, recordings: str | None = None) -> list[Entry]:
+def read_lhotse_manifest(path: str, recordings: str | None = None, keep: Keep | None = None) -> list[Entry]:
     """Entries of a lhotse RecordingSet, CutSet or SupervisionSet (with ``recordings``):
     recordings are whole files (one entry per channel), cuts and supervisions are segments keyed
     by their ids.  Rows are read one by one: a malformed row, or a row of another kind than the
-    manifest's first, is an error entry naming its line."""
+    manifest's first, is an error entry naming its line.  ``keep``: what a cut's supervisions and
+    custom fields, or a supervision, give its item's ``meta`` (:func:`cut_meta`)."""
+    keep = keep or Keep()
     _lhotse()
     entries: list[Entry] = []
 
@@ -101,7 +133,7 @@ def read_lhotse_manifest(path: str, recordings: str | None = None) -> list[Entry
         key = key if key and text_problem(key) is None else printable(key) if key else where
         entries.append(Entry("", where, key=key, where=where, error=f"{where}: {message}"))
 
-    def add(where, key, recording, start, duration, channels):
+    def add(where, key, recording, start, duration, channels, meta=None):
         if problem := text_problem(key):
             return fail(where, key, f"id {problem}")
         channels = channels if isinstance(channels, list) else [channels]
@@ -115,7 +147,8 @@ def read_lhotse_manifest(path: str, recordings: str | None = None) -> list[Entry
                     raise ValueError(f"audio path {problem}")
                 full = audio if os.path.isabs(audio) else os.path.abspath(audio)
                 entries.append(Entry(full, audio, key=k, start=start, duration=duration, where=where,
-                                     channel=index if len(recording.channel_ids) > 1 else None))
+                                     channel=index if len(recording.channel_ids) > 1 else None,
+                                     meta=supervisions_for_channel(meta, ch) if len(channels) > 1 else meta))
             except Exception as e:  # a row lhotse accepted but that names no readable audio
                 fail(where, k, str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}")
 
@@ -141,12 +174,13 @@ def read_lhotse_manifest(path: str, recordings: str | None = None) -> list[Entry
                 if obj.recording_id not in recs:
                     fail(where, obj.id, f"recording {obj.recording_id!r} not in {recordings}")
                     continue
-                add(where, obj.id, recs[obj.recording_id], obj.start, obj.duration, obj.channel)
+                add(where, obj.id, recs[obj.recording_id], obj.start, obj.duration, obj.channel,
+                    cut_meta(obj, keep, obj.start))
             else:
                 if getattr(obj, "recording", None) is None or type(obj).__name__ == "MixedCut":
                     fail(where, obj.id, "only cuts with one recording (MonoCut) are supported")
                     continue
-                add(where, obj.id, obj.recording, obj.start, obj.duration, obj.channel)
+                add(where, obj.id, obj.recording, obj.start, obj.duration, obj.channel, cut_meta(obj, keep, obj.start))
         except ValueError as e:
             if kind == "SupervisionSet" and recs is None:
                 raise
@@ -167,4 +201,4 @@ class LhotseSource(Source):
         return os.path.isfile(path) and is_lhotse_manifest(path)
 
     def entries(self, warnings: list[str]) -> list[Entry]:
-        return read_lhotse_manifest(self.path, self.options.recordings)
+        return read_lhotse_manifest(self.path, self.options.recordings, self.options.keep)

@@ -151,6 +151,21 @@ def _cell(path: str, group: int, row: int, column: str) -> tuple[bytes | None, s
     return value, None
 
 
+def kept_columns(schema, keep, skip) -> list[str]:
+    """The columns whose values items carry (``--keep-columns``): by default the scalar ones
+    (strings, numbers, booleans); never the audio or id column (``skip``) nor any holding bytes."""
+    pa = _pa()
+
+    def scalar(t) -> bool:
+        if pa.types.is_dictionary(t):  # a datasets ClassLabel-like or categorical column: its values
+            return scalar(t.value_type)
+        return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_integer(t) or \
+            pa.types.is_floating(t) or pa.types.is_boolean(t)
+
+    return [f.name for f in schema if f.name not in skip and "binary" not in str(f.type)
+            and keep.wants(f.name, scalar(f.type))]
+
+
 @register
 class ParquetSource(Source):
     """Parquet / Hugging Face datasets; see the module docstring."""
@@ -178,7 +193,7 @@ class ParquetSource(Source):
     def entries(self, warnings: list[str]) -> list[Entry]:
         files = self.files()
         root = self.path if os.path.isdir(self.path) else os.path.dirname(files[0])
-        entries, columns_found = [], 0
+        entries, columns_found, present = [], 0, set()
         from .tar import _shown_names
 
         names = [os.path.relpath(p, root).replace(os.sep, "/") for p in files] if os.path.isdir(self.path) \
@@ -202,18 +217,29 @@ class ParquetSource(Source):
             id_column = self.options.id_column
             if id_column and id_column not in data.schema.names:
                 raise ValueError(f"{shown} has no id column {id_column!r} (columns: {', '.join(data.schema.names)})")
+            kept = kept_columns(data.schema, self.options.keep, (column, id_column))
+            present.update(kept)
             base = 0
             for group, rows in enumerate(data.groups):
-                ids = None
+                ids = metas = None
                 if id_column:
                     try:
                         ids = data.read(group, [id_column]).column(id_column).to_pylist()
                     except Exception as e:
                         ids = e
+                if kept:  # the row's metadata (text, speaker...): --keep-columns
+                    try:
+                        metas = data.read(group, kept).to_pylist()
+                    except Exception as e:
+                        metas = e
                 for row in range(rows):
                     n = base + row
                     key, where = f"{shown}/{n}", f"{shown}:row {n}"
                     entry = Entry(full, key, key=key, where=where, kind=self.kind, loc=(group, row, column, ""))
+                    if isinstance(metas, Exception):
+                        entry.error = f"row group {group} unreadable: {type(metas).__name__}: {metas}"
+                    elif metas is not None:
+                        entry.meta = self.options.keep.pick(metas[row])
                     if isinstance(ids, Exception):
                         entry.error = f"row group {group} unreadable: {type(ids).__name__}: {ids}"
                     elif ids is not None:
@@ -228,6 +254,9 @@ class ParquetSource(Source):
                 base += rows
         if not columns_found:
             raise ValueError(entries[0].error if entries else f"no data in {self.path}")
+        missing = [n for n in self.options.keep.names if n not in present]
+        if missing:
+            raise ValueError(f"--keep-columns {missing[0]!r}: no such column in {self.path} (or it holds bytes)")
         return entries
 
     def probe(self, entry: Entry, channel_mode: str, framing):

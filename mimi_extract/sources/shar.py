@@ -14,8 +14,8 @@ import glob
 import os
 import re
 
-from .base import Entry, Source, register, text_problem, printable
-from .lhotse import _manifest_items
+from .base import Entry, Source, register, supervisions_for_channel, text_problem, printable
+from .lhotse import _manifest_items, cut_meta
 from .tar import index_tar, shard_identity
 
 _CUTS = re.compile(r"cuts\.(\d+)\.jsonl(\.gz)?$")
@@ -78,11 +78,11 @@ class SharSource(Source):
                     entries.append(Entry(full, base, key=key, where=where, kind="tar",
                                          error=f"member {name!r} does not belong to cut {cut.id!r}"))
                     continue
-                entries += self._cut_entries(cut, full, base, where, (offset, size, name))
+                entries += self._cut_entries(cut, full, base, where, (offset, size, name), self.options.keep)
         return entries
 
     @staticmethod
-    def _cut_entries(cut, tar: str, rel: str, where: str, loc) -> list[Entry]:
+    def _cut_entries(cut, tar: str, rel: str, where: str, loc, keep=None) -> list[Entry]:
         recording = getattr(cut, "recording", None)
         if recording is None or type(cut).__name__ == "MixedCut":
             return [Entry(tar, rel, key=cut.id, where=where, kind="tar", error="only MonoCut/MultiCut with a recording")]
@@ -94,11 +94,12 @@ class SharSource(Source):
             entry_channels = [None]  # the whole recording: --channel decides (mix, first, each)
         else:
             entry_channels = [ids.index(c) for c in chans]
+        meta = cut_meta(cut, keep, start) if keep is not None else None  # supervisions, custom fields
         out = []
         for c in entry_channels:
             key = cut.id if c is None or len(entry_channels) == 1 else f"{cut.id}#ch{ids[c]}"
             out.append(Entry(tar, rel, key=key, start=start, duration=duration, channel=c, where=where, kind="tar",
-                             loc=loc))
+                             loc=loc, meta=supervisions_for_channel(meta, ids[c]) if len(entry_channels) > 1 else meta))
         return out
 
     def identity(self) -> dict:

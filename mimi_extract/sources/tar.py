@@ -23,7 +23,7 @@ import re
 import tarfile
 
 from ..audio import DECODED_EXTENSIONS
-from .base import Entry, SourceError, Source, printable, register, segment_fields, text_problem
+from .base import ITEM_FIELDS, Entry, SourceError, Source, printable, register, segment_fields, text_problem
 
 TAR_EXTENSIONS = (".tar",)
 COMPRESSED_TAR_EXTENSIONS = (".tar.gz", ".tgz")
@@ -370,6 +370,7 @@ def sample_entries(shard: str, shown: str, key: str, parts: dict, options, kind:
             segment_fields(row, entry)
         except ValueError as e:
             entry.error = f"sidecar {parts['json'][0]!r}: {e}"
+        entry.meta = options.keep.pick(row, skip=(options.id_field, *ITEM_FIELDS[2:]))  # text, speaker... (--keep-fields)
     elif options.id_field:
         entry.error = f"sample has no .json sidecar with {options.id_field!r}"
     return entry
