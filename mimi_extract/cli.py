@@ -142,7 +142,7 @@ def _input_options(recordings=None, input_format=None, audio_ext=None, id_field=
                       audio_column=audio_column, id_column=id_column, sort_buffer_mb=sort_buffer_mb,
                       keep_fields=keep_fields)
     try:
-        options.keep  # a reserved name is a usage error, before OUT is touched
+        options.keep  # noqa: B018 -- a reserved name is a usage error, before OUT is touched
     except ValueError as e:
         _fail(e)
     return options
