@@ -39,6 +39,8 @@ FRAMINGS = ("transformers", "moshi", "moshi-stream", "muvap")  # audio.FRAMINGS
 DTYPES = ("fp32", "bf16", "fp16")  # settings.DTYPES
 ENGINES = ("local", "ray")  # settings.ENGINES
 RESAMPLERS = ("torchaudio", "causal")
+SIDECAR_DURATIONS = ("auto", "segment", "ignore")  # sources.SIDECAR_DURATION_MODES
+KEY_MODES = ("path", "stem")  # sources.KEY_MODES
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NO_INPUT, EXIT_ALL_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
 EXIT_ADDRESS_SPACE = _limits.EXIT_ADDRESS_SPACE
@@ -128,17 +130,22 @@ IdFieldOpt = Annotated[Optional[str], typer.Option(rich_help_panel=_INPUTS, help
 AudioColumnOpt = Annotated[Optional[str], typer.Option(rich_help_panel=_INPUTS, help="Parquet: the audio column \\[default: the first struct of bytes and path, the datasets Audio feature].")]
 SortBufferOpt = Annotated[float, typer.Option(min=1, rich_help_panel=_INPUTS, help="Compressed tar (.tar.gz/.tgz, no random access): items are length-sorted within groups of this many MiB of the stream, not globally; each encoder process holds at most two groups in memory. Smaller groups pad more (measured: see the README).")]
 IdColumnOpt = Annotated[Optional[str], typer.Option(rich_help_panel=_INPUTS, help="Parquet: the id column \\[default: key = <file>/<row>].")]
+SidecarDurationChoice = _choices("SidecarDurationChoice", SIDECAR_DURATIONS)
+KeyChoice = _choices("KeyChoice", KEY_MODES)
+SidecarDurationOpt = Annotated[SidecarDurationChoice, typer.Option(rich_help_panel=_INPUTS, help="A 'duration' with no start/end/offset in a tar sidecar, list row or NeMo manifest: auto = the file's length as the corpus wrote it (rounded, as Emilia's) when within 10 ms of it, so the whole file is encoded, else a segment from 0; segment = always a segment from 0; ignore = not read. Any segment ending past the file's end by <= 10 ms is clamped to the end. Recorded in run.json unless auto.")]
+KeyOpt = Annotated[KeyChoice, typer.Option("--key", rich_help_panel=_INPUTS, help="Keys of items without an id: path = as named (<shard>/<sample>, the list's or directory's relative path); stem = the file or member name up to its first dot (e.g. to join a corpus TSV by utterance id; duplicates become error rows). Recorded in run.json unless path.")]
 
 
 def _input_options(recordings=None, input_format=None, audio_ext=None, id_field=None, audio_column=None, id_column=None,
-                   sort_buffer_mb=256.0):
+                   sort_buffer_mb=256.0, sidecar_duration="auto", key="path"):
     from .sources import REGISTRY, Options
 
     if input_format and input_format not in REGISTRY:
         _fail(f"--input-format {input_format!r}: choose from {', '.join(sorted(REGISTRY))}")
     exts = tuple(e.strip().lstrip(".") for e in audio_ext.split(",") if e.strip()) if audio_ext else None
     return Options(recordings=recordings, input_format=input_format, audio_ext=exts, id_field=id_field,
-                   audio_column=audio_column, id_column=id_column, sort_buffer_mb=sort_buffer_mb)
+                   audio_column=audio_column, id_column=id_column, sort_buffer_mb=sort_buffer_mb,
+                   sidecar_duration=getattr(sidecar_duration, "value", sidecar_duration), key=getattr(key, "value", key))
 
 
 def _hours(seconds: float) -> str:
@@ -377,6 +384,8 @@ def features(
     output_format: FormatOpt = OutFormat["hdf5"],
     reencode_damaged: ReencodeOpt = False,
     sort_buffer_mb: SortBufferOpt = 256.0,
+    sidecar_duration: SidecarDurationOpt = SidecarDurationChoice["auto"],
+    key: KeyOpt = KeyChoice["path"],
 ):
     """Continuous Mimi features, one \\[frames, dim] dataset per input.
 
@@ -395,7 +404,7 @@ def features(
                          ray_cpu_actors=ray_cpu_actors, split=split, **_format_settings(output_format.value, shar_extend))
     _run(input_path, out_dir, settings, shard_size, shard_mb, limit, strict, part, recordings, progress_seconds,
          _input_options(recordings, input_format, audio_ext, id_field, audio_column, id_column,
-                        sort_buffer_mb), reencode_damaged)
+                        sort_buffer_mb, sidecar_duration, key), reencode_damaged)
 
 
 features.__doc__ += _RUN_HELP
@@ -439,6 +448,8 @@ def codes(
     output_format: FormatOpt = OutFormat["hdf5"],
     reencode_damaged: ReencodeOpt = False,
     sort_buffer_mb: SortBufferOpt = 256.0,
+    sidecar_duration: SidecarDurationOpt = SidecarDurationChoice["auto"],
+    key: KeyOpt = KeyChoice["path"],
 ):
     """Discrete Mimi codes, one int16 \\[frames, num_quantizers] dataset per input (12.5 Hz).
 
@@ -455,7 +466,7 @@ def codes(
                          ray_cpu_actors=ray_cpu_actors, split=split, **_format_settings(output_format.value, shar_extend))
     _run(input_path, out_dir, settings, shard_size, shard_mb, limit, strict, part, recordings, progress_seconds,
          _input_options(recordings, input_format, audio_ext, id_field, audio_column, id_column,
-                        sort_buffer_mb), reencode_damaged)
+                        sort_buffer_mb, sidecar_duration, key), reencode_damaged)
 
 
 codes.__doc__ += _RUN_HELP
@@ -529,6 +540,8 @@ def verify(
     id_column: IdColumnOpt = None,
     checksums: Annotated[bool, typer.Option("--checksums", help="With --out: read every stored item and check its checksums instead (no model, no re-encoding); list the damaged items; exit 1 if any.")] = False,
     sort_buffer_mb: SortBufferOpt = 256.0,
+    sidecar_duration: SidecarDurationOpt = SidecarDurationChoice["auto"],
+    key: KeyOpt = KeyChoice["path"],
 ):
     """Check outputs against transformers' own single-item MimiModel encode, file by file.
 
@@ -580,7 +593,8 @@ def verify(
             settings.devices = settings.devices[:1]
             settings.num_workers = 1
             checks, problems = verify_source(input_path, settings, limit, rtol, atol, options=_input_options(
-                None, input_format, audio_ext, id_field, audio_column, id_column, sort_buffer_mb)), []
+                None, input_format, audio_ext, id_field, audio_column, id_column, sort_buffer_mb, sidecar_duration,
+                key)), []
             title = f"engine ({settings.dtype}) vs single-item (fp32, transformers)"
             shown = ("encoder", "latent")
     except (ValueError, FileNotFoundError, RuntimeError, OSError, KeyError) as e:

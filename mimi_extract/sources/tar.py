@@ -23,7 +23,8 @@ import re
 import tarfile
 
 from ..audio import DECODED_EXTENSIONS
-from .base import Entry, SourceError, Source, printable, register, segment_fields, text_problem
+from .base import Entry, SourceError, Source, id_text, key_stem, printable, register, row_meta, segment_fields, \
+    text_problem
 
 TAR_EXTENSIONS = (".tar",)
 COMPRESSED_TAR_EXTENSIONS = (".tar.gz", ".tgz")
@@ -340,7 +341,7 @@ def sample_entries(shard: str, shown: str, key: str, parts: dict, options, kind:
     ``data_of(member)`` gives a member's bytes (the sidecar), read from the shard by default."""
     data_of = data_of or (lambda m: m[3] if m[3] is not None else _read_bytes(shard, m[1], m[2]))
     where = f"{shown}:{key}"
-    default_key = f"{shown}/{key}"
+    default_key = key_stem(key) if options.key == "stem" else f"{shown}/{key}"
     audio = _audio_member(parts, options.audio_ext)
     if audio is None:
         wanted = ", ".join(options.audio_ext) if options.audio_ext else "an audio extension"
@@ -356,18 +357,23 @@ def sample_entries(shard: str, shown: str, key: str, parts: dict, options, kind:
         except ValueError as e:
             entry.error = f"sidecar {parts['json'][0]!r} is not a JSON object ({e})"
             return entry
+        entry.meta = row_meta(row, (options.id_field,))
         if options.id_field:
             ident = row.get(options.id_field)
             if ident in (None, ""):
                 entry.error = f"sidecar {parts['json'][0]!r} has no {options.id_field!r}"
                 return entry
-            ident = str(ident)
+            try:
+                ident = id_text(ident)
+            except ValueError as e:
+                entry.error = f"sidecar {parts['json'][0]!r}: {e}"
+                return entry
             if problem := text_problem(ident):
                 entry.key, entry.error = printable(ident), f"id {problem}"
                 return entry
             entry.key = ident
         try:
-            segment_fields(row, entry)
+            segment_fields(row, entry, options.sidecar_duration)
         except ValueError as e:
             entry.error = f"sidecar {parts['json'][0]!r}: {e}"
     elif options.id_field:
