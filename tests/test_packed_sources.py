@@ -568,3 +568,40 @@ def test_key_stem(shards, loose, tmp_path, tiny_model_dir):
     assert read_run_info(str(out))["input_identity"]["key"] == "stem"
     result = cli("codes", shards, out, "--model", tiny_model_dir, *ONE_WORKER, "--limit", "2")
     assert result.exit_code == 2 and "key" in result.text
+
+
+def test_hostile_names_never_reach_out(loose, tmp_path, tiny_model_dir):
+    """Member names ``../x`` and ``/abs`` are error rows (not keys ``t.tar/../x``); ``./a`` is
+    ``a``; a list id that climbs (``../../pwn/y``) is an error row; a list path that climbs is no
+    Shar member name (an error row with --format shar): OUT's tars name nothing outside."""
+    from conftest import ONE_WORKER
+
+    wav = open(os.path.join(loose, "b.wav"), "rb").read()
+    shard = str(tmp_path / "t.tar")
+    with tarfile.open(shard, "w") as tf:
+        for name in ("../x.wav", "../../pwn/y.wav", "./z.wav", "/abs/w.wav", "ok.wav"):
+            add_bytes(tf, name, wav)
+    found = discover(shard)
+    assert sorted(it.key for it in found.items) == ["t.tar/ok", "t.tar/z"]
+    assert sorted(it.key for it in found.bad) == ["t.tar/%2Fabs%2Fw", "t.tar/..%2F..%2Fpwn%2Fy", "t.tar/..%2Fx"]
+    assert all("climbs out of the shard" in it.error for it in found.bad)
+    (tmp_path / "lists").mkdir()
+    with open(tmp_path / "lists" / "l.jsonl", "w") as f:
+        f.write(json.dumps({"path": "../in/b.wav", "id": "../../pwn/y"}) + "\n")
+        f.write(json.dumps({"path": "../in/b.wav"}) + "\n")
+        f.write(json.dumps({"path": "../in/b.wav", "id": "fine/b"}) + "\n")
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "b.wav").write_bytes(wav)
+    for source, ok in ((shard, 2), (str(tmp_path / "lists" / "l.jsonl"), 1)):
+        out = tmp_path / ("out-" + os.path.basename(source))
+        result = cli("codes", source, out, "--model", tiny_model_dir, *ONE_WORKER, "--format", "shar")
+        assert result.exit_code == 0, result.output
+        rows = [json.loads(line) for line in open(out / "manifest.jsonl")]
+        assert sum(r["status"] == "ok" for r in rows) == ok and all(
+            ".." not in r["key"].split("/") and not r["key"].startswith("/") for r in rows if r["status"] == "ok")
+        for name in os.listdir(out / "shar"):
+            if name.endswith(".tar"):
+                with tarfile.open(out / "shar" / name) as tf:
+                    assert all(".." not in m.split("/") and not m.startswith("/") for m in tf.getnames())
+    errors = {r["key"]: r["error"] for r in rows if r["status"] == "error"}
+    assert "climbs out of its folder" in errors["line 1"] and "climbs out of its folder" in errors["../in/b.wav"]

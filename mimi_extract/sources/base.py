@@ -132,11 +132,19 @@ def _seconds(value, name: str) -> float | None:
 def id_text(value) -> str:
     """An id from a row as text: a string or a whole number; anything else (a list, an object, a
     float, a boolean) is refused -- its Python repr (``{'a': 1}``) is no one's id."""
-    if isinstance(value, str):
-        return value
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
-    raise ValueError(f"id {value!r} is not a string or a whole number")
+    if not isinstance(value, str):
+        raise ValueError(f"id {value!r} is not a string or a whole number")
+    if climbs(value):
+        raise ValueError(f"id {value!r} climbs out of its folder (a '..' component): a key names a member of "
+                         "OUT's files (a Shar tar's), never a path outside them")
+    return value
+
+
+def climbs(name: str) -> bool:
+    """Whether ``name``, as a '/'-separated path, has a '..' component (path traversal)."""
+    return ".." in name.split("/")
 
 
 def row_meta(row: dict, also: tuple = ()) -> dict | None:

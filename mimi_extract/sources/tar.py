@@ -19,11 +19,12 @@ import glob
 import io
 import json
 import os
+import posixpath
 import re
 import tarfile
 
 from ..audio import DECODED_EXTENSIONS
-from .base import Entry, SourceError, Source, id_text, key_stem, printable, register, row_meta, segment_fields, \
+from .base import Entry, SourceError, Source, climbs, id_text, key_stem, printable, register, row_meta, segment_fields, \
     text_problem
 
 TAR_EXTENSIONS = (".tar",)
@@ -340,6 +341,13 @@ def sample_entries(shard: str, shown: str, key: str, parts: dict, options, kind:
     """One sample -> its entry: audio member, sidecar id and segment, or the reason it has none.
     ``data_of(member)`` gives a member's bytes (the sidecar), read from the shard by default."""
     data_of = data_of or (lambda m: m[3] if m[3] is not None else _read_bytes(shard, m[1], m[2]))
+    clean = posixpath.normpath(key) if key else key  # ./a, a//b -> a, a/b
+    if climbs(clean) or clean.startswith("/"):  # ../x, /etc/x: never a key (a Shar output's member name)
+        shown_key = f"{shown}/{printable(key).replace('/', '%2F')}"
+        return Entry(shard, shown_key, key=shown_key, where=f"{shown}:{printable(key)}", kind=kind,
+                     error=f"member name {printable(key)!r} climbs out of the shard ('..' or a leading '/'): "
+                           "not read (path traversal)")
+    key = clean
     where = f"{shown}:{key}"
     default_key = key_stem(key) if options.key == "stem" else f"{shown}/{key}"
     audio = _audio_member(parts, options.audio_ext)
