@@ -605,3 +605,36 @@ def test_hostile_names_never_reach_out(loose, tmp_path, tiny_model_dir):
                     assert all(".." not in m.split("/") and not m.startswith("/") for m in tf.getnames())
     errors = {r["key"]: r["error"] for r in rows if r["status"] == "error"}
     assert "climbs out of its folder" in errors["line 1"] and "climbs out of its folder" in errors["../in/b.wav"]
+
+
+@pytest.mark.parametrize("compressed", [False, True])
+def test_tar_cut_between_members_is_damage(tmp_path, compressed):
+    """A shard cut exactly at a member boundary or inside a member's padding (no end-of-archive
+    marker), or whose size is not a multiple of 512: the samples before are kept and one
+    ``<shard>@damage`` error row names the offset (the rest of the shard was lost unsaid)."""
+    import gzip as gz
+
+    from mimi_extract.sources.tar import index_tar
+
+    full = str(tmp_path / "full.tar")
+    with tarfile.open(full, "w") as tf:
+        for i in range(10):
+            wav = io.BytesIO()
+            sf.write(wav, np.full(1000 + 37 * i, 0.1, np.float32), 16_000, format="WAV", subtype="PCM_16")
+            add_bytes(tf, f"s{i}.wav", wav.getvalue())
+            add_bytes(tf, f"s{i}.json", json.dumps({"text": "x" * (i + 1)}).encode())
+    raw = open(full, "rb").read()
+    name, offset, size, _ = index_tar(full)[0][9]  # s4.json: the fifth sample's last member
+    boundary, padding = offset + -(-size // 512) * 512, offset + size + 10
+    ext = ".tar.gz" if compressed else ".tar"
+    for label, cut in (("boundary", boundary), ("padding", padding), ("odd", len(raw) - 100)):
+        path = str(tmp_path / f"{label}{ext}")
+        with (gz.open(path, "wb") if compressed else open(path, "wb")) as f:
+            f.write(raw[:cut])
+        found = discover(path)
+        kept = 10 if label == "odd" else 5
+        assert sorted(it.key for it in found.items) == [f"{label}{ext}/s{i}" for i in range(kept)], label
+        (bad,) = found.bad
+        assert bad.key == f"{label}{ext}@damage"
+        assert (f"at byte {cut}" if label != "odd" else f"({cut} bytes) is not a multiple of 512") in bad.error
+    assert not discover(full).bad

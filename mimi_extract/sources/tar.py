@@ -185,15 +185,20 @@ def index_tar(path: str, keep=lambda name: False, keep_max: int = 1 << 20):
     with open(path, "rb") as f:
         pos = 0
         while True:
-            if pos + 512 > total:
-                if pos < total or not members:
-                    damage = f"truncated at byte {total}: a header at byte {pos} is incomplete" if pos < total else \
-                        "not a tar file (empty)"
+            if pos + 512 > total:  # no end-of-archive marker: truncated (the samples after it, if any, are lost)
+                if pos < total:
+                    damage = f"truncated at byte {total}: a header at byte {pos} is incomplete"
+                elif total == 0:
+                    damage = "not a tar file (empty)"
+                else:
+                    damage = missing_end(total, pos, members[-1][0] if members else None)
                 break
             if f.tell() != pos:
                 f.seek(pos)
             header = f.read(512)
             if header == b"\0" * 512:
+                if total % 512:
+                    damage = f"truncated or damaged: its size ({total} bytes) is not a multiple of 512"
                 break
             if _checksum(header) is False:
                 damage = "not a tar file (bad header checksum at byte 0)" if pos == 0 else \
@@ -238,6 +243,14 @@ def index_tar(path: str, keep=lambda name: False, keep_max: int = 1 << 20):
                 data = f.read(size) if keep(name) and size <= keep_max else None
                 members.append((name, data_at, size, data))
     return members, damage
+
+
+def missing_end(total: int, header_at: int, last: str | None, stream: str = "") -> str:
+    """The damage of a tar that ends (at byte ``total``) where the next header (``header_at``) or
+    the end-of-archive marker should be: cut at a member boundary, or inside a member's padding."""
+    where = "at a member boundary" if header_at == total else f"in the header at byte {header_at}" \
+        if header_at < total else f"inside the padding of member {last!r} (its blocks end at byte {header_at})"
+    return f"truncated at byte {total}{stream}, {where}: no end-of-archive marker"
 
 
 def _pax_records(data: bytes) -> dict | None:
@@ -287,6 +300,12 @@ def _index_with_tarfile(path: str, keep=lambda name: False, keep_max: int = 1 <<
                 damage = f"damaged at byte {tf.offset} ({e or type(e).__name__})"
                 break
             if info is None:
+                f.seek(tf.offset)
+                marker = f.read(512)
+                if len(marker) < 512 or marker.strip(b"\0"):  # tarfile stops silently where the file ends
+                    damage = missing_end(size, tf.offset, members[-1][0] if members else None)
+                elif size % 512:
+                    damage = f"truncated or damaged: its size ({size} bytes) is not a multiple of 512"
                 break
             if not info.isfile():
                 continue
