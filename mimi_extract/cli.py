@@ -136,6 +136,20 @@ SidecarDurationOpt = Annotated[SidecarDurationChoice, typer.Option(rich_help_pan
 KeyOpt = Annotated[KeyChoice, typer.Option("--key", rich_help_panel=_INPUTS, help="Keys of items without an id: path = as named (<shard>/<sample>, the list's or directory's relative path); stem = the file or member name up to its first dot (e.g. to join a corpus TSV by utterance id; duplicates become error rows). Recorded in run.json unless path.")]
 
 
+class _OneInput(typer.core.TyperCommand):
+    """A command whose INPUT is one argument: when the shell expanded an unquoted pattern into
+    several (``shards/en-*.tar`` -> many files), click's "unexpected extra argument" says why."""
+
+    def parse_args(self, ctx, args):
+        try:
+            return super().parse_args(ctx, args)
+        except Exception as e:  # click's UsageError (typer vendors its own click: no one class to name)
+            if "unexpected extra argument" in str(getattr(e, "message", "")):
+                e.message += (". INPUT is one argument: quote a shard pattern ('shards/en-{000000..000123}.tar' or "
+                              "'shards/*.tar') so that the shell does not expand it into many, or give their folder")
+            raise
+
+
 def _input_options(recordings=None, input_format=None, audio_ext=None, id_field=None, audio_column=None, id_column=None,
                    sort_buffer_mb=256.0, sidecar_duration="auto", key="path"):
     from .sources import REGISTRY, Options
@@ -345,7 +359,7 @@ _RUN_HELP = ("\n\n    Re-running the same command resumes: items already 'ok' in
              + EXIT_CODES_HELP)
 
 
-@app.command()
+@app.command(cls=_OneInput)
 def features(
     input_path: InputArg,
     out_dir: OutArg,
@@ -410,7 +424,7 @@ def features(
 features.__doc__ += _RUN_HELP
 
 
-@app.command()
+@app.command(cls=_OneInput)
 def codes(
     input_path: InputArg,
     out_dir: OutArg,
@@ -511,7 +525,7 @@ def _mismatch_report(out: Console, checks) -> None:
             say((c.key, "yellow"), f": {c.note}", out=out)
 
 
-@app.command()
+@app.command(cls=_OneInput)
 def verify(
     input_path: Annotated[Optional[str], typer.Argument(metavar="[INPUT]", help="Files to encode both ways (omit with --out).")] = None,
     out: Annotated[Optional[str], typer.Option("--out", help="Audit this OUT: re-encode a sample of its items one by one and compare with what it holds.")] = None,

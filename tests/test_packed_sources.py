@@ -638,3 +638,19 @@ def test_tar_cut_between_members_is_damage(tmp_path, compressed):
         assert bad.key == f"{label}{ext}@damage"
         assert (f"at byte {cut}" if label != "odd" else f"({cut} bytes) is not a multiple of 512") in bad.error
     assert not discover(full).bad
+
+
+def test_cli_shard_pattern_messages(shards, tiny_model_dir, tmp_path):
+    """A brace pattern naming a shard that does not exist says which (it said "matches nothing"
+    unless --input-format tar); a pattern the shell expanded into several arguments gets a hint
+    to quote it (it got typer's bare "unexpected extra argument")."""
+    from conftest import ONE_WORKER
+
+    result = cli("codes", os.path.join(shards, "en-{000000..000002}.tar"), tmp_path / "o1", "--model", tiny_model_dir,
+                 *ONE_WORKER)
+    assert result.exit_code == 2 and "en-000002.tar" in result.text and "does not exist" in result.text, result.text
+    result = cli("codes", os.path.join(shards, "en-000000.tar"), os.path.join(shards, "en-000001.tar"),
+                 tmp_path / "o2", "--model", tiny_model_dir, *ONE_WORKER)
+    assert result.exit_code == 2 and "unexpected extra argument" in result.text and "quote" in result.text, result.text
+    result = cli("verify", os.path.join(shards, "en-000000.tar"), os.path.join(shards, "en-000001.tar"))
+    assert result.exit_code == 2 and "quote" in result.text, result.text

@@ -294,6 +294,12 @@ class Source:
         return entry.path
 
     @classmethod
+    def why_not(cls, path: str) -> str | None:
+        """When no kind detects ``path``: why this kind does not, if it can say more than
+        "matches nothing" (a shard pattern naming a shard that does not exist)."""
+        return None
+
+    @classmethod
     def open_header(cls, entry: Entry):
         """What planning probes (header only): :meth:`open` unless a kind has something cheaper."""
         return cls.open(entry)
@@ -520,4 +526,7 @@ def source_kind(source: str, input_format: str | None = None) -> str:
     if os.path.isfile(source):
         raise ValueError(f"input {source!r} is a file but not a list (.txt .jsonl .csv .tsv), a lhotse manifest "
                          "(.jsonl.gz) or another known input (" + ", ".join(sorted(REGISTRY)) + ")")
+    for cls in REGISTRY.values():
+        if why := cls.why_not(source):
+            raise FileNotFoundError(why)
     raise FileNotFoundError(f"input {source!r} matches nothing")

@@ -153,6 +153,17 @@ def shard_list(path: str, extensions=TAR_EXTENSIONS + COMPRESSED_TAR_EXTENSIONS)
     return list(dict.fromkeys(found))
 
 
+def missing_shard(path: str) -> str | None:
+    """For a pattern no kind detects: the shard it names that does not exist, if that is why."""
+    if not _PATTERN.search(path) or os.path.exists(path):
+        return None
+    try:
+        shard_list(path)
+    except FileNotFoundError as e:
+        return str(e)
+    return None
+
+
 def _is_shard_input(path: str, extensions) -> bool:
     if os.path.isfile(path):
         return path.lower().endswith(extensions)
@@ -442,6 +453,10 @@ class TarSource(Source):
         if not hasattr(self, "_shards"):
             self._shards = tar_shards(self.path, compressed=False)
         return self._shards
+
+    @classmethod
+    def why_not(cls, path: str) -> str | None:
+        return missing_shard(path)
 
     def entries(self, warnings: list[str]) -> list[Entry]:
         shards = self.shards()
