@@ -89,7 +89,7 @@ OutFormat = _format_choices()
 
 
 InputArg = Annotated[str, typer.Argument(metavar="INPUT", help="A directory (searched recursively), a list "
-                                         "(.txt/.jsonl/.csv: path[,id,start,end|duration,channel]), a lhotse "
+                                         "(.txt/.jsonl/.csv: path[,id,start,end|duration,channel]; a NeMo manifest.json), a lhotse "
                                          "manifest (recordings/cuts/supervisions .jsonl.gz), tar shards (a .tar, a "
                                          "folder of them, or a pattern: 'shards/en-{000000..000123}.tar'), Parquet "
                                          "(a .parquet, a folder of them, a datasets save_to_disk folder) or a lhotse "

@@ -524,7 +524,7 @@ def source_kind(source: str, input_format: str | None = None) -> str:
         if cls.detect(source):
             return kind
     if os.path.isfile(source):
-        raise ValueError(f"input {source!r} is a file but not a list (.txt .jsonl .csv .tsv), a lhotse manifest "
+        raise ValueError(f"input {source!r} is a file but not a list (.txt .jsonl .csv .tsv, a NeMo .json), a lhotse manifest "
                          "(.jsonl.gz) or another known input (" + ", ".join(sorted(REGISTRY)) + ")")
     for cls in REGISTRY.values():
         if why := cls.why_not(source):
