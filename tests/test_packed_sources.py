@@ -627,7 +627,7 @@ def test_tar_cut_between_members_is_damage(tmp_path, compressed):
             add_bytes(tf, f"s{i}.wav", wav.getvalue())
             add_bytes(tf, f"s{i}.json", json.dumps({"text": "x" * (i + 1)}).encode())
     raw = open(full, "rb").read()
-    name, offset, size, _ = index_tar(full)[0][9]  # s4.json: the fifth sample's last member
+    _, offset, size, _ = index_tar(full)[0][9]  # s4.json: the fifth sample's last member
     boundary, padding = offset + -(-size // 512) * 512, offset + size + 10
     ext = ".tar.gz" if compressed else ".tar"
     for label, cut in (("boundary", boundary), ("padding", padding), ("odd", len(raw) - 100)):

@@ -6,8 +6,8 @@ import csv
 import json
 import os
 
-from .base import AUDIO_EXTENSIONS, Entry, Options, Source, _printable, id_text, printable, register, row_meta, \
-    segment_fields, text_problem
+from .base import (AUDIO_EXTENSIONS, Entry, Options, Source, _printable, id_text, printable, register, row_meta,
+                   segment_fields, text_problem)
 
 LIST_EXTENSIONS = (".txt", ".lst", ".scp", ".jsonl", ".csv", ".tsv")
 

@@ -23,8 +23,8 @@ import zlib
 from types import SimpleNamespace
 
 from .base import Entry, Source, SourceError, probe_info, register
-from .tar import COMPRESSED_TAR_EXTENSIONS, _is_shard_input, _shown_names, sample_entries, shard_identity, \
-    split_name, tar_shards
+from .tar import COMPRESSED_TAR_EXTENSIONS, _is_shard_input, _shown_names, missing_end, sample_entries, \
+    shard_identity, split_name, tar_shards
 
 DEFAULT_SORT_BUFFER_MB = 256
 
@@ -109,8 +109,6 @@ class _Counted(io.RawIOBase):
         while chunk := self.file.read(1 << 20):  # the rest (the marker's zero records) only counts
             total += len(chunk)
         if len(block) < 512 or block.strip(b"\0"):
-            from .tar import missing_end
-
             return missing_end(total, header_at, last, " of the decompressed stream")
         if total % 512:
             return f"truncated or damaged: its decompressed size ({total} bytes) is not a multiple of 512"
