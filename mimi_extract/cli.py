@@ -39,6 +39,8 @@ FRAMINGS = ("transformers", "moshi", "moshi-stream", "muvap")  # audio.FRAMINGS
 DTYPES = ("fp32", "bf16", "fp16")  # settings.DTYPES
 ENGINES = ("local", "ray")  # settings.ENGINES
 RESAMPLERS = ("torchaudio", "causal")
+SIDECAR_DURATIONS = ("auto", "segment", "ignore")  # sources.SIDECAR_DURATION_MODES
+KEY_MODES = ("path", "stem")  # sources.KEY_MODES
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NO_INPUT, EXIT_ALL_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
 EXIT_ADDRESS_SPACE = _limits.EXIT_ADDRESS_SPACE
@@ -87,7 +89,7 @@ OutFormat = _format_choices()
 
 
 InputArg = Annotated[str, typer.Argument(metavar="INPUT", help="A directory (searched recursively), a list "
-                                         "(.txt/.jsonl/.csv: path[,id,start,end|duration,channel]), a lhotse "
+                                         "(.txt/.jsonl/.csv: path[,id,start,end|duration,channel]; a NeMo manifest.json), a lhotse "
                                          "manifest (recordings/cuts/supervisions .jsonl.gz), tar shards (a .tar, a "
                                          "folder of them, or a pattern: 'shards/en-{000000..000123}.tar'), Parquet "
                                          "(a .parquet, a folder of them, a datasets save_to_disk folder) or a lhotse "
@@ -129,10 +131,28 @@ AudioColumnOpt = Annotated[Optional[str], typer.Option(rich_help_panel=_INPUTS, 
 SortBufferOpt = Annotated[float, typer.Option(min=1, rich_help_panel=_INPUTS, help="Compressed tar (.tar.gz/.tgz, no random access): items are length-sorted within groups of this many MiB of the stream, not globally; each encoder process holds at most two groups in memory. Smaller groups pad more (measured: see the README).")]
 IdColumnOpt = Annotated[Optional[str], typer.Option(rich_help_panel=_INPUTS, help="Parquet: the id column \\[default: key = <file>/<row>].")]
 KeepFieldsOpt = Annotated[Optional[str], typer.Option("--keep-fields", "--keep-columns", rich_help_panel=_INPUTS, help="Input metadata carried into the outputs (Parquet columns, the cuts' supervisions and custom fields): the fields of tar sidecars and list rows, the columns of Parquet input, a lhotse cut's custom fields. 'a,b' those; 'all' nested values too (as JSON); 'none' nothing (nor a lhotse cut's supervisions) \\[default: every string, number or boolean field]. text/speaker/language/gender become a lhotse supervision over the item. Recorded in run.json.")]
+SidecarDurationChoice = _choices("SidecarDurationChoice", SIDECAR_DURATIONS)
+KeyChoice = _choices("KeyChoice", KEY_MODES)
+SidecarDurationOpt = Annotated[SidecarDurationChoice, typer.Option(rich_help_panel=_INPUTS, help="A 'duration' with no start/end/offset in a tar sidecar, list row or NeMo manifest: auto = the file's length as the corpus wrote it (rounded, as Emilia's) when within 10 ms of it, so the whole file is encoded, else a segment from 0; segment = always a segment from 0; ignore = not read. Any segment ending past the file's end by <= 10 ms is clamped to the end. Recorded in run.json unless auto.")]
+KeyOpt = Annotated[KeyChoice, typer.Option("--key", rich_help_panel=_INPUTS, help="Keys of items without an id: path = as named (<shard>/<sample>, the list's or directory's relative path); stem = the file or member name up to its first dot (e.g. to join a corpus TSV by utterance id; duplicates become error rows). Recorded in run.json unless path.")]
+
+
+class _OneInput(typer.core.TyperCommand):
+    """A command whose INPUT is one argument: when the shell expanded an unquoted pattern into
+    several (``shards/en-*.tar`` -> many files), click's "unexpected extra argument" says why."""
+
+    def parse_args(self, ctx, args):
+        try:
+            return super().parse_args(ctx, args)
+        except Exception as e:  # click's UsageError (typer vendors its own click: no one class to name)
+            if "unexpected extra argument" in str(getattr(e, "message", "")):
+                e.message += (". INPUT is one argument: quote a shard pattern ('shards/en-{000000..000123}.tar' or "
+                              "'shards/*.tar') so that the shell does not expand it into many, or give their folder")
+            raise
 
 
 def _input_options(recordings=None, input_format=None, audio_ext=None, id_field=None, audio_column=None, id_column=None,
-                   sort_buffer_mb=256.0, keep_fields=None):
+                   sort_buffer_mb=256.0, keep_fields=None, sidecar_duration="auto", key="path"):
     from .sources import REGISTRY, Options
 
     if input_format and input_format not in REGISTRY:
@@ -140,7 +160,8 @@ def _input_options(recordings=None, input_format=None, audio_ext=None, id_field=
     exts = tuple(e.strip().lstrip(".") for e in audio_ext.split(",") if e.strip()) if audio_ext else None
     options = Options(recordings=recordings, input_format=input_format, audio_ext=exts, id_field=id_field,
                       audio_column=audio_column, id_column=id_column, sort_buffer_mb=sort_buffer_mb,
-                      keep_fields=keep_fields)
+                      keep_fields=keep_fields, sidecar_duration=getattr(sidecar_duration, "value", sidecar_duration),
+                      key=getattr(key, "value", key))
     try:
         options.keep  # noqa: B018 -- a reserved name is a usage error, before OUT is touched
     except ValueError as e:
@@ -345,7 +366,7 @@ _RUN_HELP = ("\n\n    Re-running the same command resumes: items already 'ok' in
              + EXIT_CODES_HELP)
 
 
-@app.command()
+@app.command(cls=_OneInput)
 def features(
     input_path: InputArg,
     out_dir: OutArg,
@@ -385,6 +406,8 @@ def features(
     reencode_damaged: ReencodeOpt = False,
     sort_buffer_mb: SortBufferOpt = 256.0,
     keep_fields: KeepFieldsOpt = None,
+    sidecar_duration: SidecarDurationOpt = SidecarDurationChoice["auto"],
+    key: KeyOpt = KeyChoice["path"],
 ):
     """Continuous Mimi features, one \\[frames, dim] dataset per input.
 
@@ -403,13 +426,13 @@ def features(
                          ray_cpu_actors=ray_cpu_actors, split=split, **_format_settings(output_format.value, shar_extend))
     _run(input_path, out_dir, settings, shard_size, shard_mb, limit, strict, part, recordings, progress_seconds,
          _input_options(recordings, input_format, audio_ext, id_field, audio_column, id_column,
-                        sort_buffer_mb, keep_fields), reencode_damaged)
+                         sort_buffer_mb, keep_fields, sidecar_duration, key), reencode_damaged)
 
 
 features.__doc__ += _RUN_HELP
 
 
-@app.command()
+@app.command(cls=_OneInput)
 def codes(
     input_path: InputArg,
     out_dir: OutArg,
@@ -448,6 +471,8 @@ def codes(
     reencode_damaged: ReencodeOpt = False,
     sort_buffer_mb: SortBufferOpt = 256.0,
     keep_fields: KeepFieldsOpt = None,
+    sidecar_duration: SidecarDurationOpt = SidecarDurationChoice["auto"],
+    key: KeyOpt = KeyChoice["path"],
 ):
     """Discrete Mimi codes, one int16 \\[frames, num_quantizers] dataset per input (12.5 Hz).
 
@@ -464,7 +489,7 @@ def codes(
                          ray_cpu_actors=ray_cpu_actors, split=split, **_format_settings(output_format.value, shar_extend))
     _run(input_path, out_dir, settings, shard_size, shard_mb, limit, strict, part, recordings, progress_seconds,
          _input_options(recordings, input_format, audio_ext, id_field, audio_column, id_column,
-                        sort_buffer_mb, keep_fields), reencode_damaged)
+                         sort_buffer_mb, keep_fields, sidecar_duration, key), reencode_damaged)
 
 
 codes.__doc__ += _RUN_HELP
@@ -509,7 +534,7 @@ def _mismatch_report(out: Console, checks) -> None:
             say((c.key, "yellow"), f": {c.note}", out=out)
 
 
-@app.command()
+@app.command(cls=_OneInput)
 def verify(
     input_path: Annotated[Optional[str], typer.Argument(metavar="[INPUT]", help="Files to encode both ways (omit with --out).")] = None,
     out: Annotated[Optional[str], typer.Option("--out", help="Audit this OUT: re-encode a sample of its items one by one and compare with what it holds.")] = None,
@@ -538,6 +563,8 @@ def verify(
     id_column: IdColumnOpt = None,
     checksums: Annotated[bool, typer.Option("--checksums", help="With --out: read every stored item and check its checksums instead (no model, no re-encoding); list the damaged items; exit 1 if any.")] = False,
     sort_buffer_mb: SortBufferOpt = 256.0,
+    sidecar_duration: SidecarDurationOpt = SidecarDurationChoice["auto"],
+    key: KeyOpt = KeyChoice["path"],
 ):
     """Check outputs against transformers' own single-item MimiModel encode, file by file.
 
@@ -589,7 +616,8 @@ def verify(
             settings.devices = settings.devices[:1]
             settings.num_workers = 1
             checks, problems = verify_source(input_path, settings, limit, rtol, atol, options=_input_options(
-                None, input_format, audio_ext, id_field, audio_column, id_column, sort_buffer_mb)), []
+                None, input_format, audio_ext, id_field, audio_column, id_column, sort_buffer_mb, sidecar_duration,
+                key)), []
             title = f"engine ({settings.dtype}) vs single-item (fp32, transformers)"
             shown = ("encoder", "latent")
     except (ValueError, FileNotFoundError, RuntimeError, OSError, KeyError) as e:

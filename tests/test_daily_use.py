@@ -44,10 +44,11 @@ def test_light_commands_do_not_import_torch(tmp_path):
 
 
 def test_cli_choices_are_the_modules_names():
-    from mimi_extract import audio, cli, settings
+    from mimi_extract import audio, cli, settings, sources
 
     assert cli.CHANNEL_MODES == audio.CHANNEL_MODES and cli.FRAMINGS == audio.FRAMINGS
     assert cli.DTYPES == tuple(settings.DTYPES) and cli.ENGINES == settings.ENGINES
+    assert cli.SIDECAR_DURATIONS == sources.SIDECAR_DURATION_MODES and cli.KEY_MODES == sources.KEY_MODES
 
 
 def test_log_gets_phase_lines_and_plain_progress(corpus, tiny_model_dir, tmp_path):

@@ -433,3 +433,227 @@ def test_cli_input_flags(shards, loose_run, tiny_model_dir, tmp_path):
     result = cli("codes", shards, tmp_path / "o2", "--model", tiny_model_dir, *ONE_WORKER, "--input-format", "zip")
     assert result.exit_code == 2 and "choose from" in result.text
     assert "--sort-buffer-mb" in cli("codes", "--help", env={"COLUMNS": "300"}).text
+
+
+# -- sidecar durations (Emilia), NeMo manifests, --key stem --------------------------------------
+def emilia_shard(tmp_path, count=6):
+    """An Emilia-shaped WebDataset: ``<id>.mp3`` + ``<id>.json`` with Emilia's fields, the duration
+    rounded to 3 decimals as Emilia writes it (above the file's length for some, below for others);
+    the same mp3s as loose files in ``loose/``."""
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    shard = str(tmp_path / "EN-B000000.tar")
+    overshoot = []
+    with tarfile.open(shard, "w") as tf:
+        for i in range(count):
+            ident = f"EN_B00000_S0000{i}_W000000"
+            path = str(loose / f"{ident}.mp3")
+            write_with_pyav(path, "mp3", "libmp3lame", 24_000, 9000 + 1237 * i, seed=i)
+            seconds = sf.info(path).frames / 24_000
+            overshoot.append(round(seconds, 3) > seconds)
+            with open(path, "rb") as f:
+                add_bytes(tf, f"{ident}.mp3", f.read())
+            add_bytes(tf, f"{ident}.json", json.dumps(
+                {"id": ident, "wav": f"EN_B00000/EN_B00000_S0000{i}/mp3/{ident}.mp3", "text": f" Words {i}.",
+                 "duration": round(seconds, 3), "speaker": f"EN_B00000_S0000{i}", "language": "en",
+                 "dnsmos": 3.25}).encode())
+    assert any(overshoot) and not all(overshoot)  # both roundings are exercised
+    return shard, str(loose)
+
+
+def test_emilia_sidecar_duration_is_the_whole_file(tmp_path, tiny_model_dir):
+    """A sidecar's 3-decimal duration is the file's length as written, not a segment: every item is
+    encoded whole and equals the same mp3 encoded as a loose file (frame counts and values); the
+    sidecar's other fields are the item's ``meta``.  (Before: past-the-end error rows for those
+    rounded up, the others cut short by up to 0.5 ms.)"""
+    from conftest import ONE_WORKER
+
+    shard, loose = emilia_shard(tmp_path)
+    found = discover(shard, options=Options(id_field="id"))
+    assert not found.bad and all(it.segment is None and it.frames == it.file_frames for it in found.items)
+    assert found.items[0].meta == {"wav": "EN_B00000/EN_B00000_S00000/mp3/EN_B00000_S00000_W000000.mp3",
+                                   "text": " Words 0.", "speaker": "EN_B00000_S00000", "language": "en",
+                                   "dnsmos": 3.25}
+    out = tmp_path / "out"
+    result = cli("codes", shard, out, "--model", tiny_model_dir, *ONE_WORKER, "--id-field", "id")
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in open(out / "manifest.jsonl")]
+    assert len(rows) == 6 and all(r["status"] == "ok" for r in rows), rows
+    reference = str(tmp_path / "ref")  # the whole files, loose
+    assert extract(loose, reference, settings(tiny_model_dir))["ok"] == 6
+    assert_equal_arrays(check_consistency(str(out)), check_consistency(reference), lambda k: k + ".mp3")
+    checks, problems = verify_outputs(str(out), sample=None)  # each item alone (transformers), from the shard
+    assert not problems and len(checks) == 6
+    assert all(c.error is None and not [m for m in c.mismatches if not m.tie] for c in checks), checks
+    assert "sidecar_duration" not in read_run_info(str(out)).get("input_identity", {})
+    # --sidecar-duration segment: the old reading (cut at the rounded length), recorded in run.json;
+    # a resume with another choice is refused
+    result = cli("codes", shard, tmp_path / "seg", "--model", tiny_model_dir, *ONE_WORKER, "--id-field", "id",
+                 "--sidecar-duration", "segment")
+    assert result.exit_code == 0, result.output
+    assert read_run_info(str(tmp_path / "seg"))["input_identity"]["sidecar_duration"] == "segment"
+    found = discover(shard, options=Options(id_field="id", sidecar_duration="segment"))
+    assert all(it.segment is not None and it.segment[0] == 0 for it in found.items) and not found.bad
+    assert any(it.frames < it.file_frames for it in found.items)  # rounded down: cut there
+    assert any(it.frames == it.file_frames for it in found.items)  # rounded up, < 10 ms: clamped to the end
+    result = cli("codes", shard, tmp_path / "seg", "--model", tiny_model_dir, *ONE_WORKER, "--id-field", "id")
+    assert result.exit_code == 2 and "sidecar_duration" in result.text
+    # ignore: the whole file, whatever the duration says
+    assert all(it.frames == it.file_frames for it in discover(shard, options=Options(sidecar_duration="ignore")).items)
+
+
+def test_duration_alone_segment_rules(tmp_path):
+    """In a list (and a sidecar): a duration alone within 10 ms of the file's length is the whole
+    file; clearly shorter, a segment from 0; longer by more than 10 ms, an error row.  A segment
+    whose end passes the file's end by <= 10 ms is clamped to the end, by more: an error row."""
+    sf.write(str(tmp_path / "a.wav"), np.zeros(16_000, np.float32), 16_000)  # 1 s
+    rows = [{"path": "a.wav", "id": "whole", "duration": 1.004}, {"path": "a.wav", "id": "under", "duration": 0.9965},
+            {"path": "a.wav", "id": "short", "duration": 0.5}, {"path": "a.wav", "id": "long", "duration": 1.02},
+            {"path": "a.wav", "id": "clamp", "start": 0.5, "end": 1.0004}, {"path": "a.wav", "id": "past",
+                                                                              "start": 0.5, "end": 1.2},
+            {"path": "a.wav", "duration": 0.999}]
+    with open(tmp_path / "l.jsonl", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    found = discover(str(tmp_path / "l.jsonl"))
+    got = {it.key: (it.start, it.frames, it.segment) for it in found.items}
+    assert got == {"whole": (0, 16_000, None), "under": (0, 16_000, None), "short": (0, 8000, (0.0, 0.5)),
+                   "clamp": (8000, 8000, (0.5, 1.0)), "a.wav": (0, 16_000, None)}
+    assert {it.key: "past the end" in it.error for it in found.bad} == {"long": True, "past": True}
+
+
+def test_nemo_manifest_equals_single_item_references(tmp_path, tiny_model_dir):
+    """A NeMo manifest (``manifest.json``, JSON lines: audio_filepath relative to the manifest's
+    folder, duration, offset, text) is a list: offset + duration a segment, a duration alone (offset
+    0) the whole file; ``text`` is the item's meta.  Each item equals its own single-item reference."""
+    (tmp_path / "wavs").mkdir()
+    rng = np.random.default_rng(5)
+    rows = []
+    for i, n in enumerate((20_000, 13_337, 31_001)):
+        sf.write(str(tmp_path / "wavs" / f"u{i}.wav"), (0.2 * rng.standard_normal(n)).astype(np.float32), 16_000,
+                 subtype="PCM_16")
+        rows.append({"audio_filepath": f"wavs/u{i}.wav", "duration": round(n / 16_000, 2), "offset": 0.0,
+                     "text": f"utterance {i}"})
+    rows.append({"audio_filepath": "wavs/u2.wav", "duration": 0.5, "offset": 0.25, "text": "a segment"})
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    found = discover(str(manifest))
+    assert found.kind == "list" and not found.bad
+    got = {it.key: (it.start, it.frames, it.meta) for it in found.items}
+    assert got == {"wavs/u0.wav": (0, 20_000, {"text": "utterance 0"}), "wavs/u1.wav": (0, 13_337, {"text": "utterance 1"}),
+                   "wavs/u2.wav": (0, 31_001, {"text": "utterance 2"}),
+                   "wavs/u2.wav@0.25-0.75": (4000, 8000, {"text": "a segment"})}
+    out = str(tmp_path / "out")
+    assert extract(str(manifest), out, settings(tiny_model_dir))["ok"] == 4
+    checks, problems = verify_outputs(out, sample=None)  # each item alone, from its stored start/frames
+    assert not problems and len(checks) == 4
+    assert all(c.error is None and not [m for m in c.mismatches if not m.tie] for c in checks), checks
+    stored = check_consistency(out)  # the whole files: as the same files in a directory
+    loose = str(tmp_path / "loose")
+    assert extract(str(tmp_path / "wavs"), loose, settings(tiny_model_dir))["ok"] == 3
+    want = check_consistency(loose)
+    for i in range(3):
+        assert np.array_equal(stored[f"wavs/u{i}.wav"], want[f"u{i}.wav"])
+
+
+def test_key_stem(shards, loose, tmp_path, tiny_model_dir):
+    """--key stem: a tar sample's and a list's or directory's file's stem is its key (joins with a
+    corpus TSV); recorded in run.json, a resume with the default refused."""
+    from conftest import ONE_WORKER
+
+    assert sorted(it.key for it in discover(shards, options=Options(key="stem")).items) == sorted(
+        n.split(".")[0] for n in FILES)
+    assert sorted(it.key for it in discover(loose, options=Options(key="stem")).items) == sorted(
+        n.split(".")[0] for n in FILES)
+    out = tmp_path / "out"
+    result = cli("codes", shards, out, "--model", tiny_model_dir, *ONE_WORKER, "--key", "stem", "--limit", "2")
+    assert result.exit_code == 0, result.output
+    assert {json.loads(line)["key"] for line in open(out / "manifest.jsonl")} == {"a", "b"}
+    assert read_run_info(str(out))["input_identity"]["key"] == "stem"
+    result = cli("codes", shards, out, "--model", tiny_model_dir, *ONE_WORKER, "--limit", "2")
+    assert result.exit_code == 2 and "input_identity" in result.text and "'key': 'stem'" in result.text, result.text
+
+
+def test_hostile_names_never_reach_out(loose, tmp_path, tiny_model_dir):
+    """Member names ``../x`` and ``/abs`` are error rows (not keys ``t.tar/../x``); ``./a`` is
+    ``a``; a list id that climbs (``../../pwn/y``) is an error row; a list path that climbs is no
+    Shar member name (an error row with --format shar): OUT's tars name nothing outside."""
+    from conftest import ONE_WORKER
+
+    wav = open(os.path.join(loose, "b.wav"), "rb").read()
+    shard = str(tmp_path / "t.tar")
+    with tarfile.open(shard, "w") as tf:
+        for name in ("../x.wav", "../../pwn/y.wav", "./z.wav", "/abs/w.wav", "ok.wav"):
+            add_bytes(tf, name, wav)
+    found = discover(shard)
+    assert sorted(it.key for it in found.items) == ["t.tar/ok", "t.tar/z"]
+    assert sorted(it.key for it in found.bad) == ["t.tar/%2Fabs%2Fw", "t.tar/..%2F..%2Fpwn%2Fy", "t.tar/..%2Fx"]
+    assert all("climbs out of the shard" in it.error for it in found.bad)
+    (tmp_path / "lists").mkdir()
+    with open(tmp_path / "lists" / "l.jsonl", "w") as f:
+        f.write(json.dumps({"path": "../in/b.wav", "id": "../../pwn/y"}) + "\n")
+        f.write(json.dumps({"path": "../in/b.wav"}) + "\n")
+        f.write(json.dumps({"path": "../in/b.wav", "id": "fine/b"}) + "\n")
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "b.wav").write_bytes(wav)
+    for source, ok in ((shard, 2), (str(tmp_path / "lists" / "l.jsonl"), 1)):
+        out = tmp_path / ("out-" + os.path.basename(source))
+        result = cli("codes", source, out, "--model", tiny_model_dir, *ONE_WORKER, "--format", "shar")
+        assert result.exit_code == 0, result.output
+        rows = [json.loads(line) for line in open(out / "manifest.jsonl")]
+        assert sum(r["status"] == "ok" for r in rows) == ok and all(
+            ".." not in r["key"].split("/") and not r["key"].startswith("/") for r in rows if r["status"] == "ok")
+        for name in os.listdir(out / "shar"):
+            if name.endswith(".tar"):
+                with tarfile.open(out / "shar" / name) as tf:
+                    assert all(".." not in m.split("/") and not m.startswith("/") for m in tf.getnames())
+    errors = {r["key"]: r["error"] for r in rows if r["status"] == "error"}
+    assert "climbs out of its folder" in errors["line 1"] and "climbs out of its folder" in errors["../in/b.wav"]
+
+
+@pytest.mark.parametrize("compressed", [False, True])
+def test_tar_cut_between_members_is_damage(tmp_path, compressed):
+    """A shard cut exactly at a member boundary or inside a member's padding (no end-of-archive
+    marker), or whose size is not a multiple of 512: the samples before are kept and one
+    ``<shard>@damage`` error row names the offset (the rest of the shard was lost unsaid)."""
+    import gzip as gz
+
+    from mimi_extract.sources.tar import index_tar
+
+    full = str(tmp_path / "full.tar")
+    with tarfile.open(full, "w") as tf:
+        for i in range(10):
+            wav = io.BytesIO()
+            sf.write(wav, np.full(1000 + 37 * i, 0.1, np.float32), 16_000, format="WAV", subtype="PCM_16")
+            add_bytes(tf, f"s{i}.wav", wav.getvalue())
+            add_bytes(tf, f"s{i}.json", json.dumps({"text": "x" * (i + 1)}).encode())
+    raw = open(full, "rb").read()
+    _, offset, size, _ = index_tar(full)[0][9]  # s4.json: the fifth sample's last member
+    boundary, padding = offset + -(-size // 512) * 512, offset + size + 10
+    ext = ".tar.gz" if compressed else ".tar"
+    for label, cut in (("boundary", boundary), ("padding", padding), ("odd", len(raw) - 100)):
+        path = str(tmp_path / f"{label}{ext}")
+        with (gz.open(path, "wb") if compressed else open(path, "wb")) as f:
+            f.write(raw[:cut])
+        found = discover(path)
+        kept = 10 if label == "odd" else 5
+        assert sorted(it.key for it in found.items) == [f"{label}{ext}/s{i}" for i in range(kept)], label
+        (bad,) = found.bad
+        assert bad.key == f"{label}{ext}@damage"
+        assert (f"at byte {cut}" if label != "odd" else f"({cut} bytes) is not a multiple of 512") in bad.error
+    assert not discover(full).bad
+
+
+def test_cli_shard_pattern_messages(shards, tiny_model_dir, tmp_path):
+    """A brace pattern naming a shard that does not exist says which (it said "matches nothing"
+    unless --input-format tar); a pattern the shell expanded into several arguments gets a hint
+    to quote it (it got typer's bare "unexpected extra argument")."""
+    from conftest import ONE_WORKER
+
+    result = cli("codes", os.path.join(shards, "en-{000000..000002}.tar"), tmp_path / "o1", "--model", tiny_model_dir,
+                 *ONE_WORKER)
+    assert result.exit_code == 2 and "en-000002.tar" in result.text and "does not exist" in result.text, result.text
+    result = cli("codes", os.path.join(shards, "en-000000.tar"), os.path.join(shards, "en-000001.tar"),
+                 tmp_path / "o2", "--model", tiny_model_dir, *ONE_WORKER)
+    assert result.exit_code == 2 and "unexpected extra argument" in result.text and "quote" in result.text, result.text
+    result = cli("verify", os.path.join(shards, "en-000000.tar"), os.path.join(shards, "en-000001.tar"))
+    assert result.exit_code == 2 and "quote" in result.text, result.text

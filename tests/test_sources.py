@@ -153,3 +153,18 @@ def test_segment_keys_are_exact(tmp_path):
     assert not found.bad, [it.error for it in found.bad]
     assert [it.key for it in found.items] == ["long.wav@1234.56-1236", "long.wav@1234.564-1236.004", "long.wav@3-4.5"]
     assert [it.start for it in found.items] == [9_876_480, 9_876_512, 24_000]
+
+
+def test_list_row_channel_and_id_keys(tmp_path):
+    """A bad channel's error row is keyed ``a1.wav#ch5`` (not ``#ch5#ch5``); an id that is a JSON
+    object or list is an error row, not its Python repr as a key; a whole-number id is its digits."""
+    _wav(tmp_path / "a1.wav")
+    rows = [{"path": "a1.wav", "channel": 5}, {"path": "a1.wav", "id": {"a": 1}}, {"path": "a1.wav", "id": [1]},
+            {"path": "a1.wav", "id": 7}]
+    with open(tmp_path / "l.jsonl", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    found = discover(str(tmp_path / "l.jsonl"))
+    assert [it.key for it in found.items] == ["7"]
+    errors = {it.key: it.error for it in found.bad}
+    assert set(errors) == {"a1.wav#ch5", "line 2", "line 3"}, errors
+    assert "no channel 5" in errors["a1.wav#ch5"] and "is not a string or a whole number" in errors["line 2"]

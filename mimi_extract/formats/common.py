@@ -329,7 +329,8 @@ def read_run_info(run_dir: str) -> dict | None:
 _EXPLAIN = {
     "weights": "the model's weights differ (same config, other checkpoint)",
     "input": "another input (directory or list)",
-    "input_identity": "the input's shards or files changed (added, removed, rewritten: size or mtime)",
+    "input_identity": "the input's shards or files changed (added, removed, rewritten: size or mtime), or "
+                      "--key / --sidecar-duration",
     "decoders": "other decoder versions: a resume must decode each format as the first run did",
     "format": "another output format (--format)",
     "metadata": "other input metadata kept as output columns and cut fields (--keep-fields; an OUT written before "

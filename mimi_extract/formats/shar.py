@@ -65,6 +65,8 @@ def key_problem(key: str) -> str | None:
     """Why ``key`` cannot be a Shar cut id, or None.  lhotse's reader matches a tar member to its
     cut by ``Path(member).parent / Path(member).stem == cut.id``, which a key such as ``a//b`` or
     ``./a`` does not survive."""
+    if ".." in key.split("/"):  # a member name that climbs out of the folder it is extracted to
+        return f"key {key!r} climbs out of its folder (a '..' component): it cannot name a tar member (give ids)"
     p = PurePosixPath(key + ".npy")
     if not key or str(p.parent / p.stem) != key:
         return f"key {key!r} cannot name a lhotse Shar tar member (lhotse would read it back as {str(p.parent / p.stem)!r})"

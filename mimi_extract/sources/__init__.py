@@ -14,7 +14,7 @@ from __future__ import annotations
 from ..audio import AudioError
 from . import shar, tar, tgz, parquet  # noqa: F401  (registers the kinds, in detection order: containers first,
 from . import files, lhotse  # noqa: F401, E402  then any directory, lists and manifests)
-from .base import (AUDIO_EXTENSIONS, REGISTRY, Discovered, Entry, Item, Options, Source, SourceError, dataset_name,
+from .base import (AUDIO_EXTENSIONS, KEY_MODES, REGISTRY, SIDECAR_DURATION_MODES, Discovered, Entry, Item, Options, Source, SourceError, dataset_name,
                    dedup, discover, open_source, plan_group, printable, probe, probe_info, register, seconds_to_samples,
                    segment_fields, segment_key, source_kind, text_problem)
 from .files import LIST_EXTENSIONS, read_list, walk_directory
@@ -32,7 +32,7 @@ def open_audio(item: Item):
         raise AudioError(f"cannot read: {e}") from e
 
 
-__all__ = ["AUDIO_EXTENSIONS", "LIST_EXTENSIONS", "REGISTRY", "Discovered", "Entry", "Item", "Options", "Source",
+__all__ = ["AUDIO_EXTENSIONS", "KEY_MODES", "LIST_EXTENSIONS", "REGISTRY", "SIDECAR_DURATION_MODES", "Discovered", "Entry", "Item", "Options", "Source",
            "SourceError", "dataset_name", "dedup", "discover", "is_lhotse_manifest", "open_audio", "open_source", "plan_group",
            "printable", "probe", "probe_info", "read_lhotse_manifest", "read_list", "register", "seconds_to_samples",
            "segment_fields", "segment_key", "source_kind", "text_problem", "walk_directory"]

@@ -44,6 +44,10 @@ class Entry:
     where: str | None = None  # the row it came from ("line 12"), named in its error messages
     kind: str = "file"  # the source kind that opens its bytes
     loc: tuple | None = None  # where the bytes are within ``path``, for that kind (None: the file)
+    # a ``duration`` with no start, end or offset (Emilia's sidecars, NeMo manifests): the file's
+    # length as the corpus wrote it (rounded), a segment only when clearly shorter (see probe_info)
+    duration_only: bool = False
+    key_base: str | None = None  # what derived keys start from instead of ``rel`` (``--key stem``)
     meta: dict | None = None  # what the input says about it, kept for the outputs (see :class:`Keep`)
 
 
@@ -128,6 +132,24 @@ def _seconds(value, name: str) -> float | None:
     return seconds
 
 
+def id_text(value) -> str:
+    """An id from a row as text: a string or a whole number; anything else (a list, an object, a
+    float, a boolean) is refused -- its Python repr (``{'a': 1}``) is no one's id."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if not isinstance(value, str):
+        raise ValueError(f"id {value!r} is not a string or a whole number")
+    if climbs(value):
+        raise ValueError(f"id {value!r} climbs out of its folder (a '..' component): a key names a member of "
+                         "OUT's files (a Shar tar's), never a path outside them")
+    return value
+
+
+def climbs(name: str) -> bool:
+    """Whether ``name``, as a '/'-separated path, has a '..' component (path traversal)."""
+    return ".." in name.split("/")
+
+
 def _channel(value) -> int | None:
     """A channel index from a row: a whole number >= 0 (``1.7`` or ``-1`` is an error, not channel 1)."""
     if value is None or (isinstance(value, str) and not value.strip()):
@@ -156,16 +178,39 @@ def printable(text: str) -> str:
     return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def segment_fields(row: dict, entry: Entry) -> None:
-    """``start``, ``end`` or ``duration`` (seconds) and ``channel`` of a list row or a sidecar
-    into ``entry``; raises ValueError naming the field."""
-    entry.start = _seconds(row.get("start"), "start")
+SIDECAR_DURATION_MODES = ("auto", "segment", "ignore")
+# A ``duration`` alone (no start, end or offset) within this many seconds of the file's own length
+# is that length, as the corpus wrote it, not a request to cut: Emilia's sidecars round to 3
+# decimals (0.5 ms; 6.096 for a 6.09571 s file), other corpora to 2 (5 ms), and a decoder's count
+# of an MP3's samples may differ from the writer's by a few samples.  10 ms is an eighth of a
+# Mimi frame (80 ms): a deliberate cut is longer than that.  A segment whose end passes the file's
+# end by at most this much is clamped to the end (the rounding of the same number), not refused.
+DURATION_TOLERANCE = 0.010
+# the row fields that say where the audio is and which part of it: not the item's ``meta``
+SEGMENT_FIELDS = ("start", "end", "duration", "offset", "channel")
+
+
+def segment_fields(row: dict, entry: Entry, sidecar_duration: str = "auto", start_field: str = "start") -> None:
+    """``start`` (or ``start_field``: NeMo's ``offset``), ``end`` or ``duration`` (seconds) and
+    ``channel`` of a list row or a sidecar into ``entry``; raises ValueError naming the field.
+
+    A ``duration`` alone is, by ``sidecar_duration``: ``auto`` the file's length as written when it
+    matches it within :data:`DURATION_TOLERANCE` (the whole file), else a segment from 0;
+    ``segment`` always a segment from 0; ``ignore`` not read (the whole file)."""
+    if sidecar_duration not in SIDECAR_DURATION_MODES:
+        raise ValueError(f"sidecar duration mode {sidecar_duration!r}: choose from {', '.join(SIDECAR_DURATION_MODES)}")
+    entry.start = _seconds(row.get(start_field), start_field)
     end = _seconds(row.get("end"), "end")
     entry.duration = _seconds(row.get("duration"), "duration")
     if end is not None:
         if entry.duration is not None:
             raise ValueError("give end or duration, not both")
         entry.duration = end - (entry.start or 0.0)
+    elif entry.duration is not None and entry.start is None:
+        if sidecar_duration == "ignore":
+            entry.duration = None
+        else:
+            entry.duration_only = sidecar_duration == "auto"
     if entry.duration is not None and entry.start is None:
         entry.start = 0.0
     entry.channel = _channel(row.get("channel"))
@@ -322,6 +367,8 @@ class Options:
     input_format: str | None = None  # a registered kind, instead of detecting it
     sort_buffer_mb: float = 256  # compressed tar: the bounded sorting buffer (MiB)
     keep_fields: str | None = None  # --keep-fields / --keep-columns: what metadata items carry (Keep)
+    sidecar_duration: str = "auto"  # a duration alone in a sidecar or list row: see segment_fields
+    key: str = "path"  # keys without an id: "path" (as named) or "stem" (the file or member name's stem)
 
     @property
     def keep(self) -> Keep:
@@ -329,6 +376,15 @@ class Options:
         if getattr(self, "_keep", None) is None or self._keep_spec != self.keep_fields:
             self._keep, self._keep_spec = Keep.parse(self.keep_fields), self.keep_fields
         return self._keep
+
+
+KEY_MODES = ("path", "stem")
+
+
+def key_stem(name: str) -> str:
+    """``--key stem``: a file or member name's base name up to its first dot (WebDataset's sample
+    key; VoxPopuli's and most corpus TSVs' utterance id): ``en/x/abc.flac`` -> ``abc``."""
+    return name.rstrip("/").rpartition("/")[2].partition(".")[0]
 
 
 class Source:
@@ -360,6 +416,12 @@ class Source:
         if os.path.getsize(entry.path) == 0:
             raise SourceError("empty file (0 bytes)")
         return entry.path
+
+    @classmethod
+    def why_not(cls, path: str) -> str | None:
+        """When no kind detects ``path``: why this kind does not, if it can say more than
+        "matches nothing" (a shard pattern naming a shard that does not exist)."""
+        return None
 
     @classmethod
     def open_header(cls, entry: Entry):
@@ -425,21 +487,20 @@ def probe_info(entry: Entry, info, channel_mode: str = "mix", framing: Framing =
     A segment given by ``start`` alone runs to the end of the file, and its key, its manifest
     start/end and its lhotse cut all say so (they said start..start).  Every error names the
     entry's row."""
-    key = entry.key or entry.rel
+    base = entry.key_base or entry.rel  # what a derived key starts from
+    key = entry.key or base
     segment = None
-    if entry.start is not None and entry.duration is not None:
+    if entry.start is not None and entry.duration is not None and not entry.duration_only:
         segment = (entry.start, entry.start + entry.duration)
 
     def error(message: str, segment=segment) -> list[Item]:
-        k = key
-        if segment is not None and entry.key is None:
-            k = segment_key(entry.rel, *segment)
+        k = key if entry.key is not None or segment is None else segment_key(base, *segment)
         if entry.channel is not None and entry.key is None:
             k = f"{k}#ch{entry.channel}"
         if entry.where and not message.startswith(entry.where + ":"):
             message = f"{entry.where}: {message}"
         return [Item(entry.path, entry.rel, k, error=message, segment=segment, where=entry.where, kind=entry.kind,
-                     loc=entry.loc)]
+                     loc=entry.loc, meta=entry.meta)]
 
     if entry.error:
         return error(entry.error)
@@ -451,13 +512,13 @@ def probe_info(entry: Entry, info, channel_mode: str = "mix", framing: Framing =
         return error("no audio samples (zero-length)")
     rate = info.samplerate
     start, frames = 0, info.frames
-    if entry.start is not None:
+    whole = entry.duration_only and abs(entry.duration - info.frames / rate) <= DURATION_TOLERANCE
+    if entry.start is not None and not whole:
         if entry.start < 0:
             return error(f"segment start {entry.start:g} s is negative")
         open_ended = entry.duration is None
         duration = info.frames / rate - entry.start if open_ended else entry.duration
-        if open_ended:
-            segment = (entry.start, info.frames / rate)
+        segment = (entry.start, info.frames / rate) if open_ended else (entry.start, entry.start + duration)
         if duration <= 0:
             return error(f"segment duration {duration:g} s is not positive", segment)
         start, frames = seconds_to_samples(entry.start, rate), seconds_to_samples(duration, rate)
@@ -465,11 +526,18 @@ def probe_info(entry: Entry, info, channel_mode: str = "mix", framing: Framing =
             frames = min(frames, info.frames - start)
         if frames < 1:
             return error(f"segment of {duration:g} s is shorter than one sample at {rate} Hz", segment)
-        if start + frames > info.frames:
-            return error(f"segment {entry.start:g}-{entry.start + duration:g} s is past the end of the file "
-                         f"({info.frames / rate:g} s)", segment)
         if entry.key is None:
-            key = segment_key(entry.rel, *segment)
+            key = segment_key(base, *segment)
+        if start + frames > info.frames:
+            if start >= info.frames or (start + frames - info.frames) / rate > DURATION_TOLERANCE:
+                return error(f"segment {entry.start:g}-{entry.start + duration:g} s is past the end of the file "
+                             f"({info.frames / rate:g} s)", segment)
+            # past the end by no more than the rounding of its numbers: up to the end (the key
+            # keeps the numbers as written, the segment says what is read)
+            frames = info.frames - start
+            segment = (entry.start, info.frames / rate)
+    if entry.channel is not None and entry.channel >= info.channels:
+        return error(f"has {info.channels} channel(s), no channel {entry.channel}", segment)
     if entry.channel is not None and entry.key is None:
         key = f"{key}#ch{entry.channel}"
     samples = framing.input_length(frames, rate)
@@ -477,8 +545,6 @@ def probe_info(entry: Entry, info, channel_mode: str = "mix", framing: Framing =
         channels = list(range(info.channels))
     else:
         channels = [entry.channel if entry.channel is not None else channel_mode]
-    if entry.channel is not None and entry.channel >= info.channels:
-        return error(f"has {info.channels} channel(s), no channel {entry.channel}", segment)
     return [
         Item(entry.path, entry.rel, f"{key}#ch{c}" if channel_mode == "each" and entry.channel is None else key,
              c, rate, start, frames, samples, segment=segment, file_frames=info.frames, file_channels=info.channels,
@@ -540,6 +606,11 @@ def discover(source: str, channel: str = "mix", framing: Framing = Framing(), li
     options = options or Options()
     options.recordings = recordings or options.recordings
     options.exclude = exclude or options.exclude
+    if options.key not in KEY_MODES:
+        raise ValueError(f"--key {options.key!r}: choose from {', '.join(KEY_MODES)}")
+    if options.sidecar_duration not in SIDECAR_DURATION_MODES:
+        raise ValueError(f"--sidecar-duration {options.sidecar_duration!r}: choose from "
+                         f"{', '.join(SIDECAR_DURATION_MODES)}")
     kind = source_kind(source, input_format or options.input_format)
     src = REGISTRY[kind](source, options)
     warnings: list[str] = []
@@ -548,10 +619,27 @@ def discover(source: str, channel: str = "mix", framing: Framing = Framing(), li
     if options.keep.dropped:
         warnings.append("not kept as metadata (the outputs have their own): " + ", ".join(sorted(options.keep.dropped)))
     entries = entries[:limit]
+    if options.key == "stem":  # (a tar sample's key is its stem already: sources/tar.py)
+        for e in entries:
+            if e.key is None:
+                e.key_base = key_stem(e.rel)
     with ThreadPoolExecutor(16) as pool:  # header reads are I/O bound (network file systems)
         probed = [it for found in pool.map(lambda e: safe_probe(src, e, channel, framing), entries) for it in found]
     items, bad = dedup(probed)
-    return Discovered(items, bad, warnings, os.path.realpath(source), kind, src.identity(), metadata)
+    return Discovered(items, bad, warnings, os.path.realpath(source), kind, {**src.identity(), **input_choices(options)},
+                      metadata)
+
+
+def input_choices(options: Options) -> dict:
+    """The input options that change keys or what is encoded, for the run's identity (run.json's
+    ``input_identity``): only those not at their default, so a run made before they existed, or
+    with the defaults, keeps its identity; a resume with another choice is refused."""
+    chosen = {}
+    if options.key != "path":
+        chosen["key"] = options.key
+    if options.sidecar_duration != "auto":
+        chosen["sidecar_duration"] = options.sidecar_duration
+    return chosen
 
 
 def source_kind(source: str, input_format: str | None = None) -> str:
@@ -566,6 +654,9 @@ def source_kind(source: str, input_format: str | None = None) -> str:
         if cls.detect(source):
             return kind
     if os.path.isfile(source):
-        raise ValueError(f"input {source!r} is a file but not a list (.txt .jsonl .csv .tsv), a lhotse manifest "
+        raise ValueError(f"input {source!r} is a file but not a list (.txt .jsonl .csv .tsv, a NeMo .json), a lhotse manifest "
                          "(.jsonl.gz) or another known input (" + ", ".join(sorted(REGISTRY)) + ")")
+    for cls in REGISTRY.values():
+        if why := cls.why_not(source):
+            raise FileNotFoundError(why)
     raise FileNotFoundError(f"input {source!r} matches nothing")

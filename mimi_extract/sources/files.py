@@ -6,8 +6,8 @@ import csv
 import json
 import os
 
-from .base import (AUDIO_EXTENSIONS, ITEM_FIELDS, Entry, Keep, Source, _printable, printable, register, segment_fields,
-                   text_problem)
+from .base import (AUDIO_EXTENSIONS, ITEM_FIELDS, Entry, Options, Source, _printable, id_text, printable, register,
+                   segment_fields, text_problem)
 
 LIST_EXTENSIONS = (".txt", ".lst", ".scp", ".jsonl", ".csv", ".tsv")
 
@@ -59,10 +59,19 @@ def walk_directory(root: str, warnings: list[str], exclude: str | None = None) -
     return found
 
 
-def _list_entry(row: dict, base: str, where: str, keep: Keep | None = None) -> Entry:
+def _list_entry(row: dict, base: str, where: str, options: Options | None = None) -> Entry:
+    """One list row -> its entry.  A NeMo manifest row (``audio_filepath``, ``duration``,
+    ``offset``, ``text``) is read as NeMo does: ``offset`` + ``duration`` a segment, a ``duration``
+    alone (or with offset 0) the file's length as written (see ``segment_fields``); the row's other
+    fields (text, speaker...) are kept as ``--keep-fields`` says."""
+    options = options or Options()
     raw_id = row.get("id")
-    key = None if raw_id in (None, "") else str(raw_id)
-    path = str(row.get("path") or "").strip()
+    try:
+        key = None if raw_id in (None, "") else id_text(raw_id)
+    except ValueError as e:
+        return Entry("", where, key=where, where=where, error=f"{where}: {e}")
+    nemo = "path" not in row and "audio_filepath" in row
+    path = str(row.get("audio_filepath" if nemo else "path") or "").strip()
     if key is not None and (problem := text_problem(key)):
         return Entry("", printable(path) or where, key=printable(key), where=where, error=f"{where}: id {problem}")
     if not path:
@@ -72,23 +81,30 @@ def _list_entry(row: dict, base: str, where: str, keep: Keep | None = None) -> E
     full = path if os.path.isabs(path) else os.path.normpath(os.path.join(base, path))
     entry = Entry(full, path, key=key, where=where)
     try:
-        segment_fields(row, entry)
+        if nemo:
+            if row.get("offset") in (0, 0.0, "0"):  # NeMo writes offset 0 for a whole file
+                row = {k: v for k, v in row.items() if k != "offset"}
+            segment_fields(row, entry, options.sidecar_duration, start_field="offset")
+        else:
+            segment_fields(row, entry, options.sidecar_duration)
     except ValueError as e:
         entry.error = f"{where}: {e}"
-    if keep is not None:  # the row's other fields (text, speaker...): --keep-fields
-        entry.meta = keep.pick(row, skip=ITEM_FIELDS)
+    # the row's other fields (text, speaker...): --keep-fields
+    entry.meta = options.keep.pick(row, skip=(*ITEM_FIELDS, "audio_filepath", "offset") if nemo else ITEM_FIELDS)
     return entry
 
 
-def read_list(path: str, keep: Keep | None = None) -> list[Entry]:
+def read_list(path: str, options: Options | None = None) -> list[Entry]:
     """``.txt`` (one path per line) or ``.jsonl``/``.csv``/``.tsv`` with ``path`` and optional
-    ``id``, ``start``, ``end`` or ``duration`` (seconds) and ``channel``; relative paths resolve
-    against the list's folder.  ``keep``: which other fields of a row its item carries."""
+    ``id``, ``start``, ``end`` or ``duration`` (seconds) and ``channel``, or a NeMo manifest (JSON
+    lines, ``.json`` or ``.jsonl``, with ``audio_filepath``); relative paths resolve against the
+    list's folder (as NeMo resolves them).  ``options.keep``: which other fields of a row its item
+    carries."""
     base = os.path.dirname(os.path.abspath(path))
     name = path.lower()
     entries = []
     with open(path, encoding="utf-8", newline="") as f:
-        if name.endswith(".jsonl"):
+        if name.endswith((".jsonl", ".json")):
             for n, line in enumerate(f, 1):
                 if not line.strip():
                     continue
@@ -100,18 +116,28 @@ def read_list(path: str, keep: Keep | None = None) -> list[Entry]:
                     entries.append(Entry("", f"line {n}", key=f"line {n}", where=f"line {n}",
                                          error=f"line {n}: not a JSON object ({e})"))
                     continue
-                entries.append(_list_entry(row, base, f"line {n}", keep))
+                entries.append(_list_entry(row, base, f"line {n}", options))
         elif name.endswith((".csv", ".tsv")):
             reader = csv.DictReader(f, delimiter="\t" if name.endswith(".tsv") else ",")
             if "path" not in (reader.fieldnames or []):
                 raise ValueError(f"{path}: a CSV list needs a 'path' column (has {reader.fieldnames})")
             for n, row in enumerate(reader, 2):
-                entries.append(_list_entry(row, base, f"line {n}", keep))
+                entries.append(_list_entry(row, base, f"line {n}", options))
         else:
             for n, line in enumerate(f, 1):
                 if line.strip() and not line.lstrip().startswith("#"):
-                    entries.append(_list_entry({"path": line.strip()}, base, f"line {n}"))
+                    entries.append(_list_entry({"path": line.strip()}, base, f"line {n}", options))
     return entries
+
+
+def is_nemo_manifest(path: str) -> bool:
+    """A NeMo manifest (``manifest.json``: JSON lines, each with ``audio_filepath``)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            first = json.loads(f.readline() or "null")
+    except (OSError, ValueError):
+        return False
+    return isinstance(first, dict) and "audio_filepath" in first
 
 
 @register
@@ -138,7 +164,9 @@ class ListSource(Source):
     def detect(cls, path: str) -> bool:
         from .lhotse import LhotseSource
 
-        return os.path.isfile(path) and path.lower().endswith(LIST_EXTENSIONS) and not LhotseSource.detect(path)
+        if not os.path.isfile(path) or LhotseSource.detect(path):
+            return False
+        return path.lower().endswith(LIST_EXTENSIONS) or (path.lower().endswith(".json") and is_nemo_manifest(path))
 
     def entries(self, warnings: list[str]) -> list[Entry]:
-        return read_list(self.path, self.options.keep)
+        return read_list(self.path, self.options)

@@ -19,11 +19,13 @@ import glob
 import io
 import json
 import os
+import posixpath
 import re
 import tarfile
 
 from ..audio import DECODED_EXTENSIONS
-from .base import ITEM_FIELDS, Entry, SourceError, Source, printable, register, segment_fields, text_problem
+from .base import ITEM_FIELDS, Entry, SourceError, Source, climbs, id_text, key_stem, printable, register, \
+    segment_fields, text_problem
 
 TAR_EXTENSIONS = (".tar",)
 COMPRESSED_TAR_EXTENSIONS = (".tar.gz", ".tgz")
@@ -151,6 +153,17 @@ def shard_list(path: str, extensions=TAR_EXTENSIONS + COMPRESSED_TAR_EXTENSIONS)
     return list(dict.fromkeys(found))
 
 
+def missing_shard(path: str) -> str | None:
+    """For a pattern no kind detects: the shard it names that does not exist, if that is why."""
+    if not _PATTERN.search(path) or os.path.exists(path):
+        return None
+    try:
+        shard_list(path)
+    except FileNotFoundError as e:
+        return str(e)
+    return None
+
+
 def _is_shard_input(path: str, extensions) -> bool:
     if os.path.isfile(path):
         return path.lower().endswith(extensions)
@@ -183,15 +196,20 @@ def index_tar(path: str, keep=lambda name: False, keep_max: int = 1 << 20):
     with open(path, "rb") as f:
         pos = 0
         while True:
-            if pos + 512 > total:
-                if pos < total or not members:
-                    damage = f"truncated at byte {total}: a header at byte {pos} is incomplete" if pos < total else \
-                        "not a tar file (empty)"
+            if pos + 512 > total:  # no end-of-archive marker: truncated (the samples after it, if any, are lost)
+                if pos < total:
+                    damage = f"truncated at byte {total}: a header at byte {pos} is incomplete"
+                elif total == 0:
+                    damage = "not a tar file (empty)"
+                else:
+                    damage = missing_end(total, pos, members[-1][0] if members else None)
                 break
             if f.tell() != pos:
                 f.seek(pos)
             header = f.read(512)
             if header == b"\0" * 512:
+                if total % 512:
+                    damage = f"truncated or damaged: its size ({total} bytes) is not a multiple of 512"
                 break
             if _checksum(header) is False:
                 damage = "not a tar file (bad header checksum at byte 0)" if pos == 0 else \
@@ -236,6 +254,14 @@ def index_tar(path: str, keep=lambda name: False, keep_max: int = 1 << 20):
                 data = f.read(size) if keep(name) and size <= keep_max else None
                 members.append((name, data_at, size, data))
     return members, damage
+
+
+def missing_end(total: int, header_at: int, last: str | None, stream: str = "") -> str:
+    """The damage of a tar that ends (at byte ``total``) where the next header (``header_at``) or
+    the end-of-archive marker should be: cut at a member boundary, or inside a member's padding."""
+    where = "at a member boundary" if header_at == total else f"in the header at byte {header_at}" \
+        if header_at < total else f"inside the padding of member {last!r} (its blocks end at byte {header_at})"
+    return f"truncated at byte {total}{stream}, {where}: no end-of-archive marker"
 
 
 def _pax_records(data: bytes) -> dict | None:
@@ -285,6 +311,12 @@ def _index_with_tarfile(path: str, keep=lambda name: False, keep_max: int = 1 <<
                 damage = f"damaged at byte {tf.offset} ({e or type(e).__name__})"
                 break
             if info is None:
+                f.seek(tf.offset)
+                marker = f.read(512)
+                if len(marker) < 512 or marker.strip(b"\0"):  # tarfile stops silently where the file ends
+                    damage = missing_end(size, tf.offset, members[-1][0] if members else None)
+                elif size % 512:
+                    damage = f"truncated or damaged: its size ({size} bytes) is not a multiple of 512"
                 break
             if not info.isfile():
                 continue
@@ -339,8 +371,15 @@ def sample_entries(shard: str, shown: str, key: str, parts: dict, options, kind:
     """One sample -> its entry: audio member, sidecar id and segment, or the reason it has none.
     ``data_of(member)`` gives a member's bytes (the sidecar), read from the shard by default."""
     data_of = data_of or (lambda m: m[3] if m[3] is not None else _read_bytes(shard, m[1], m[2]))
+    clean = posixpath.normpath(key) if key else key  # ./a, a//b -> a, a/b
+    if climbs(clean) or clean.startswith("/"):  # ../x, /etc/x: never a key (a Shar output's member name)
+        shown_key = f"{shown}/{printable(key).replace('/', '%2F')}"
+        return Entry(shard, shown_key, key=shown_key, where=f"{shown}:{printable(key)}", kind=kind,
+                     error=f"member name {printable(key)!r} climbs out of the shard ('..' or a leading '/'): "
+                           "not read (path traversal)")
+    key = clean
     where = f"{shown}:{key}"
-    default_key = f"{shown}/{key}"
+    default_key = key_stem(key) if options.key == "stem" else f"{shown}/{key}"
     audio = _audio_member(parts, options.audio_ext)
     if audio is None:
         wanted = ", ".join(options.audio_ext) if options.audio_ext else "an audio extension"
@@ -361,13 +400,17 @@ def sample_entries(shard: str, shown: str, key: str, parts: dict, options, kind:
             if ident in (None, ""):
                 entry.error = f"sidecar {parts['json'][0]!r} has no {options.id_field!r}"
                 return entry
-            ident = str(ident)
+            try:
+                ident = id_text(ident)
+            except ValueError as e:
+                entry.error = f"sidecar {parts['json'][0]!r}: {e}"
+                return entry
             if problem := text_problem(ident):
                 entry.key, entry.error = printable(ident), f"id {problem}"
                 return entry
             entry.key = ident
         try:
-            segment_fields(row, entry)
+            segment_fields(row, entry, options.sidecar_duration)
         except ValueError as e:
             entry.error = f"sidecar {parts['json'][0]!r}: {e}"
         entry.meta = options.keep.pick(row, skip=(options.id_field, *ITEM_FIELDS[2:]))  # text, speaker... (--keep-fields)
@@ -410,6 +453,10 @@ class TarSource(Source):
         if not hasattr(self, "_shards"):
             self._shards = tar_shards(self.path, compressed=False)
         return self._shards
+
+    @classmethod
+    def why_not(cls, path: str) -> str | None:
+        return missing_shard(path)
 
     def entries(self, warnings: list[str]) -> list[Entry]:
         shards = self.shards()

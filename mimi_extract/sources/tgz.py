@@ -23,8 +23,8 @@ import zlib
 from types import SimpleNamespace
 
 from .base import Entry, Source, SourceError, probe_info, register
-from .tar import COMPRESSED_TAR_EXTENSIONS, _is_shard_input, _shown_names, sample_entries, shard_identity, \
-    split_name, tar_shards
+from .tar import COMPRESSED_TAR_EXTENSIONS, _is_shard_input, _shown_names, missing_end, sample_entries, \
+    shard_identity, split_name, tar_shards
 
 DEFAULT_SORT_BUFFER_MB = 256
 
@@ -75,6 +75,51 @@ def group_bytes(path: str, group: int, start: int, end: int) -> bytes:
             _GROUPS.pop(next(iter(_GROUPS)))
         _GROUPS[(path, group)] = data
         return data
+
+
+class _Counted(io.RawIOBase):
+    """A shard's decompressed stream for tarfile's forward reading that counts the bytes it hands
+    out and keeps the last two reads, so the end-of-archive marker can be checked afterwards."""
+
+    def __init__(self, path: str):
+        super().__init__()
+        self.raw = open(path, "rb")
+        gzipped = self.raw.read(2) == b"\x1f\x8b"
+        self.raw.seek(0)
+        self.file = gzip.GzipFile(fileobj=self.raw) if gzipped else self.raw
+        self.pos, self.last = 0, [(0, b""), (0, b"")]  # (start, bytes) of the last two reads
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        data = self.file.read(len(buffer))
+        buffer[:len(data)] = data
+        self.last = [self.last[1], (self.pos, data)]
+        self.pos += len(data)
+        return len(data)
+
+    def end_damage(self, header_at: int, last: str | None) -> str | None:
+        """After tarfile's iteration ended without error: None if the 512 zero bytes of the
+        end-of-archive marker are at ``header_at`` and the stream's length is a multiple of 512,
+        else the damage (``last``: the last member's name)."""
+        (a, first), (_, second) = self.last
+        block = (first + second)[header_at - a: header_at - a + 512] if header_at >= a else b""
+        total = self.pos
+        while chunk := self.file.read(1 << 20):  # the rest (the marker's zero records) only counts
+            total += len(chunk)
+        if len(block) < 512 or block.strip(b"\0"):
+            return missing_end(total, header_at, last, " of the decompressed stream")
+        if total % 512:
+            return f"truncated or damaged: its decompressed size ({total} bytes) is not a multiple of 512"
+        return None
+
+    def close(self) -> None:
+        if not self.closed:
+            if self.file is not self.raw:
+                self.file.close()
+            self.raw.close()
+        super().close()
 
 
 @register
@@ -128,22 +173,35 @@ class CompressedTarSource(Source):
                     state["open"].append(entry)
                 entries.append(entry)
 
+            stream = None
+            reading = False  # inside a member's data (a sample cut there is incomplete)
+            header_at = 0  # where the header after the last member (or the end-of-archive marker) is
             try:
-                with tarfile.open(full, "r|*") as tf:
+                with _Counted(full) as stream, tarfile.open(fileobj=stream, mode="r|") as tf:
                     for info in tf:
+                        header_at = info.offset_data + -(-info.size // 512) * 512
                         if not info.isfile():
                             continue
                         key, ext = split_name(info.name)
                         if key != sample_key:  # the previous sample is complete
                             flush()
                             sample_key, parts = key, {}
+                        reading = True
                         data = tf.extractfile(info).read()
                         if len(data) != info.size:
                             raise EOFError("unexpected end of data")
+                        reading = False
                         parts.setdefault(ext, (info.name, info.offset_data, info.size, data))
                         end = info.offset_data + info.size
+                    # tarfile stops silently where the stream ends, marker or not: a tar cut at a
+                    # member boundary or in a member's padding would lose the rest of the shard unsaid
+                    damage = stream.end_damage(header_at, max(parts.values(), key=lambda m: m[1])[0] if parts else None)
             except (tarfile.ReadError, EOFError, OSError, zlib.error) as e:
                 damage = f"damaged or truncated after byte {end} of the decompressed stream ({e or type(e).__name__})"
+                if not reading and stream is not None:  # cut between members (in a header, a padding):
+                    damage = (f"damaged or truncated at byte {stream.pos} of the decompressed stream, between "
+                              f"members ({e or type(e).__name__})")
+                    flush()  # the members read are whole: kept, as in a .tar
             else:
                 flush()
             close_group(end)
