@@ -88,3 +88,37 @@ def test_verify_engine_on_device(device, tiny_model_dir, tmp_path):
                  "--batch-size", "2")
     assert result.exit_code == 0, result.output
     assert "3 files compared" in result.text
+
+
+def test_gpu_decode_threads_scale_with_cores(monkeypatch):
+    """On GPU the host decodes and resamples for the device: every core but two decodes (two
+    threads capped a GPU at ~4,000x real time on 16 kHz FLAC: scripts/bench_ceilings.py); on CPU
+    the cores encode and two decoding threads suffice; an explicit --num-workers wins."""
+    import mimi_extract.settings as settings_mod
+
+    monkeypatch.setattr(settings_mod, "cpu_cores", lambda: 16)
+    assert Settings(devices=("cuda:0",)).decode_threads == 14
+    assert Settings(devices=("cuda:0", "cuda:1")).decode_threads == 6
+    assert Settings(devices=("cuda:0",) * 8).decode_threads == 2
+    assert Settings(devices=("cpu",) * 16).decode_threads == 2
+    assert Settings(devices=("cuda:0",), num_workers=3).decode_threads == 3
+    assert Settings(devices=("cuda:0",), num_workers=0).decode_threads == 1
+
+
+def test_feeder_uses_decode_threads(monkeypatch, tiny_model):
+    """The feeder's pool is ``decode_threads`` wide (what the default above is for)."""
+    import mimi_extract.engines.device as device_mod
+    from mimi_extract.engines import DeviceRunner
+
+    sizes = []
+    real = device_mod.ThreadPoolExecutor
+
+    def pool(n, **kw):
+        sizes.append(n)
+        return real(n, **kw)
+
+    monkeypatch.setattr(device_mod, "ThreadPoolExecutor", pool)
+    monkeypatch.setattr(Settings, "decode_threads", property(lambda self: 5))
+    runner = DeviceRunner(Settings(), "cpu", tiny_model)
+    runner.run(lambda block=True: None, lambda piece: None, __import__("threading").Event())
+    assert sizes == [5]
