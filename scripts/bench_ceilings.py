@@ -391,24 +391,30 @@ def main() -> None:
     torch.set_num_threads(2)  # a GPU worker's torch threads (settings.threads_per_worker)
     results = {"cores": os.cpu_count(), "torch": torch.__version__}
     sections = args.sections.split(",")
+
+    def save():  # after each section: a later one failing (Ray's start on a loaded machine) loses nothing
+        if args.json:
+            json.dump(results, open(args.json, "w"), indent=2)
     if "feed" in sections:
         model_dir = os.path.join(args.workdir, "tiny-model")
         if not os.path.exists(model_dir):
             random_model(seed=0).save_pretrained(model_dir)
         install_probes()
         results["feed"] = feed(args, model_dir)
+        save()
     if "procs" in sections:
         model_dir = os.path.join(args.workdir, "tiny-model")
         if not os.path.exists(model_dir):
             random_model(seed=0).save_pretrained(model_dir)
         install_null()
         results["procs"] = feed_processes(args, model_dir)
+        save()
     if "write" in sections:
         results["write"] = write(args)
+        save()
     if "ray" in sections:
         results["ray"] = ray_driver(args)
-    if args.json:
-        json.dump(results, open(args.json, "w"), indent=2)
+        save()
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ Parametrised over ``cpu`` and, where one is visible, ``cuda``: CI runs the CPU h
 runs ``pytest tests/test_device.py -k cuda`` (scripts/gpu_check.sh does).  Full-size architecture
 cases run on CUDA only (on two CPU cores they take minutes)."""
 
-import os
+import threading
 
 import numpy as np
 import pytest
@@ -120,5 +120,5 @@ def test_feeder_uses_decode_threads(monkeypatch, tiny_model):
     monkeypatch.setattr(device_mod, "ThreadPoolExecutor", pool)
     monkeypatch.setattr(Settings, "decode_threads", property(lambda self: 5))
     runner = DeviceRunner(Settings(), "cpu", tiny_model)
-    runner.run(lambda block=True: None, lambda piece: None, __import__("threading").Event())
+    runner.run(lambda block=True: None, lambda piece: None, threading.Event())
     assert sizes == [5]
