@@ -102,7 +102,7 @@ DTypeOpt = Annotated[DType, typer.Option(help="Compute dtype; bf16/fp16 only on 
 BatchOpt = Annotated[Optional[int], typer.Option(min=1, help="Maximum rows (files or streams) per step \\[default: 64 on GPU, 8 on CPU].")]
 SecondsOpt = Annotated[Optional[float], typer.Option(min=0.1, help="Padded audio seconds per step, rows x longest \\[default: 300 on GPU, 4 on CPU: cache-sized, measured fastest].")]
 ChunkOpt = Annotated[Optional[float], typer.Option(min=0.08, help="Files longer than this are streamed in chunks of this many seconds: exact, memory bounded by the chunk \\[default: 30 on GPU, 4 on CPU].")]
-WorkersOpt = Annotated[int, typer.Option(min=0, help="Decoding threads per device (0 counts as 1: decoding always overlaps encoding).")]
+WorkersOpt = Annotated[Optional[int], typer.Option(min=0, help="Decoding threads per device (0 counts as 1: decoding always overlaps encoding) \\[default: 2 on CPU; on GPU every core but 2 per GPU: decoding and resampling are the host's main work].")]
 ChannelOpt = Annotated[Channel, typer.Option(help="Multichannel files: mix = mean of channels, first, each = one entry per channel (key#chN).")]
 ResamplerOpt = Annotated[Resampler, typer.Option(help="Resampler to 24 kHz: torchaudio = torchaudio.functional.resample's sinc, for every rate (what a torchaudio + MimiModel loop computes); causal = 16 kHz input delayed by the filter's look-ahead (8 samples), so no output sample depends on future input. Recorded in run.json (causal_16k).")]
 CausalOpt = Annotated[Optional[bool], typer.Option("--causal-16k/--no-causal-16k", hidden=True, help="Old spelling of --resampler causal / torchaudio.")]
@@ -379,7 +379,7 @@ def features(
     batch_size: BatchOpt = None,
     max_batch_seconds: SecondsOpt = None,
     chunk_seconds: ChunkOpt = None,
-    num_workers: WorkersOpt = 2,
+    num_workers: WorkersOpt = None,
     channel: ChannelOpt = Channel["mix"],
     resampler: ResamplerOpt = Resampler["torchaudio"],
     causal_16k: CausalOpt = None,
@@ -444,7 +444,7 @@ def codes(
     batch_size: BatchOpt = None,
     max_batch_seconds: SecondsOpt = None,
     chunk_seconds: ChunkOpt = None,
-    num_workers: WorkersOpt = 2,
+    num_workers: WorkersOpt = None,
     channel: ChannelOpt = Channel["mix"],
     resampler: ResamplerOpt = Resampler["torchaudio"],
     causal_16k: CausalOpt = None,

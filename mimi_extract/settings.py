@@ -25,7 +25,7 @@ class Settings:
     batch_size: int | None = None  # rows per step; None: 64 on GPU, 8 on CPU
     max_batch_seconds: float | None = None  # padded seconds per step; None: 300 on GPU, 4 on CPU
     chunk_seconds: float | None = None  # longer files are streamed in chunks of it; None: 30 GPU, 4 CPU
-    num_workers: int = 2  # decoding threads per device
+    num_workers: int | None = None  # decoding threads per device; None: see decode_threads
     threads: int | None = None  # torch threads per device worker (None: cores / workers)
     channel: str = "mix"
     causal_16k: bool = False  # 16 kHz through the causal (delayed) resampler instead of torchaudio's
@@ -54,6 +54,18 @@ class Settings:
         """Padded audio seconds per step.  On CPU a step of ~4 s of audio measured fastest (cache-
         sized: single-thread full-size Mimi, 0.5 s: 4.2, 2-4 s: 6.8-7.8, 16 s: 6.1 audio s/s)."""
         return self.max_batch_seconds or (300.0 if self.on_gpu else 4.0)
+
+    @property
+    def decode_threads(self) -> int:
+        """Decoding threads of each device worker's feeder.  On CPU 2 (the cores encode).  On GPU
+        decoding and resampling are the host's main work (16 kHz FLAC: ~2,100 audio seconds per
+        CPU second per thread, ``scripts/bench_ceilings.py``): every core but two (the feeder and
+        the writer) decodes, shared among the device workers.  Two threads capped a GPU at ~4,000x."""
+        if self.num_workers is not None:
+            return max(1, self.num_workers)
+        if not self.on_gpu:
+            return 2
+        return max(2, cpu_cores() // max(1, len(self.devices)) - 2)
 
     @property
     def on_gpu(self) -> bool:

@@ -60,6 +60,35 @@ def sync():
         torch.cuda.synchronize()
 
 
+# -- GPU utilisation, sampled per phase (NVML through torch; device-wide, so the tool's own process counts) --
+util: dict[str, list[int]] = {}
+phase = [None]
+if cuda:
+    import threading
+
+    def _sample():
+        while True:
+            label = phase[0]
+            if label is not None:
+                try:
+                    util.setdefault(label, []).append(int(torch.cuda.utilization()))
+                except Exception:  # no NVML (pynvml): no utilisation figures
+                    return
+            time.sleep(0.05)
+
+    threading.Thread(target=_sample, daemon=True).start()
+
+
+def mean_util(label: str):
+    samples = util.get(label)
+    return sum(samples) / len(samples) if samples else None
+
+
+def pythonpath(*first: str) -> str:
+    """``first`` ahead of the caller's PYTHONPATH (carried wheels installed with --target stay visible)."""
+    return os.pathsep.join([*first, *filter(None, [os.environ.get("PYTHONPATH")])])
+
+
 # -- model and corpus ---------------------------------------------------------------------------
 if args.model.startswith("random-"):
     model_dir = os.path.join(work, "model")
@@ -101,6 +130,7 @@ files = sorted(os.listdir(corpus))
 with torch.no_grad():
     model.encode(load(os.path.join(corpus, files[0])).to(args.device).reshape(1, 1, -1), num_quantizers=args.num_quantizers)
     sync()
+    phase[0] = "loop"
     t = time.perf_counter()
     loop_codes = {}
     for f in files:
@@ -108,6 +138,7 @@ with torch.no_grad():
         loop_codes[f] = model.encode(x, num_quantizers=args.num_quantizers).audio_codes[0].T.cpu().numpy()
     sync()
     t_loop = time.perf_counter() - t
+    phase[0] = None
 del model
 if cuda:
     torch.cuda.empty_cache()
@@ -126,25 +157,27 @@ with torch.no_grad():
 env = {**os.environ, "HF_HUB_OFFLINE": "1"}
 t = time.perf_counter()
 looped = subprocess.run([sys.executable, "-c", LOOP_SCRIPT, model_dir, corpus, args.device, str(args.num_quantizers)],
-                        capture_output=True, text=True, env={**env, "PYTHONPATH": HERE})
+                        capture_output=True, text=True, env={**env, "PYTHONPATH": pythonpath(HERE)})
 t_loop_script = time.perf_counter() - t
 if looped.returncode:
     sys.exit(f"the loop script failed:\n{looped.stderr}")
 
 
 # -- the tool, end to end ----------------------------------------------------------------------------
-def run_tool(code: str, out: str, extra: str = "") -> float:
+def run_tool(code: str, out: str, extra: str = "", label: str | None = None) -> float:
     cmd = [sys.executable, "-m", "mimi_extract", "codes", corpus, out, "--model", model_dir, "--device", args.device,
            "-q", str(args.num_quantizers), *extra.split()]
     t = time.perf_counter()  # cwd: `python -m` puts it first on sys.path, ahead of PYTHONPATH
-    run = subprocess.run(cmd, capture_output=True, text=True, cwd=work, env={**env, "PYTHONPATH": code})
+    phase[0] = label
+    run = subprocess.run(cmd, capture_output=True, text=True, cwd=work, env={**env, "PYTHONPATH": pythonpath(code)})
+    phase[0] = None
     if run.returncode:
         sys.exit(f"mimi-extract ({code} {extra}) failed:\n{run.stdout}\n{run.stderr}")
     return time.perf_counter() - t
 
 
 out = os.path.join(work, "out")
-t_tool = run_tool(HERE, out)
+t_tool = run_tool(HERE, out, label="tool")
 stats = json.load(open(os.path.join(out, "stats.json")))
 mismatch = sum(int((read(out, f) != loop_codes[f]).sum()) for f in files)
 variants = {}  # label -> (seconds, encoding phase seconds or None)
@@ -180,8 +213,13 @@ print(f"tool: {stats['workers']} workers, encoder idle {100 * stats['idle_fracti
       f"(waiting for input {stats['wait_input']:.1f} s, output {stats['wait_output']:.1f} s, summed over workers), "
       f"padding {100 * stats['padding']:.1f}%; start-up and planning {t_tool - stats['elapsed']:.1f} s; "
       f"code mismatches vs the loop (every mimi-extract row): {mismatch}")
+if cuda and util:
+    print(f"GPU utilisation (NVML, mean of 50 ms samples): loop {mean_util('loop') or 0:.0f} %, "
+          f"mimi-extract end to end (start-up included) {mean_util('tool') or 0:.0f} %")
 if args.json:
     json.dump({"gflops": gflops, "flops_per_second": flops_per_second, "bound": bound, "speeds": rows, "stats": stats,
                "tool_seconds": t_tool, "loop_seconds": t_loop, "loop_script_seconds": t_loop_script,
-               "variants": variants, "audio_seconds": total, "mismatch": mismatch},
+               "variants": variants, "audio_seconds": total, "mismatch": mismatch,
+               "gpu_util": {k: mean_util(k) for k in util}, "device": args.device, "files": args.files,
+               "gpu": torch.cuda.get_device_name() if cuda else None},
               open(args.json, "w"), indent=2)

@@ -133,7 +133,7 @@ class DeviceRunner:
         active: dict[int, _Stream] = {}
         free = list(range(self.rows))[::-1]
         units_done = False
-        pool = ThreadPoolExecutor(max(1, self.settings.num_workers), thread_name_prefix="decode")
+        pool = ThreadPoolExecutor(self.settings.decode_threads, thread_name_prefix="decode")
 
         def put(item) -> bool:
             while not stop.is_set():

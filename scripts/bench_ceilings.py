@@ -1,0 +1,421 @@
+"""The CPU-side ceilings a fast GPU meets: feeding, writing and the Ray driver, in CPU time.
+
+    python scripts/bench_ceilings.py --workdir /tmp/ceilings              # every section
+    python scripts/bench_ceilings.py --sections feed --formats flac16k --seconds 600
+
+At 20,000x real time the host must decode and resample ~20,000 audio seconds per second and store
+what comes back.  Everything here is measured in **process CPU time** (``time.process_time``: all
+threads of this process), not wall time, so the per-core figures do not depend on how loaded the
+machine is; "cores for 20,000x" is 20,000 x CPU seconds per audio second, which assumes the work
+spreads over cores (the serial parts below say where it cannot).
+
+Sections:
+
+* ``feed``: the whole feeding pipeline of one GPU worker (``extract`` in this process: discovery,
+  planning, the feeder thread, its decode pool reading, decoding, resampling to 24 kHz and mixing,
+  packing steps) with the GPU's step shapes (64 rows, 300 padded s, 30 s chunks) and a **null
+  encoder** (zeros of the full-size model's output shapes, at once) and the real writer (HDF5
+  codes).  Reported per role: the decode pool (parallel), the feeder thread (one per GPU), the
+  caller's thread (the single writer, and the pieces loop), all else (torch's intra-op threads,
+  start-up).  Pinning is not measured (no CUDA here): it is one copy of each step into a cached
+  pinned block.
+* ``procs``: the same with two feeding processes (``ProcessEngine``, as ``--device cuda:0,cuda:0``
+  runs one GPU from two processes, each with its own GIL): CPU time of this process, the single
+  writer, which receives, stitches and stores every piece.
+* ``write``: the ShardWriter per format (hdf5, parquet, shar) for codes (int16 [F, 8]) and fp32
+  latents ([F, 512]), 10 s items: items/s and MB/s of arrays per CPU second, fsyncs included (and
+  wall for reference).
+* ``ray``: the Ray driver as the single writer: a local cluster, one actor returning ready-made
+  pieces of codes per unit (the sizes the planner makes), the driver's ``ray.wait``/``ray.get`` and
+  writing, CPU time of the driver process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import threading
+import time
+
+import numpy as np
+import soundfile as sf
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from mimi_extract.encoder import EncoderOutput  # noqa: E402
+import mimi_extract.engines.device as device_mod  # noqa: E402
+from mimi_extract.engines.device import DeviceRunner  # noqa: E402
+from mimi_extract.engines.inprocess import InProcessEngine  # noqa: E402
+from mimi_extract.settings import Settings  # noqa: E402
+from mimi_extract.testing import random_model  # noqa: E402
+
+TARGET = 20_000
+# name: (extension, sample rate, soundfile format/subtype)
+FORMATS = {
+    "wav16k": (".wav", 16_000, dict(format="WAV", subtype="PCM_16")),
+    "flac16k": (".flac", 16_000, dict(format="FLAC", subtype="PCM_16")),
+    "mp3-48k": (".mp3", 48_000, dict(format="MP3", subtype="MPEG_LAYER_III")),
+    "flac48k": (".flac", 48_000, dict(format="FLAC", subtype="PCM_16")),
+    "opus48k": (".opus", 48_000, dict(format="OGG", subtype="OPUS")),
+}
+
+
+def speechlike(n: int, rate: int, rng) -> np.ndarray:
+    """Noise shaped by a slow random envelope plus a few harmonics: compresses like speech does
+    (FLAC on white noise would be slower to decode than on any real corpus)."""
+    t = np.arange(n) / rate
+    f0 = 110 + 60 * np.sin(2 * np.pi * 0.3 * t + rng.uniform(0, 6))
+    phase = 2 * np.pi * np.cumsum(f0) / rate
+    voiced = sum(np.sin(k * phase) / k for k in range(1, 6))
+    envelope = 0.5 + 0.5 * np.sin(2 * np.pi * 2.5 * t + rng.uniform(0, 6)) ** 2
+    return (0.15 * envelope * voiced + 0.01 * rng.standard_normal(n)).astype(np.float32)
+
+
+def make_corpus(root: str, name: str, seconds: float, seed: int = 0) -> tuple[str, float]:
+    ext, rate, kw = FORMATS[name]
+    folder = os.path.join(root, f"{name}-{seconds:g}s-{seed}")
+    done = os.path.join(folder, ".done")
+    rng = np.random.default_rng(seed)
+    if not os.path.exists(done):
+        shutil.rmtree(folder, ignore_errors=True)
+        os.makedirs(folder)
+        total, i = 0.0, 0
+        while total < seconds:  # utterances of 2-20 s, as speech corpora ship
+            s = float(rng.uniform(2, 20))
+            os.makedirs(os.path.join(folder, f"spk{i % 7}"), exist_ok=True)
+            sf.write(os.path.join(folder, f"spk{i % 7}", f"utt{i:05d}{ext}"), speechlike(int(s * rate), rate, rng),
+                     rate, **kw)
+            total, i = total + s, i + 1
+        open(done, "w").write(str(total))
+    return folder, float(open(done).read())
+
+
+# -- the null encoder ----------------------------------------------------------------------------
+class NullEncoder:
+    """Zeros of the full-size model's output shapes (8 codebooks / 512-dim latents at 12.5 Hz),
+    returned at once: everything around the encoder is what is measured.  Frame counts come from
+    the real encoder's length arithmetic, so the writer stores what a real run would."""
+
+    def __init__(self, real, dims: int = 512):
+        self.real, self.dims = real, dims
+        self.hop, self.step, self.model = real.hop, real.step, real.model
+
+    def init_state(self, rows, device=None, dtype=None):
+        return self.real.init_state(rows, device, dtype)
+
+    def __call__(self, audio, lengths, taps, num_quantizers=None, state=None, final=None):
+        n = self.real.output_lengths(torch.as_tensor(lengths))
+        rows, tensors = audio.shape[0], {}
+        for tap in taps:
+            frames = int(n[tap].max())
+            tensors[tap] = torch.zeros(rows, num_quantizers, frames, dtype=torch.long) if tap == "codes" else \
+                torch.zeros(rows, frames, self.dims)
+        return EncoderOutput(tensors, {t: n[t] for t in taps})
+
+
+CPU: dict[str, float] = {}
+_lock = threading.Lock()
+
+
+def _add(role: str, seconds: float) -> None:
+    with _lock:
+        CPU[role] = CPU.get(role, 0.0) + seconds
+
+
+_depth = threading.local()
+
+
+def _timed(role: str, fn):
+    """``fn`` adding its thread CPU time to ``role`` (outermost call only: _start calls _read)."""
+    def wrapper(*a, **kw):
+        if getattr(_depth, "on", False):
+            return fn(*a, **kw)
+        _depth.on = True
+        t = time.thread_time()
+        try:
+            return fn(*a, **kw)
+        finally:
+            _add(role, time.thread_time() - t)
+            _depth.on = False
+    return wrapper
+
+
+def install_null() -> None:
+    """The null encoder in place of the model (measurement only; spawned workers get it through a
+    sitecustomize.py that calls this, see ``feed_processes``)."""
+    real_build = device_mod.build_encoder
+    if getattr(real_build, "null", False):
+        return
+    device_mod.build_encoder = lambda settings, device, model=None: NullEncoder(real_build(settings, "cpu", model))
+    device_mod.build_encoder.null = True
+
+
+def install_probes() -> None:
+    """The null encoder, and thread CPU time per role (measurement only)."""
+    install_null()
+    DeviceRunner._read = _timed("decode pool", DeviceRunner._read)
+    DeviceRunner._start = _timed("decode pool", DeviceRunner._start)
+    DeviceRunner._feed = _timed("feeder thread", DeviceRunner._feed)
+    DeviceRunner.run = _timed("encoder thread", DeviceRunner.run)
+    original = InProcessEngine.run
+
+    def run(self, units, stop, model=None):  # the caller's thread between pieces: the writer
+        t_proc, t_main = time.process_time(), time.thread_time()
+        try:
+            yield from original(self, units, stop, model)
+        finally:
+            _add("writer thread (caller)", time.thread_time() - t_main)
+            _add("process, encoding phase", time.process_time() - t_proc)
+
+    InProcessEngine.run = run
+
+
+def feed(args, model_dir: str) -> dict:
+    from mimi_extract.runner import extract
+
+    results = {}
+    for name in args.formats.split(","):
+        folder, seconds = make_corpus(os.path.join(args.workdir, "corpus"), name, args.seconds)
+        out = os.path.join(args.workdir, "out-feed")
+        shutil.rmtree(out, ignore_errors=True)
+        settings = Settings(model=model_dir, tap=args.tap, devices=("cpu",), batch_size=64, max_batch_seconds=300,
+                            chunk_seconds=30, num_workers=args.decode_threads)
+        CPU.clear()
+        t_proc, t_wall = time.process_time(), time.perf_counter()
+        summary = extract(folder, out, settings)
+        total_cpu, wall = time.process_time() - t_proc, time.perf_counter() - t_wall
+        assert summary["ok"] == summary["todo"], f"{name}: {summary['ok']} of {summary['todo']} items written"
+        phase = CPU.get("process, encoding phase", total_cpu)
+        roles = {r: CPU.get(r, 0.0) for r in ("decode pool", "feeder thread", "encoder thread", "writer thread (caller)")}
+        roles["other (torch threads, GC)"] = max(0.0, phase - sum(roles.values()))
+        per_audio = {r: v / seconds for r, v in roles.items()}
+        results[name] = {
+            "audio_seconds": seconds, "items": summary["ok"], "wall_s": wall, "cpu_s_total": total_cpu,
+            "cpu_s_encoding_phase": phase, "startup_and_planning_cpu_s": total_cpu - phase,
+            "per_core_x": seconds / phase, "cores_for_target": TARGET * phase / seconds,
+            "cpu_per_audio_s": per_audio,
+            "serial_ceilings_x": {"feeder thread": 1 / max(per_audio["feeder thread"], 1e-12),
+                                  "writer thread (caller)": 1 / max(per_audio["writer thread (caller)"], 1e-12)},
+        }
+        r = results[name]
+        print(f"feed {name:>8}: {seconds:6.0f} audio s, {phase:6.2f} CPU s -> {r['per_core_x']:7.0f} x per core, "
+              f"{r['cores_for_target']:5.1f} cores for {TARGET}x; feeder thread alone caps at "
+              f"{r['serial_ceilings_x']['feeder thread']:.0f} x, writer thread at "
+              f"{r['serial_ceilings_x']['writer thread (caller)']:.0f} x", flush=True)
+        shutil.rmtree(out, ignore_errors=True)
+    return results
+
+
+def feed_processes(args, model_dir: str) -> dict:
+    """K feeding processes (ProcessEngine, as ``--device cuda:0,cuda:0,...`` would run them) and the
+    one writer in this process: this process's CPU per audio second is the single-writer ceiling of
+    that layout (pieces unpickled from the workers' queue, stitched, written)."""
+    from mimi_extract.engines.processes import ProcessEngine
+    from mimi_extract.runner import extract
+
+    hook = os.path.join(args.workdir, "null-hook")
+    os.makedirs(hook, exist_ok=True)
+    with open(os.path.join(hook, "sitecustomize.py"), "w") as f:
+        f.write(f"import sys\nsys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})\n"
+                "import bench_ceilings\nbench_ceilings.install_null()\n")
+    os.environ["PYTHONPATH"] = os.pathsep.join([hook, ROOT, os.environ.get("PYTHONPATH", "")])
+    spent = {}
+    original = ProcessEngine.run
+
+    def run(self, units, stop, model=None):
+        t = time.process_time()
+        try:
+            yield from original(self, units, stop, model)
+        finally:
+            spent["main"] = time.process_time() - t
+
+    ProcessEngine.run = run
+    results = {}
+    for name in args.formats.split(","):
+        folder, seconds = make_corpus(os.path.join(args.workdir, "corpus"), name, args.seconds)
+        for fmt in args.procs_formats.split(","):
+            k = 2
+            out = os.path.join(args.workdir, "out-procs")
+            shutil.rmtree(out, ignore_errors=True)
+            settings = Settings(model=model_dir, tap=args.tap, devices=("cpu",) * k, batch_size=64, format=fmt,
+                                max_batch_seconds=300, chunk_seconds=30, num_workers=args.decode_threads, threads=1)
+            summary = extract(folder, out, settings)
+            assert summary["ok"] == summary["todo"]
+            main = spent["main"]
+            results[f"{name} {fmt} x{k}"] = {"audio_seconds": seconds, "items": summary["ok"], "main_cpu_s": main,
+                                             "main_x_per_cpu_s": seconds / main}
+            print(f"procs {name:>8} {fmt:>7} x{k}: the writer process spends {main:.3f} CPU s on {seconds:.0f} audio s "
+                  f"({summary['ok']} items) -> caps at {seconds / main:.0f} x", flush=True)
+            shutil.rmtree(out, ignore_errors=True)
+    ProcessEngine.run = original
+    return results
+
+
+def write(args) -> dict:
+    from mimi_extract.formats import get_format
+    from mimi_extract.formats.common import ShardWriter, _write_atomic
+    from mimi_extract.sources import dataset_name
+
+    info = {"model": "synthetic", "num_quantizers": 8, "framing": "transformers", "channel": "mix",
+            "dtype": "fp32", "feature_dtype": "float32", "input": "/synthetic", "input_kind": "directory",
+            "weights": "0" * 24, "config_hash": "0" * 16, "part": "whole"}
+    rng = np.random.default_rng(0)
+    frames = 125  # 10 s items at 12.5 Hz
+    results = {}
+    for tap, make, n in (("codes", lambda: rng.integers(0, 2048, (frames, 8), dtype=np.int16), args.write_items),
+                         ("latent", lambda: rng.standard_normal((frames, 512)).astype(np.float32), args.write_items // 4)):
+        arrays = [make() for _ in range(n)]
+        for fmt in args.write_formats.split(","):
+            out = os.path.join(args.workdir, f"out-write-{fmt}-{tap}")
+            shutil.rmtree(out, ignore_errors=True)
+            os.makedirs(out)
+            _write_atomic(os.path.join(out, "run.json"), json.dumps({**info, "tap": tap, "format": fmt}))
+            attrs = {"tap": tap, "frame_rate": 12.5, "sample_rate": 24000, "num_quantizers": 8,
+                     "layout": "[frames, num_quantizers]" if tap == "codes" else "[frames, dims]"}
+            w = ShardWriter(out, get_format(fmt), attrs, max_items=1000)
+            fsyncs, real_fsync = [0], os.fsync
+
+            def counting(fd):
+                fsyncs[0] += 1
+                return real_fsync(fd)
+
+            os.fsync = counting
+            t_proc, t_wall = time.process_time(), time.perf_counter()
+            try:
+                for i, data in enumerate(arrays):
+                    key = f"spk{i % 97:02d}/utt{i:06d}.wav"
+                    row = {"path": key, "key": key, "dataset": dataset_name(key), "channel": None, "sample_rate": 24000,
+                           "duration": frames * 0.08, "frames": frames, "dims": data.shape[1],
+                           "source": {"path": f"/synthetic/{key}", "frames": frames * 1920, "channels": 1}}
+                    w.add(key, data, row, {"duration": frames * 0.08})
+                w.close()
+            finally:
+                os.fsync = real_fsync
+            cpu, wall = time.process_time() - t_proc, time.perf_counter() - t_wall
+            nbytes = sum(a.nbytes for a in arrays)
+            audio = n * frames * 0.08
+            results[f"{fmt} {tap}"] = {"items": n, "cpu_s": cpu, "wall_s": wall, "items_per_cpu_s": n / cpu,
+                                       "mb_per_cpu_s": nbytes / 1e6 / cpu, "items_per_wall_s": n / wall,
+                                       "mb_per_wall_s": nbytes / 1e6 / wall, "fsyncs": fsyncs[0],
+                                       "x_real_time_per_cpu_s": audio / cpu, "x_real_time_wall": audio / wall}
+            r = results[f"{fmt} {tap}"]
+            print(f"write {fmt:>7} {tap:>6}: {r['items_per_cpu_s']:8.0f} items/CPU-s, {r['mb_per_cpu_s']:7.1f} MB/CPU-s "
+                  f"({r['x_real_time_per_cpu_s']:9.0f} x real time of 10 s items), wall {r['items_per_wall_s']:8.0f} "
+                  f"items/s {r['mb_per_wall_s']:7.1f} MB/s, {fsyncs[0]} fsyncs", flush=True)
+            shutil.rmtree(out, ignore_errors=True)
+    return results
+
+
+def ray_driver(args) -> dict:
+    """Driver CPU per audio second: units of 10 s items (a GPU unit: 64 rows x 300 s holds ~30 of
+    them), pieces of codes built by one actor; the driver waits, gets, and writes (HDF5)."""
+    import ray
+
+    from mimi_extract.engines.base import Piece
+    from mimi_extract.formats import get_format
+    from mimi_extract.formats.common import ShardWriter, _write_atomic
+    from mimi_extract.sources import Item, dataset_name
+
+    ray.init(address="local", include_dashboard=False, log_to_driver=False, num_cpus=2)
+    try:
+        @ray.remote(num_cpus=1)
+        class Maker:
+            def encode(self, unit: int, per_unit: int):
+                rng = np.random.default_rng(unit)
+                pieces = []
+                for j in range(per_unit):
+                    key = f"u{unit:05d}/i{j:03d}.wav"
+                    item = Item(path=key, rel=key, key=key, sample_rate=24000, frames=240_000, samples=240_000)
+                    pieces.append(Piece(item, rng.integers(0, 2048, (125, 8), dtype=np.int16), True, True, 10.0))
+                return pieces
+
+        maker = Maker.remote()
+        ray.get(maker.encode.remote(0, 1))  # the actor is up
+        out = os.path.join(args.workdir, "out-ray")
+        shutil.rmtree(out, ignore_errors=True)
+        os.makedirs(out)
+        _write_atomic(os.path.join(out, "run.json"), json.dumps({"tap": "codes", "format": "hdf5"}))
+        w = ShardWriter(out, get_format("hdf5"), {"tap": "codes", "frame_rate": 12.5, "sample_rate": 24000,
+                                                  "num_quantizers": 8, "layout": "[frames, num_quantizers]"})
+        units, per_unit = args.ray_units, 30
+        t_proc, t_wall = time.process_time(), time.perf_counter()
+        pending = [maker.encode.remote(u, per_unit) for u in range(min(2, units))]
+        submitted, items = len(pending), 0
+        get_cpu = 0.0
+        while pending:
+            t = time.process_time()
+            ready, pending = ray.wait(pending, num_returns=1)
+            pieces = ray.get(ready[0])
+            get_cpu += time.process_time() - t
+            if submitted < units:
+                pending.append(maker.encode.remote(submitted, per_unit))
+                submitted += 1
+            for p in pieces:
+                w.add_piece(p.item.key, p.data, True, True, {"path": p.item.key, "key": p.item.key, "frames": 125,
+                                                             "dataset": dataset_name(p.item.key)},
+                            {"duration": 10.0})
+                items += 1
+        w.close()
+        cpu, wall = time.process_time() - t_proc, time.perf_counter() - t_wall
+        audio = items * 10.0
+        result = {"units": units, "items": items, "driver_cpu_s": cpu, "wait_get_cpu_s": get_cpu, "wall_s": wall,
+                  "driver_x_per_cpu_s": audio / cpu, "units_per_driver_cpu_s": units / cpu}
+        print(f"ray driver: {items} items in {units} units, driver {cpu:.2f} CPU s ({get_cpu:.2f} in wait/get) -> "
+              f"{result['driver_x_per_cpu_s']:.0f} x real time per driver CPU second", flush=True)
+        shutil.rmtree(out, ignore_errors=True)
+        return result
+    finally:
+        ray.shutdown()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workdir", default="/tmp/mimi-ceilings")
+    p.add_argument("--sections", default="feed,procs,write,ray")
+    p.add_argument("--formats", default=",".join(FORMATS), help=f"feed corpora: {', '.join(FORMATS)}")
+    p.add_argument("--seconds", type=float, default=1200.0, help="audio seconds per feed corpus")
+    p.add_argument("--tap", default="codes")
+    p.add_argument("--decode-threads", type=int, default=2, help="--num-workers of the run (the decode pool)")
+    p.add_argument("--write-formats", default="hdf5,parquet,shar")
+    p.add_argument("--procs-formats", default="hdf5,parquet", help="output formats of the procs section")
+    p.add_argument("--write-items", type=int, default=8000)
+    p.add_argument("--ray-units", type=int, default=200)
+    p.add_argument("--json")
+    args = p.parse_args()
+    os.makedirs(args.workdir, exist_ok=True)
+    torch.set_num_threads(2)  # a GPU worker's torch threads (settings.threads_per_worker)
+    results = {"cores": os.cpu_count(), "torch": torch.__version__}
+    sections = args.sections.split(",")
+
+    def save():  # after each section: a later one failing (Ray's start on a loaded machine) loses nothing
+        if args.json:
+            json.dump(results, open(args.json, "w"), indent=2)
+    if "feed" in sections:
+        model_dir = os.path.join(args.workdir, "tiny-model")
+        if not os.path.exists(model_dir):
+            random_model(seed=0).save_pretrained(model_dir)
+        install_probes()
+        results["feed"] = feed(args, model_dir)
+        save()
+    if "procs" in sections:
+        model_dir = os.path.join(args.workdir, "tiny-model")
+        if not os.path.exists(model_dir):
+            random_model(seed=0).save_pretrained(model_dir)
+        install_null()
+        results["procs"] = feed_processes(args, model_dir)
+        save()
+    if "write" in sections:
+        results["write"] = write(args)
+        save()
+    if "ray" in sections:
+        results["ray"] = ray_driver(args)
+        save()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# One-shot GPU check, written for a lent GPU machine that reaches no package registry (about 8 minutes).
+#
+#   scripts/gpu_wheels.sh                 # here, once: .whl/ with soundfile, cffi, pycparser (cp312)
+#   device run: bash scripts/gpu_check.sh      carry: [".whl"]      timeout_s: 570
+#   scripts/gpu_check.sh --device cpu     # the dry run: tiny model, small corpus, same phases
+#
+# Installs the carried wheels (--no-index --no-deps) into $SITE and runs the project from this
+# checkout (PYTHONPATH), then, each phase under its own `timeout`, each writing its results to $OUT
+# before the next starts (a phase that fails or times out loses only itself):
+#   env        versions, nvidia-smi, the imports the tool needs
+#   tests      tests/test_device.py -k DEVICE: padded, chunked (full-size on CUDA) and end-to-end
+#              `verify` against the single-item reference, strict fp32 (TF32 off)
+#   bench      scripts/bench.py: per-item MimiModel loop vs `mimi-extract codes` end to end and
+#              encoding phase (x real time), encoder idle share, GPU utilisation per phase
+#   precision  scripts/bench_precision.py: fp32 / TF32 / bf16 throughput on fixed step shapes,
+#              per-codebook agreement with strict fp32, mismatches classified by verify's tie rule
+#   compile    the same for torch.compile of the strict encoder: kept only if faster and exact
+#   summary    summary.md and results.json from the above; the table is printed last
+# Files in $OUT (8 at most come back): log.txt phases.txt bench.json precision.json compile.json
+# summary.md results.json.
+set -u
+cd "$(dirname "$0")/.."
+REPO=$PWD
+DEVICE=cuda
+COMPILE=1
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --device) DEVICE=$2; shift 2 ;;
+    --no-compile) COMPILE=0; shift ;;
+    *) echo "usage: $0 [--device cuda|cpu] [--no-compile]" >&2; exit 2 ;;
+  esac
+done
+PY=${PYTHON:-python3}
+OUT=${OUT:-$(mktemp -d /tmp/gpu-check-XXXX)}
+mkdir -p "$OUT"
+SITE=${SITE:-/tmp/mimi-site}
+LOG=$OUT/log.txt
+: >"$OUT/phases.txt"
+export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/inductor-cache}
+if [ "$DEVICE" = cpu ]; then  # dry run: the same phases on the tiny model, sized for two CPU cores
+  MODEL=random-tiny; BENCH_ARGS="--files 12 --min-seconds 0.5 --max-seconds 4"; SHAPES="4x2"; CSHAPES="4x2"; REPS=3
+  T_TESTS=150; T_BENCH=240; T_PREC=120; T_COMPILE=150
+else
+  MODEL=random-default; BENCH_ARGS="--files 512 --min-seconds 1 --max-seconds 20"; SHAPES="64x4.6,128x10"
+  CSHAPES="64x4.6"; REPS=10
+  T_TESTS=100; T_BENCH=210; T_PREC=75; T_COMPILE=60
+fi
+
+phase() {  # phase NAME SECONDS COMMAND...: run under timeout, log everything, record rc and time
+  local name=$1 limit=$2 start rc
+  shift 2
+  start=$(date +%s)
+  echo "=== $name (limit ${limit}s): $*" >>"$LOG"
+  timeout -k 10 "$limit" "$@" >>"$LOG" 2>&1
+  rc=$?
+  echo "$name rc=$rc $(( $(date +%s) - start ))s$( [ $rc = 124 ] && echo ' TIMEOUT')" | tee -a "$OUT/phases.txt"
+}
+
+# -- install: carried wheels only, nothing from a registry ------------------------------------------
+if ls .whl/*.whl >/dev/null 2>&1 && ! "$PY" -c "import soundfile" 2>/dev/null; then
+  phase install 60 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target "$SITE" .whl/*.whl
+fi
+export PYTHONPATH="$REPO:$SITE${PYTHONPATH:+:$PYTHONPATH}"
+
+phase env 60 bash -c "nvidia-smi 2>/dev/null | head -15; uname -a; nproc; \"$PY\" -c '
+import sys, torch, transformers, torchaudio, h5py, numpy, soundfile, typer, rich, tqdm
+import mimi_extract.cli, mimi_extract.engines
+print(\"python\", sys.version.split()[0], \"| torch\", torch.__version__, \"| cuda\", torch.version.cuda,
+      \"| transformers\", transformers.__version__, \"| torchaudio\", torchaudio.__version__,
+      \"| soundfile\", soundfile.__version__, soundfile.__libsndfile_version__, \"| numpy\", numpy.__version__)
+print(\"device:\", torch.cuda.get_device_name() if torch.cuda.is_available() else \"no CUDA\")
+'"
+phase tests "$T_TESTS" "$PY" -m pytest tests/test_device.py -q -k "$DEVICE" -p no:cacheprovider
+phase bench "$T_BENCH" "$PY" scripts/bench.py --device "$DEVICE" --model "$MODEL" $BENCH_ARGS --json "$OUT/bench.json"
+phase precision "$T_PREC" "$PY" scripts/bench_precision.py --device "$DEVICE" --model "$MODEL" --shapes "$SHAPES" \
+  --reps "$REPS" --json "$OUT/precision.json"
+if [ "$COMPILE" = 1 ]; then
+  phase compile "$T_COMPILE" "$PY" scripts/bench_precision.py --device "$DEVICE" --model "$MODEL" --shapes "$CSHAPES" \
+    --reps "$REPS" --modes fp32 --compile --json "$OUT/compile.json"
+fi
+phase summary 30 "$PY" scripts/gpu_summary.py "$OUT"
+cat "$OUT/summary.md" 2>/dev/null || cat "$OUT/phases.txt"
+grep -q "^tests rc=0 " "$OUT/phases.txt" && grep -q "^bench rc=0 " "$OUT/phases.txt" \
+  && grep -q "^precision rc=0 " "$OUT/phases.txt"

@@ -1,0 +1,34 @@
+"""scripts/gpu_check.sh, the one-shot GPU check, in its CPU dry run (tiny model, small corpus): every
+phase runs and writes its results, so that on the GPU machine (15 minutes, no package registry)
+nothing fails for a reason this machine could have shown."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+
+@pytest.mark.slow
+def test_gpu_check_dry_run(tmp_path):
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable, "SITE": str(tmp_path / "site"),
+           "PYTHONPATH": ""}
+    run = subprocess.run(["bash", os.path.join(ROOT, "scripts", "gpu_check.sh"), "--device", "cpu", "--no-compile"],
+                         env=env, capture_output=True, text=True, timeout=900)
+    log = (out / "log.txt").read_text() if (out / "log.txt").exists() else ""
+    assert run.returncode == 0, run.stdout + run.stderr + log[-4000:]
+    phases = (out / "phases.txt").read_text().split("\n")
+    assert [p.split()[0] for p in phases if p][-5:] == ["env", "tests", "bench", "precision", "summary"]
+    assert all(" rc=0 " in p for p in phases if p), phases
+    results = json.loads((out / "results.json").read_text())
+    assert results["bench"]["mismatch"] == 0 and results["bench"]["stats"]["ok"] == 12
+    modes = results["precision"]["modes"]
+    assert set(modes) == {"fp32", "tf32", "bf16"} and not any("error" in m for m in modes.values())
+    assert modes["tf32"]["4x2s"]["agreement"] == 1.0  # TF32 is a no-op on CPU: identical codes
+    assert {"agreement_per_codebook", "tie_flips", "real"} <= set(modes["bf16"]["4x2s"])
+    summary = (out / "summary.md").read_text()
+    assert "| bf16 | 4x2s |" in summary and run.stdout.rstrip().endswith(summary.rstrip().split("\n")[-1])
