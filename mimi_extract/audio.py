@@ -82,6 +82,20 @@ def _decoder_error(name: str, is_file: bool, e: Exception, warnings: str) -> Aud
     return AudioError(message)
 
 
+class ForwardSoundFile(sf.SoundFile):
+    """``sf.SoundFile`` whose reads never seek.  soundfile's ``read`` seeks to where it has just read
+    up to after every read (its ``_cdata_io``: "update read & write position", for files it calls
+    seekable), and libsndfile hands that seek to the codec even though the decoder is already
+    there: libmpg123 then re-positions its MP3 stream and re-decodes only 4 frames before the
+    position, too few to refill a low-bit-rate file's bit reservoir, so the first ~10k samples of
+    every 65,536-frame block came out wrong (up to 0.3 off, 5-7 % of a 32 kbit/s 44.1/48 kHz file's
+    samples, measured).  Saying "not seekable" to soundfile skips that seek (libsndfile tracks the
+    read position itself); an explicit :meth:`seek` still seeks (it does not ask)."""
+
+    def seekable(self) -> bool:
+        return False
+
+
 def open_soundfile(source, info_only: bool = False):
     """``sf.info`` (``info_only``) or ``sf.SoundFile`` of ``source`` (a path, or a seekable binary
     file-like object such as a tar member), an :class:`AudioError` with an accurate message if it
@@ -90,7 +104,7 @@ def open_soundfile(source, info_only: bool = False):
     name = os.fspath(source) if is_path else str(getattr(source, "name", "") or "")
     with _decoder_stderr(name) as captured:
         try:
-            result = sf.info(source) if info_only and is_path else sf.SoundFile(source)
+            result = sf.info(source) if info_only and is_path else ForwardSoundFile(source)
         except Exception as e:  # soundfile raises several types for garbage
             error = e
         else:
@@ -392,6 +406,41 @@ def _mono(data: np.ndarray, channel: int | str) -> np.ndarray:
     return data[:, int(channel)]
 
 
+# Lossy codecs carry decoder state across frames (MP3's bit reservoir reaches up to 511 bytes back:
+# 85 frames of an 8 kbit/s MPEG-2 file; overlapped transforms), which libsndfile's seek does not
+# fully rebuild: libmpg123 re-decodes 4 frames before the target, so a segment of a 32 kbit/s MP3
+# read after a seek was up to 0.27 off the whole-file decode (measured).  They are read from
+# _PREROLL frames before the start and the pre-roll dropped: MPEG-1 (32-48 kHz), Vorbis and Opus
+# then equal the whole-file decode exactly, MPEG-2 (16-24 kHz) MP3 to 6e-8 (libmpg123's synthesis
+# rounds differently after any seek; measured, see tests/test_decoding.py).
+_PREROLL = 1 << 16
+_PREROLL_SUBTYPES = ("MPEG_LAYER_I", "MPEG_LAYER_II", "MPEG_LAYER_III", "VORBIS", "OPUS")
+EXACT_SEEK_EXTENSIONS = (".wav", ".flac", ".aiff", ".aif", ".aifc", ".caf", ".w64", ".rf64", ".au", ".snd")
+
+
+def seek_is_exact(name: str) -> bool:
+    """Whether a seek into ``name`` (by extension) gives exactly the samples a decode from the start
+    gives at that point: PCM and FLAC, not lossy codecs (see ``_PREROLL``), whose split pieces are
+    decoded from the item's start and dropped instead (:class:`PieceReader`)."""
+    return name.lower().endswith(EXACT_SEEK_EXTENSIONS)
+
+
+def _seek(file, start: int) -> None:
+    """Position ``file`` (an opened decoder) at source sample ``start``, lossy libsndfile codecs
+    through a pre-roll (see ``_PREROLL``); PyAVFile decodes and drops from where it is."""
+    if not (isinstance(file, sf.SoundFile) and file.subtype in _PREROLL_SUBTYPES):
+        file.seek(start)
+        return
+    at = max(0, start - _PREROLL)
+    if at:
+        file.seek(at)
+    while at < start:
+        got = len(file.read(min(start - at, _BLOCK), dtype="float32", always_2d=True))
+        if got == 0:
+            raise AudioError(f"ends at sample {at}")
+        at += got
+
+
 class PieceReader:
     """The encoder-input samples ``[begin, end)`` of an item, read through its :class:`AudioReader`
     (which must start at the item's start): what comes before ``begin`` is decoded and dropped, so
@@ -452,7 +501,7 @@ class AudioReader:
         self.remaining = frames if frames is not None else max(0, self.file.frames - start)
         if start:
             try:
-                self.file.seek(start)
+                _seek(self.file, start)
             except Exception as e:
                 self.close()
                 raise AudioError(f"cannot seek to sample {start}: {e}") from e

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..audio import SAMPLE_RATE, AudioError, AudioReader, PieceReader
+from ..audio import SAMPLE_RATE, AudioError, AudioReader, PieceReader, seek_is_exact
 from ..encoder import PaddedMimiEncoder, frames_of, load_model, prepare
 from ..settings import DTYPES, Settings
 from ..sources import Item, open_audio
@@ -106,7 +106,9 @@ class DeviceRunner:
             return AudioReader(open_audio(item), item.channel, framing, item.start, item.frames)
         _, count, begin, _, end = item.piece
         last = item.piece[0] == count - 1
-        if item.sample_rate == SAMPLE_RATE and framing.delay(SAMPLE_RATE) == 0:  # samples are the source's: seek
+        name = item.loc[-1] if item.loc and isinstance(item.loc[-1], str) else item.path
+        if item.sample_rate == SAMPLE_RATE and framing.delay(SAMPLE_RATE) == 0 and seek_is_exact(name):
+            # samples are the source's, and a seek lands on exactly them: seek
             frames = item.frames - begin if last else end - begin
             return AudioReader(open_audio(item), item.channel, framing, item.start + begin, frames)
         return PieceReader(AudioReader(open_audio(item), item.channel, framing, item.start, item.frames),
