@@ -72,8 +72,10 @@ def _decoder_stderr(name: str):
 
 def _decoder_error(name: str, is_file: bool, e: Exception, warnings: str) -> AudioError:
     """libsndfile says "File does not exist or is not a regular file (possibly a pipe?)" for a
-    file it cannot decode (e.g. a garbage .mp3): say what is true, with the decoder's own words."""
-    message = str(e)
+    file it cannot decode (e.g. a garbage .mp3): say what is true, with the decoder's own words.
+    soundfile names the file by its repr, for a member of a shard "<_io.BytesIO object at 0x...>":
+    it is named by ``name`` instead, quoted (info's "errors by reason" folds quoted names)."""
+    message = f"Error opening {name!r}: {e.error_string}" if isinstance(e, sf.LibsndfileError) else str(e)
     if "does not exist or is not a regular file" in message and is_file:
         kind = os.path.splitext(name)[1].lstrip(".").upper() or "audio"
         message = f"cannot be decoded: not a valid {kind} file, or a format libsndfile cannot read"
@@ -96,10 +98,11 @@ class ForwardSoundFile(sf.SoundFile):
         return False
 
 
-def open_soundfile(source, info_only: bool = False):
+def open_soundfile(source, info_only: bool = False, shown: str | None = None):
     """``sf.info`` (``info_only``) or ``sf.SoundFile`` of ``source`` (a path, or a seekable binary
     file-like object such as a tar member), an :class:`AudioError` with an accurate message if it
-    cannot be decoded; decoder warnings of a file that opens are passed on to stderr with its name."""
+    cannot be decoded; decoder warnings of a file that opens are passed on to stderr with its name
+    (``shown``, e.g. ``shard/member``, else the path or the object's name)."""
     is_path = isinstance(source, (str, os.PathLike))
     name = os.fspath(source) if is_path else str(getattr(source, "name", "") or "")
     with _decoder_stderr(name) as captured:
@@ -111,9 +114,9 @@ def open_soundfile(source, info_only: bool = False):
             error = None
     warnings = captured[0] if captured else ""
     if error is not None:
-        raise _decoder_error(name, (not is_path) or os.path.isfile(name), error, warnings) from error
+        raise _decoder_error(shown or name, (not is_path) or os.path.isfile(name), error, warnings) from error
     if warnings:
-        sys.stderr.write(f"warning: decoding {name}: {warnings}\n")
+        sys.stderr.write(f"warning: decoding {shown or name}: {warnings}\n")
     return result
 
 
@@ -247,14 +250,14 @@ class PyAVFile:
             self.container = None
 
 
-def open_decoder(source, name: str | None = None):
+def open_decoder(source, name: str | None = None, shown: str | None = None):
     """The decoder for ``source`` (a path or a seekable file-like object; ``name`` or its name
     decides the format, see :func:`decoder_for`): ``sf.SoundFile`` or :class:`PyAVFile`, opened;
-    AudioError with an accurate message if it cannot be decoded."""
+    AudioError with an accurate message if it cannot be decoded (naming it ``shown``, if given)."""
     if name is None:
         name = os.fspath(source) if isinstance(source, (str, os.PathLike)) else str(getattr(source, "name", "") or "")
     if decoder_for(name) == "soundfile":
-        return open_soundfile(source)
+        return open_soundfile(source, shown=shown)
     try:
         import av
     except ImportError:

@@ -187,3 +187,47 @@ def test_mp3_44k_codes_equal_the_reference_from_ffmpegs_decode(tmp_path, tiny_mo
         ref = tiny_model.encode(to_24k(ffmpeg_decode(path), 44_100)[None, None], num_quantizers=8).audio_codes[0].T
     got = torch.from_numpy(read(out, "m.mp3").astype(np.int64))
     assert got.shape == ref.shape and torch.equal(got, ref)
+
+
+# -- error rows: named by shard/member, grouped by reason -----------------------------------
+def test_error_rows_name_the_member_and_info_groups_them(tmp_path, tiny_model_dir):
+    """A garbage member's row names ``shard/member`` (soundfile wrote ``<_io.BytesIO object at
+    0x...>``), and ``info`` groups equal reasons of tar, .tar.gz and list inputs (each was prefixed
+    with its own location, so every row was a group of one)."""
+    import io
+    import json
+    import tarfile
+
+    from mimi_extract.outputs import info_report
+    from mimi_extract.runner import extract
+    from mimi_extract.settings import Settings
+
+    ok = io.BytesIO()
+    sf.write(ok, np.zeros(2400, np.float32), 24_000, format="WAV")
+    members = {"a.flac": b"fLaC garbage" * 10, "b.flac": b"fLaC garbage" * 11, "c.flac": b"fLaC garbage" * 12,
+               "d.wav": b"RIFF garbage" * 10, "e.wav": b"RIFF garbage" * 11, "ok.wav": ok.getvalue()}
+    inputs = {}
+    for suffix, mode in ((".tar", "w"), (".tar.gz", "w:gz")):
+        (tmp_path / suffix).mkdir()
+        path = tmp_path / suffix / f"s-000000{suffix}"
+        with tarfile.open(path, mode) as tf:
+            for name, data in members.items():
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+        inputs[suffix] = path
+    (tmp_path / "list").mkdir()
+    inputs["list"] = tmp_path / "list" / "files.jsonl"
+    inputs["list"].write_text("".join(json.dumps(r) + "\n" for r in [{"path": ""}, {"path": ""}, {"id": "x", "path": ""}]))
+    for kind, path in inputs.items():
+        out = str(tmp_path / f"out{kind}")
+        extract(str(path), out, Settings(model=tiny_model_dir, tap="codes", num_workers=1))
+        report = info_report(out)
+        if kind == "list":
+            assert report["errors_by_reason"] == {"no path": 3}, report["errors_by_reason"]
+            continue
+        assert report["errors_by_reason"] == {
+            "unreadable or corrupt audio header: Error opening '…': Error : unknown error in flac decoder.": 3,
+            "unreadable or corrupt audio header: Error opening '…': Format not recognised.": 2}, report["errors_by_reason"]
+        for failed in report["failed"]:
+            assert "BytesIO" not in failed["reason"] and f"'s-000000{kind}/{failed['key'].rpartition('/')[2]}." in failed["reason"]
