@@ -45,19 +45,28 @@ class AudioError(Exception):
 
 _MPEG = (".mp3", ".mp2", ".mp1", ".mpga", ".mpeg")
 _STDERR_LOCK = threading.Lock()
+_CAPTURE: list = []  # this process's capture file, made at first use
+_WARNINGS_KEPT = 1000  # characters of decoder output an item keeps (a damaged file can print thousands of lines)
 
 
 @contextlib.contextmanager
-def _decoder_stderr(name: str):
-    """Collect what the decoder library writes to fd 2 while an MPEG file is opened (libmpg123
-    prints raw C warnings there: they belong in the file's error row, not in the run's log).  fd 2
-    is the whole process's: one capture at a time (a lock), and only around opening ``.mp3``
-    files, which happens while inputs are probed, before any progress is shown."""
+def _decoder_stderr(capture: bool):
+    """Collect what the decoder library writes to fd 2 while an MPEG file is opened or read
+    (libmpg123 prints raw C warnings there, e.g. "part2_3_length too large", "dequantization
+    failed": they belong in the item's manifest row, see :attr:`AudioReader.warnings`, not in the
+    run's log).  fd 2 is the whole process's: one capture at a time (a lock), held only around the
+    C call of an MPEG file's open or read, so that what it collects is that file's (MPEG reads of
+    one process's decoding threads take turns; other formats' libraries print nothing)."""
     out: list[str] = []
-    if not name.lower().endswith(_MPEG):
+    if not capture:
         yield out
         return
-    with _STDERR_LOCK, tempfile.TemporaryFile() as tmp:
+    with _STDERR_LOCK:
+        if not _CAPTURE:
+            _CAPTURE.append(tempfile.TemporaryFile())
+        tmp = _CAPTURE[0]
+        tmp.seek(0)
+        tmp.truncate()
         sys.stderr.flush()
         saved = os.dup(2)
         os.dup2(tmp.fileno(), 2)
@@ -66,8 +75,9 @@ def _decoder_stderr(name: str):
         finally:
             os.dup2(saved, 2)
             os.close(saved)
-            tmp.seek(0)
-            out.append(" ".join(tmp.read().decode("utf-8", "replace").split()))
+            size = os.fstat(tmp.fileno()).st_size
+            text = os.pread(tmp.fileno(), min(size, 1 << 16), 0).decode("utf-8", "replace")
+            out.append("\n".join(" ".join(line.split()) for line in text.splitlines() if line.strip()))
 
 
 def _decoder_error(name: str, is_file: bool, e: Exception, warnings: str) -> AudioError:
@@ -94,6 +104,8 @@ class ForwardSoundFile(sf.SoundFile):
     samples, measured).  Saying "not seekable" to soundfile skips that seek (libsndfile tracks the
     read position itself); an explicit :meth:`seek` still seeks (it does not ask)."""
 
+    decoder_warnings = ""  # what libmpg123 printed while it was opened (see open_soundfile)
+
     def seekable(self) -> bool:
         return False
 
@@ -101,11 +113,11 @@ class ForwardSoundFile(sf.SoundFile):
 def open_soundfile(source, info_only: bool = False, shown: str | None = None):
     """``sf.info`` (``info_only``) or ``sf.SoundFile`` of ``source`` (a path, or a seekable binary
     file-like object such as a tar member), an :class:`AudioError` with an accurate message if it
-    cannot be decoded; decoder warnings of a file that opens are passed on to stderr with its name
-    (``shown``, e.g. ``shard/member``, else the path or the object's name)."""
+    cannot be decoded (naming it ``shown``, e.g. ``shard/member``, else by its path or name); what
+    the decoder printed while opening a file that opens is its ``decoder_warnings``."""
     is_path = isinstance(source, (str, os.PathLike))
     name = os.fspath(source) if is_path else str(getattr(source, "name", "") or "")
-    with _decoder_stderr(name) as captured:
+    with _decoder_stderr(name.lower().endswith(_MPEG)) as captured:
         try:
             result = sf.info(source) if info_only and is_path else ForwardSoundFile(source)
         except Exception as e:  # soundfile raises several types for garbage
@@ -115,8 +127,7 @@ def open_soundfile(source, info_only: bool = False, shown: str | None = None):
     warnings = captured[0] if captured else ""
     if error is not None:
         raise _decoder_error(shown or name, (not is_path) or os.path.isfile(name), error, warnings) from error
-    if warnings:
-        sys.stderr.write(f"warning: decoding {shown or name}: {warnings}\n")
+    result.decoder_warnings = warnings  # the reader keeps them (probing drops them: the reader sees them again)
     return result
 
 
@@ -428,7 +439,32 @@ def seek_is_exact(name: str) -> bool:
     return name.lower().endswith(EXACT_SEEK_EXTENSIONS)
 
 
-def _seek(file, start: int) -> None:
+def _is_mpeg(file) -> bool:
+    return isinstance(file, sf.SoundFile) and file.subtype.startswith("MPEG_")
+
+
+def _decoding(call, file, warn):
+    """``call()`` (a read or seek of ``file``), what an MPEG decoder prints meanwhile given to ``warn``
+    (a callable taking the text), never to fd 2; raises what ``call`` raised, after that."""
+    error = None
+    with _decoder_stderr(_is_mpeg(file)) as said:
+        try:
+            result = call()
+        except Exception as e:
+            error = e
+    if said and said[0] and warn is not None:
+        warn(said[0])
+    if error is not None:
+        raise error
+    return result
+
+
+def _read(file, n: int, warn=None) -> np.ndarray:
+    """``n`` frames of ``file`` as float32 [frames, channels] (see :func:`_decoding` for ``warn``)."""
+    return _decoding(lambda: file.read(n, dtype="float32", always_2d=True), file, warn)
+
+
+def _seek(file, start: int, warn=None) -> None:
     """Position ``file`` (an opened decoder) at source sample ``start``, lossy libsndfile codecs
     through a pre-roll (see ``_PREROLL``); PyAVFile decodes and drops from where it is."""
     if not (isinstance(file, sf.SoundFile) and file.subtype in _PREROLL_SUBTYPES):
@@ -436,9 +472,9 @@ def _seek(file, start: int) -> None:
         return
     at = max(0, start - _PREROLL)
     if at:
-        file.seek(at)
+        _decoding(lambda: file.seek(at), file, warn)
     while at < start:
-        got = len(file.read(min(start - at, _BLOCK), dtype="float32", always_2d=True))
+        got = len(_read(file, min(start - at, _BLOCK), warn))
         if got == 0:
             raise AudioError(f"ends at sample {at}")
         at += got
@@ -473,6 +509,10 @@ class PieceReader:
             self.reader.close()
         return chunk, final
 
+    @property
+    def warnings(self) -> str:
+        return self.reader.warnings
+
     def close(self) -> None:
         self.reader.close()
 
@@ -485,17 +525,20 @@ class AudioReader:
     ``start``/``frames`` select a segment, in source samples.  ``path`` is a file name or a
     seekable binary file-like object (a member of a tar shard, a Parquet cell: see
     ``sources.open_audio``), which the reader closes with itself: one decoding path for every kind
-    of input."""
+    of input.  ``warnings`` is what the decoder library printed while opening and reading it (the
+    engines put it in the item's manifest row, ``decoder_warnings``; see :func:`_decoder_stderr`)."""
 
     def __init__(self, path, channel: int | str = "mix", framing: Framing = Framing(), start: int = 0,
                  frames: int | None = None):
         self.path, self.channel, self.framing = path, channel, framing
         self.handle = None if isinstance(path, (str, bytes, os.PathLike)) else path
+        self._lines: dict[str, int] = {}
         try:
             self.file = open_decoder(path)
         except AudioError as e:
             self._close_handle()
             raise AudioError(f"cannot decode: {e}") from e
+        self._warn(getattr(self.file, "decoder_warnings", ""))
         self.rate = self.file.samplerate
         if channel not in ("mix", "first") and int(channel) >= self.file.channels:
             channels = self.file.channels
@@ -504,16 +547,30 @@ class AudioReader:
         self.remaining = frames if frames is not None else max(0, self.file.frames - start)
         if start:
             try:
-                _seek(self.file, start)
+                _seek(self.file, start, self._warn)
             except Exception as e:
                 self.close()
-                raise AudioError(f"cannot seek to sample {start}: {e}") from e
+                raise AudioError(f"cannot seek to sample {start}: {e}{self._said()}") from e
         self.resampler = SincResampler(self.rate, SAMPLE_RATE, framing.delay(self.rate)) if self.rate != SAMPLE_RATE else None
         self.source_samples = 0
         self.emitted = 0
         self.pending: list[torch.Tensor] = []
         self.pending_len = 0
         self.done = False  # the source is exhausted and `pending` holds the rest of the item
+
+    @property
+    def warnings(self) -> str:
+        """The decoder's lines, each once, with how often it said it ("...; error: x (7 times)")."""
+        text = "; ".join(line if n == 1 else f"{line} ({n} times)" for line, n in self._lines.items())
+        return text if len(text) <= _WARNINGS_KEPT else text[: _WARNINGS_KEPT - 1] + "…"
+
+    def _warn(self, text: str) -> None:
+        for line in text.splitlines():
+            if line in self._lines or len(self._lines) < 50:
+                self._lines[line] = self._lines.get(line, 0) + 1
+
+    def _said(self) -> str:
+        return f" (decoder: {self.warnings[:300]})" if self.warnings else ""
 
     def close(self) -> None:
         if getattr(self, "file", None) is not None:
@@ -529,11 +586,11 @@ class AudioReader:
     def _read_block(self) -> None:
         want = min(_BLOCK, self.remaining) if self.remaining is not None else _BLOCK
         try:
-            data = self.file.read(want, dtype="float32", always_2d=True) if want > 0 else np.zeros((0, 1), np.float32)
+            data = _read(self.file, want, self._warn) if want > 0 else np.zeros((0, 1), np.float32)
         except AudioError:
             raise
         except Exception as e:
-            raise AudioError(f"cannot decode at sample {self.source_samples}: {e}") from e
+            raise AudioError(f"cannot decode at sample {self.source_samples}: {e}{self._said()}") from e
         if len(data) and not np.isfinite(data).all():
             raise AudioError("contains NaN or infinite samples")
         self.source_samples += len(data)

@@ -231,3 +231,44 @@ def test_error_rows_name_the_member_and_info_groups_them(tmp_path, tiny_model_di
             "unreadable or corrupt audio header: Error opening '…': Format not recognised.": 2}, report["errors_by_reason"]
         for failed in report["failed"]:
             assert "BytesIO" not in failed["reason"] and f"'s-000000{kind}/{failed['key'].rpartition('/')[2]}." in failed["reason"]
+
+
+# -- decoder warnings: in the item's row, never on stderr ------------------------------------
+def damaged_mp3(path) -> None:
+    """A 32 kbit/s MP3 with 40 bytes flipped: libmpg123 says "dequantization failed!", resyncs..."""
+    write_mp3(path, 44_100, "cbr32", True, n=100_000)
+    data = bytearray(open(path, "rb").read())
+    rng = np.random.default_rng(1)
+    for pos in rng.integers(len(data) // 4, len(data) * 3 // 4, 40):
+        data[pos] ^= 0x5A
+    open(path, "wb").write(bytes(data))
+
+
+def test_decoder_warnings_are_the_readers_not_stderrs(tmp_path, capfd):
+    path = tmp_path / "damaged.mp3"
+    damaged_mp3(path)
+    for start in (0, 30_000):  # read from the start, and through a seek's pre-roll (it decodes 63,407 of 100,000)
+        reader = AudioReader(str(path), start=start)
+        reader.read_all()
+        assert "dequantization failed" in reader.warnings and "times)" in reader.warnings
+    assert capfd.readouterr().err == ""  # nothing reached fd 2
+
+
+def test_decoder_warnings_go_into_the_manifest_row(tmp_path, tiny_model_dir):
+    """A real run (its own process, stdout and stderr read): libmpg123's lines are in the damaged
+    item's row, ``decoder_warnings``, and nowhere in the run's output; the clean item has none."""
+    from conftest import cli_process
+    from mimi_extract import read_manifest
+
+    (tmp_path / "in").mkdir()
+    damaged_mp3(tmp_path / "in" / "damaged.mp3")
+    write_mp3(tmp_path / "in" / "clean.mp3", 44_100, "cbr32", True, n=50_000)
+    out = tmp_path / "out"
+    proc = cli_process("codes", tmp_path / "in", out, "--model", tiny_model_dir, "--device", "cpu",
+                       "--cpu-workers", "1", "--num-workers", "2")
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, output
+    assert "mpg123" not in output and "dequantization" not in output and "resync" not in output, output
+    rows = {r["key"]: r for r in read_manifest(out)}
+    assert rows["damaged.mp3"]["status"] == "ok" and "dequantization failed" in rows["damaged.mp3"]["decoder_warnings"]
+    assert rows["clean.mp3"]["status"] == "ok" and "decoder_warnings" not in rows["clean.mp3"]

@@ -94,6 +94,7 @@ class DeviceRunner:
         self.state = None
         self.failed: set[str] = set()  # streams (Item.uid) that failed in the encoder (the feeder drops them)
         self.warmup: dict[tuple[str, str], int] = {}  # (piece uid, tap): warm-up frames still to drop
+        self.decoder_warnings: dict[str, str] = {}  # stream uid -> what its decoder printed (set as it ends)
         self.stats = Stats()
         # step lengths rounded up to 4 frames (0.32 s): shapes repeat, so cuDNN's autotuning and
         # oneDNN's per-shape kernels are reused (CPU: a new shape costs ~30% more, measured)
@@ -220,6 +221,8 @@ class DeviceRunner:
                 for stream, c, fin, _ in rows:
                     stream.emitted += len(c)
                     if fin:
+                        if stream.reader.warnings:  # before the step is handed over: _encode reads it
+                            self.decoder_warnings[stream.item.uid] = stream.reader.warnings
                         active.pop(stream.slot).reader.close()
                         free.append(stream.slot)
                 if not put(step):
@@ -280,8 +283,9 @@ class DeviceRunner:
                 data = self._own(item, s.tap, frames_of(out, s.tap, r), bool(step.fresh[r]))
                 data = data.to("cpu").numpy().astype(np.int16) if s.tap == "codes" else \
                     data.float().to("cpu").numpy().astype(s.feature_dtype)
-            pieces.append(Piece(item, data, bool(step.fresh[r]), bool(step.final[r]),
-                                int(step.lengths[r]) / SAMPLE_RATE))
+            final = bool(step.final[r])
+            pieces.append(Piece(item, data, bool(step.fresh[r]), final, int(step.lengths[r]) / SAMPLE_RATE,
+                                warnings=self.decoder_warnings.pop(item.uid, None) if final else None))
         self.stats.steps += 1
         if not bool(step.fresh.all()):
             self.stats.joined += int(step.fresh.sum())
