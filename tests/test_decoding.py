@@ -130,12 +130,26 @@ def test_mp3_reads_equal_whole_and_ffmpeg_decode(tmp_path, rate, mode, headers):
     check_reads(path, rate, ref, 0.0 if rate >= 32_000 else LSF_AFTER_SEEK)
 
 
-@pytest.mark.xfail(strict=True, reason="libsndfile takes a VBR MP3's length without a Xing/VBRI header from "
-                   "libmpg123's estimate (file size / first frame's bit rate) and reads no further: not fixed yet")
-def test_vbr_mp3_without_xing_header_has_ffmpeg_length(tmp_path):
-    path = tmp_path / "v.mp3"
+def test_vbr_mp3_without_xing_header_is_an_error_row_not_cut_short(tmp_path):
+    """libsndfile takes the length of an MP3 without a Xing/VBRI header from libmpg123's estimate
+    (file size / first frame's bit rate) and decodes no further: a VBR one lost 74 % here.  It
+    is an error row that says so, from a path or a shard's member; a CBR one (estimate right) is not."""
+    from mimi_extract.audio import AudioError, mpeg_samples, open_soundfile
+    from mimi_extract.sources import discover
+
+    path = tmp_path / "in" / "v.mp3"
+    path.parent.mkdir()
     write_mp3(path, 44_100, "vbr", headers=False)
-    assert len(whole(path)) == len(ffmpeg_decode(path))
+    true = len(ffmpeg_decode(path))
+    assert mpeg_samples(path.read_bytes()) == true and sf.info(str(path)).frames < true * 0.5  # what it would keep
+    with pytest.raises(AudioError, match=f"would decode only [0-9]+ of its {true} samples"):
+        open_soundfile(str(path))
+    found = discover(str(tmp_path / "in"))
+    assert not found.items and f"of its {true} samples" in found.bad[0].error
+    write_mp3(tmp_path / "c.mp3", 44_100, "cbr32", headers=False)
+    assert mpeg_samples((tmp_path / "c.mp3").read_bytes()) == len(ffmpeg_decode(tmp_path / "c.mp3"))
+    write_mp3(tmp_path / "x.mp3", 44_100, "vbr", headers=True)
+    assert mpeg_samples((tmp_path / "x.mp3").read_bytes()) is None  # its Xing header states the length
 
 
 def write_other(path, kind: str, rate: int) -> None:
