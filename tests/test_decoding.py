@@ -12,7 +12,14 @@ import pytest
 import soundfile as sf
 import torch
 
-from mimi_extract.audio import _BLOCK, ForwardSoundFile, _seek, load, open_decoder, AudioReader
+from mimi_extract.audio import (
+    _BLOCK,
+    AudioReader,
+    ForwardSoundFile,
+    _seek,
+    load,
+    open_decoder,
+)
 
 av = pytest.importorskip("av")
 
@@ -188,6 +195,7 @@ def test_mp3_44k_codes_equal_the_reference_from_ffmpegs_decode(tmp_path, tiny_mo
     """End to end: what OUT stores for a 32 kbit/s 44.1 kHz MP3 is what MimiModel gives FFmpeg's
     whole-file decode of it, resampled by torchaudio (the tool's resampler equals it to 1e-6)."""
     from conftest import cli
+
     from mimi_extract import read
 
     (tmp_path / "in").mkdir()
@@ -251,11 +259,11 @@ def test_error_rows_name_the_member_and_info_groups_them(tmp_path, tiny_model_di
 def damaged_mp3(path) -> None:
     """A 32 kbit/s MP3 with 40 bytes flipped: libmpg123 says "dequantization failed!", resyncs..."""
     write_mp3(path, 44_100, "cbr32", True, n=100_000)
-    data = bytearray(open(path, "rb").read())
+    data = bytearray(path.read_bytes())
     rng = np.random.default_rng(1)
     for pos in rng.integers(len(data) // 4, len(data) * 3 // 4, 40):
         data[pos] ^= 0x5A
-    open(path, "wb").write(bytes(data))
+    path.write_bytes(bytes(data))
 
 
 def test_decoder_warnings_are_the_readers_not_stderrs(tmp_path, capfd):
@@ -268,10 +276,12 @@ def test_decoder_warnings_are_the_readers_not_stderrs(tmp_path, capfd):
     assert capfd.readouterr().err == ""  # nothing reached fd 2
 
 
+@pytest.mark.slow
 def test_decoder_warnings_go_into_the_manifest_row(tmp_path, tiny_model_dir):
     """A real run (its own process, stdout and stderr read): libmpg123's lines are in the damaged
     item's row, ``decoder_warnings``, and nowhere in the run's output; the clean item has none."""
     from conftest import cli_process
+
     from mimi_extract import read_manifest
 
     (tmp_path / "in").mkdir()
@@ -286,3 +296,25 @@ def test_decoder_warnings_go_into_the_manifest_row(tmp_path, tiny_model_dir):
     rows = {r["key"]: r for r in read_manifest(out)}
     assert rows["damaged.mp3"]["status"] == "ok" and "dequantization failed" in rows["damaged.mp3"]["decoder_warnings"]
     assert rows["clean.mp3"]["status"] == "ok" and "decoder_warnings" not in rows["clean.mp3"]
+
+
+@pytest.mark.slow
+def test_split_24k_mp3_equals_its_single_item_reference(tmp_path, tiny_model, tiny_model_dir):
+    """A 24 kHz MP3 long enough to be split: its pieces used to seek straight to their start (0.2
+    off after a re-seek into a 32 kbit/s file); they now decode from the recording's start, so the
+    stored codes are MimiModel's on the whole decode (which FFmpeg's equals to 4e-6)."""
+    from conftest import cli
+    from mimi_extract import read
+    from mimi_extract.encoder import reference_single
+
+    (tmp_path / "in").mkdir()
+    write_mp3(tmp_path / "in" / "long24.mp3", 24_000, "cbr32", True, n=30 * 24_000 + 777)
+    for i in range(2):
+        write_mp3(tmp_path / "in" / f"short{i}.mp3", 24_000, "cbr32", True, n=24_000 + 500 * i)
+    out = tmp_path / "out"
+    result = cli("codes", tmp_path / "in", out, "--model", tiny_model_dir, "-q", 8, "--device", "cpu",
+                 "--cpu-workers", 2, "--num-workers", 1, "--chunk-seconds", 1, "--max-batch-seconds", 8)
+    assert result.exit_code == 0 and "split 1 long recording(s) into" in result.text, result.text
+    ref = reference_single(tiny_model, load(str(tmp_path / "in" / "long24.mp3")), 8)["codes"].numpy()
+    got = read(out, "long24.mp3")
+    assert got.shape == ref.shape and np.array_equal(got, ref)
