@@ -137,8 +137,7 @@ def _mpeg_frame(data: bytes, i: int):
 
 def _first_mpeg_frame(data: bytes) -> int | None:
     """Where the first MPEG audio frame of ``data`` starts (after an ID3v2 tag and any junk)."""
-    i = 10 + int.from_bytes(bytes(b & 0x7F for b in data[6:10]), "big") + (10 if data[5:6] and data[5] & 0x10 else 0) \
-        if data[:3] == b"ID3" else 0
+    i = _id3_size(data)
     while i < len(data) and _mpeg_frame(data, i) is None:
         i += 1
     return i if i < len(data) else None
@@ -149,44 +148,57 @@ def _has_length_header(data: bytes, i: int) -> bool:
     return any(tag in data[i + 4: i + 4 + 40] for tag in (b"Xing", b"Info", b"VBRI"))
 
 
-def mpeg_samples(data: bytes) -> int | None:
+def _id3_size(head: bytes) -> int:
+    """Bytes of an ID3v2 tag at the start of ``head`` (its first 10 bytes), 0 if none."""
+    if head[:3] != b"ID3" or len(head) < 10:
+        return 0
+    return 10 + int.from_bytes(bytes(b & 0x7F for b in head[6:10]), "big") + (10 if head[5] & 0x10 else 0)
+
+
+def mpeg_samples(read) -> int | None:
     """The samples in an MPEG audio file's frames, counted from their headers, when its first frame
-    is no Xing/Info/VBRI header (None when it is one, or when no frame is found).
+    is no Xing/Info/VBRI header (None when it is one, or when no frame is found); ``read(n)`` reads
+    the file from its start (its whole length only in that case, 1 MB at a time).
 
     Without such a header libsndfile takes the length from libmpg123's estimate (file size / the
     first frame's bit rate), and decodes no further: a VBR file is cut short (a -V 7 file: 73,008
     of 200,448 samples, measured), so opening compares the two (:func:`open_soundfile`).  Equal to
     FFmpeg's count on every such test file (CBR and VBR, 16-48 kHz)."""
-    i = _first_mpeg_frame(data)
-    if i is None or _has_length_header(data, i):
+    buf = read(10)
+    buf += read(_id3_size(buf) + (1 << 16))
+    i = _first_mpeg_frame(buf)
+    if i is None or _has_length_header(buf, i):
         return None
-    total = 0
-    while (frame := _mpeg_frame(data, i)) is not None:
-        total, i = total + frame[1], i + frame[0]
-        if i < len(data) and _mpeg_frame(data, i) is None:  # junk or a tag: resync as libmpg123 does
-            j = data.find(b"\xff", i + 1)
-            while j != -1 and (_mpeg_frame(data, j) is None or _mpeg_frame(data, j + _mpeg_frame(data, j)[0]) is None):
-                j = data.find(b"\xff", j + 1)
-            i = j if j != -1 else len(data)
-    return total
+    total, eof = 0, False
+    while True:
+        if not eof and len(buf) - i < 1 << 16:  # at least 64 KB ahead (a frame is under 3 KB)
+            more = read(1 << 20)
+            eof = not more
+            buf, i = buf[i:] + more, 0
+        frame = _mpeg_frame(buf, i)
+        if frame is not None:
+            total, i = total + frame[1], i + frame[0]
+            continue
+        if i + 4 > len(buf) and eof:
+            return total
+        # junk or a tag: resync as libmpg123 does, at a header followed by another one
+        j = buf.find(b"\xff", i + 1)
+        while j != -1 and (_mpeg_frame(buf, j) is None or _mpeg_frame(buf, j + _mpeg_frame(buf, j)[0]) is None):
+            j = buf.find(b"\xff", j + 1)
+        if j == -1 and eof:
+            return total
+        i = j if j != -1 else max(i + 1, len(buf) - 8192)
 
 
 def _short_mpeg(result, source) -> str | None:
-    """Why libsndfile would cut an MPEG file short (see :func:`mpeg_samples`), or None.  Reads the
-    whole file only when its first frame has no length header."""
+    """Why libsndfile would cut an MPEG file short (see :func:`mpeg_samples`), or None."""
     if not (isinstance(result, sf.SoundFile) and result.subtype.startswith("MPEG_")):
         return None
-    f = open(source, "rb") if isinstance(source, (str, os.PathLike)) else source
+    f = open(source, "rb") if isinstance(source, (str, os.PathLike)) else source  # noqa: SIM115 (closed below)
     at = f.tell()
     try:
         f.seek(0)
-        head = f.read(10)
-        size = 10 + int.from_bytes(bytes(b & 0x7F for b in head[6:10]), "big") + 10 if head[:3] == b"ID3" else 0
-        head += f.read(size + (1 << 16))
-        first = _first_mpeg_frame(head)
-        if first is None or _has_length_header(head, first):
-            return None
-        true = mpeg_samples(head + f.read())
+        true = mpeg_samples(f.read)
     finally:
         f.seek(at)
         if f is not source:
