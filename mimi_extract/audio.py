@@ -45,19 +45,28 @@ class AudioError(Exception):
 
 _MPEG = (".mp3", ".mp2", ".mp1", ".mpga", ".mpeg")
 _STDERR_LOCK = threading.Lock()
+_CAPTURE: list = []  # this process's capture file, made at first use
+_WARNINGS_KEPT = 1000  # characters of decoder output an item keeps (a damaged file can print thousands of lines)
 
 
 @contextlib.contextmanager
-def _decoder_stderr(name: str):
-    """Collect what the decoder library writes to fd 2 while an MPEG file is opened (libmpg123
-    prints raw C warnings there: they belong in the file's error row, not in the run's log).  fd 2
-    is the whole process's: one capture at a time (a lock), and only around opening ``.mp3``
-    files, which happens while inputs are probed, before any progress is shown."""
+def _decoder_stderr(capture: bool):
+    """Collect what the decoder library writes to fd 2 while an MPEG file is opened or read
+    (libmpg123 prints raw C warnings there, e.g. "part2_3_length too large", "dequantization
+    failed": they belong in the item's manifest row, see :attr:`AudioReader.warnings`, not in the
+    run's log).  fd 2 is the whole process's: one capture at a time (a lock), held only around the
+    C call of an MPEG file's open or read, so that what it collects is that file's (MPEG reads of
+    one process's decoding threads take turns; other formats' libraries print nothing)."""
     out: list[str] = []
-    if not name.lower().endswith(_MPEG):
+    if not capture:
         yield out
         return
-    with _STDERR_LOCK, tempfile.TemporaryFile() as tmp:
+    with _STDERR_LOCK:
+        if not _CAPTURE:
+            _CAPTURE.append(tempfile.TemporaryFile())
+        tmp = _CAPTURE[0]
+        tmp.seek(0)
+        tmp.truncate()
         sys.stderr.flush()
         saved = os.dup(2)
         os.dup2(tmp.fileno(), 2)
@@ -66,14 +75,17 @@ def _decoder_stderr(name: str):
         finally:
             os.dup2(saved, 2)
             os.close(saved)
-            tmp.seek(0)
-            out.append(" ".join(tmp.read().decode("utf-8", "replace").split()))
+            size = os.fstat(tmp.fileno()).st_size
+            text = os.pread(tmp.fileno(), min(size, 1 << 16), 0).decode("utf-8", "replace")
+            out.append("\n".join(" ".join(line.split()) for line in text.splitlines() if line.strip()))
 
 
 def _decoder_error(name: str, is_file: bool, e: Exception, warnings: str) -> AudioError:
     """libsndfile says "File does not exist or is not a regular file (possibly a pipe?)" for a
-    file it cannot decode (e.g. a garbage .mp3): say what is true, with the decoder's own words."""
-    message = str(e)
+    file it cannot decode (e.g. a garbage .mp3): say what is true, with the decoder's own words.
+    soundfile names the file by its repr, for a member of a shard "<_io.BytesIO object at 0x...>":
+    it is named by ``name`` instead, quoted (info's "errors by reason" folds quoted names)."""
+    message = f"Error opening {name!r}: {e.error_string}" if isinstance(e, sf.LibsndfileError) else str(e)
     if "does not exist or is not a regular file" in message and is_file:
         kind = os.path.splitext(name)[1].lstrip(".").upper() or "audio"
         message = f"cannot be decoded: not a valid {kind} file, or a format libsndfile cannot read"
@@ -82,24 +94,144 @@ def _decoder_error(name: str, is_file: bool, e: Exception, warnings: str) -> Aud
     return AudioError(message)
 
 
-def open_soundfile(source, info_only: bool = False):
+class ForwardSoundFile(sf.SoundFile):
+    """``sf.SoundFile`` whose reads never seek.  soundfile's ``read`` seeks to where it has just read
+    up to after every read (its ``_cdata_io``: "update read & write position", for files it calls
+    seekable), and libsndfile hands that seek to the codec even though the decoder is already
+    there: libmpg123 then re-positions its MP3 stream and re-decodes only 4 frames before the
+    position, too few to refill a low-bit-rate file's bit reservoir, so the first ~10k samples of
+    every 65,536-frame block came out wrong (up to 0.3 off, 5-7 % of a 32 kbit/s 44.1/48 kHz file's
+    samples, measured).  Saying "not seekable" to soundfile skips that seek (libsndfile tracks the
+    read position itself); an explicit :meth:`seek` still seeks (it does not ask)."""
+
+    decoder_warnings = ""  # what libmpg123 printed while it was opened (see open_soundfile)
+
+    def seekable(self) -> bool:
+        return False
+
+
+_MPEG_KBPS = {  # (MPEG-1?, layer) -> bit rates of indices 1..14, kbit/s
+    (True, 1): (32, 64, 96, 128, 160, 192, 224, 256, 288, 320, 352, 384, 416, 448),
+    (True, 2): (32, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384),
+    (True, 3): (32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320),
+    (False, 1): (32, 48, 56, 64, 80, 96, 112, 128, 144, 160, 176, 192, 224, 256),
+    (False, 2): (8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 144, 160),
+    (False, 3): (8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 144, 160)}
+_MPEG_RATES = {3: (44_100, 48_000, 32_000), 2: (22_050, 24_000, 16_000), 0: (11_025, 12_000, 8_000)}
+
+
+def _mpeg_frame(data: bytes, i: int):
+    """(length in bytes, samples) of the MPEG audio frame header at ``data[i:]``, or None."""
+    if i + 4 > len(data) or data[i] != 0xFF or data[i + 1] & 0xE0 != 0xE0:
+        return None
+    version, layer = (data[i + 1] >> 3) & 3, 4 - ((data[i + 1] >> 1) & 3)
+    bitrate, rate, pad = data[i + 2] >> 4, (data[i + 2] >> 2) & 3, (data[i + 2] >> 1) & 1
+    if version == 1 or layer == 4 or bitrate in (0, 15) or rate == 3:
+        return None
+    kbps, hz = _MPEG_KBPS[(version == 3, layer)][bitrate - 1], _MPEG_RATES[version][rate]
+    if layer == 1:
+        return (12_000 * kbps // hz + pad) * 4, 384
+    lsf = version != 3 and layer == 3  # MPEG-2/2.5 layer III: half the samples per frame
+    return (72_000 if lsf else 144_000) * kbps // hz + pad, 576 if lsf else 1152
+
+
+def _first_mpeg_frame(data: bytes) -> int | None:
+    """Where the first MPEG audio frame of ``data`` starts (after an ID3v2 tag and any junk)."""
+    i = _id3_size(data)
+    while i < len(data) and _mpeg_frame(data, i) is None:
+        i += 1
+    return i if i < len(data) else None
+
+
+def _has_length_header(data: bytes, i: int) -> bool:
+    """Whether the frame at ``i`` is a Xing/Info (after the side info) or VBRI (at 32) header."""
+    return any(tag in data[i + 4: i + 4 + 40] for tag in (b"Xing", b"Info", b"VBRI"))
+
+
+def _id3_size(head: bytes) -> int:
+    """Bytes of an ID3v2 tag at the start of ``head`` (its first 10 bytes), 0 if none."""
+    if head[:3] != b"ID3" or len(head) < 10:
+        return 0
+    return 10 + int.from_bytes(bytes(b & 0x7F for b in head[6:10]), "big") + (10 if head[5] & 0x10 else 0)
+
+
+def mpeg_samples(read) -> int | None:
+    """The samples in an MPEG audio file's frames, counted from their headers, when its first frame
+    is no Xing/Info/VBRI header (None when it is one, or when no frame is found); ``read(n)`` reads
+    the file from its start (its whole length only in that case, 1 MB at a time).
+
+    Without such a header libsndfile takes the length from libmpg123's estimate (file size / the
+    first frame's bit rate), and decodes no further: a VBR file is cut short (a -V 7 file: 73,008
+    of 200,448 samples, measured), so opening compares the two (:func:`open_soundfile`).  Equal to
+    FFmpeg's count on every such test file (CBR and VBR, 16-48 kHz)."""
+    buf = read(10)
+    buf += read(_id3_size(buf) + (1 << 16))
+    i = _first_mpeg_frame(buf)
+    if i is None or _has_length_header(buf, i):
+        return None
+    total, eof = 0, False
+    while True:
+        if not eof and len(buf) - i < 1 << 16:  # at least 64 KB ahead (a frame is under 3 KB)
+            more = read(1 << 20)
+            eof = not more
+            buf, i = buf[i:] + more, 0
+        frame = _mpeg_frame(buf, i)
+        if frame is not None:
+            total, i = total + frame[1], i + frame[0]
+            continue
+        if i + 4 > len(buf) and eof:
+            return total
+        # junk or a tag: resync as libmpg123 does, at a header followed by another one
+        j = buf.find(b"\xff", i + 1)
+        while j != -1 and (_mpeg_frame(buf, j) is None or _mpeg_frame(buf, j + _mpeg_frame(buf, j)[0]) is None):
+            j = buf.find(b"\xff", j + 1)
+        if j == -1 and eof:
+            return total
+        i = j if j != -1 else max(i + 1, len(buf) - 8192)
+
+
+def _short_mpeg(result, source) -> str | None:
+    """Why libsndfile would cut an MPEG file short (see :func:`mpeg_samples`), or None."""
+    if not (isinstance(result, sf.SoundFile) and result.subtype.startswith("MPEG_")):
+        return None
+    f = open(source, "rb") if isinstance(source, (str, os.PathLike)) else source  # noqa: SIM115 (closed below)
+    at = f.tell()
+    try:
+        f.seek(0)
+        true = mpeg_samples(f.read)
+    finally:
+        f.seek(at)
+        if f is not source:
+            f.close()
+    if true is None or result.frames >= true:
+        return None
+    return (f"VBR MPEG audio without a Xing/VBRI header: libsndfile would decode only {result.frames} of its {true} "
+            f"samples (it estimates the length from the file size); re-mux it to add the header "
+            f"(ffmpeg -i IN -c:a copy OUT.mp3) or convert it")
+
+
+def open_soundfile(source, info_only: bool = False, shown: str | None = None):
     """``sf.info`` (``info_only``) or ``sf.SoundFile`` of ``source`` (a path, or a seekable binary
     file-like object such as a tar member), an :class:`AudioError` with an accurate message if it
-    cannot be decoded; decoder warnings of a file that opens are passed on to stderr with its name."""
+    cannot be decoded (naming it ``shown``, e.g. ``shard/member``, else by its path or name); what
+    the decoder printed while opening a file that opens is its ``decoder_warnings``."""
     is_path = isinstance(source, (str, os.PathLike))
     name = os.fspath(source) if is_path else str(getattr(source, "name", "") or "")
-    with _decoder_stderr(name) as captured:
+    with _decoder_stderr(name.lower().endswith(_MPEG)) as captured:
         try:
-            result = sf.info(source) if info_only and is_path else sf.SoundFile(source)
+            result = sf.info(source) if info_only and is_path else ForwardSoundFile(source)
         except Exception as e:  # soundfile raises several types for garbage
             error = e
         else:
             error = None
     warnings = captured[0] if captured else ""
     if error is not None:
-        raise _decoder_error(name, (not is_path) or os.path.isfile(name), error, warnings) from error
-    if warnings:
-        sys.stderr.write(f"warning: decoding {name}: {warnings}\n")
+        raise _decoder_error(shown or name, (not is_path) or os.path.isfile(name), error, warnings) from error
+    result.decoder_warnings = warnings  # the reader keeps them (probing drops them: the reader sees them again)
+    short = None if info_only else _short_mpeg(result, source)
+    if short:
+        result.close()
+        raise AudioError(short)
     return result
 
 
@@ -233,14 +365,14 @@ class PyAVFile:
             self.container = None
 
 
-def open_decoder(source, name: str | None = None):
+def open_decoder(source, name: str | None = None, shown: str | None = None):
     """The decoder for ``source`` (a path or a seekable file-like object; ``name`` or its name
     decides the format, see :func:`decoder_for`): ``sf.SoundFile`` or :class:`PyAVFile`, opened;
-    AudioError with an accurate message if it cannot be decoded."""
+    AudioError with an accurate message if it cannot be decoded (naming it ``shown``, if given)."""
     if name is None:
         name = os.fspath(source) if isinstance(source, (str, os.PathLike)) else str(getattr(source, "name", "") or "")
     if decoder_for(name) == "soundfile":
-        return open_soundfile(source)
+        return open_soundfile(source, shown=shown)
     try:
         import av
     except ImportError:
@@ -392,6 +524,66 @@ def _mono(data: np.ndarray, channel: int | str) -> np.ndarray:
     return data[:, int(channel)]
 
 
+# Lossy codecs carry decoder state across frames (MP3's bit reservoir reaches up to 511 bytes back:
+# 85 frames of an 8 kbit/s MPEG-2 file; overlapped transforms), which libsndfile's seek does not
+# fully rebuild: libmpg123 re-decodes 4 frames before the target, so a segment of a 32 kbit/s MP3
+# read after a seek was up to 0.27 off the whole-file decode (measured).  They are read from
+# _PREROLL frames before the start and the pre-roll dropped: MPEG-1 (32-48 kHz), Vorbis and Opus
+# then equal the whole-file decode exactly, MPEG-2 (16-24 kHz) MP3 to 6e-8 (libmpg123's synthesis
+# rounds differently after any seek; measured, see tests/test_decoding.py).
+_PREROLL = 1 << 16
+_PREROLL_SUBTYPES = ("MPEG_LAYER_I", "MPEG_LAYER_II", "MPEG_LAYER_III", "VORBIS", "OPUS")
+EXACT_SEEK_EXTENSIONS = (".wav", ".flac", ".aiff", ".aif", ".aifc", ".caf", ".w64", ".rf64", ".au", ".snd")
+
+
+def seek_is_exact(name: str) -> bool:
+    """Whether a seek into ``name`` (by extension) gives exactly the samples a decode from the start
+    gives at that point: PCM and FLAC, not lossy codecs (see ``_PREROLL``), whose split pieces are
+    decoded from the item's start and dropped instead (:class:`PieceReader`)."""
+    return name.lower().endswith(EXACT_SEEK_EXTENSIONS)
+
+
+def _is_mpeg(file) -> bool:
+    return isinstance(file, sf.SoundFile) and file.subtype.startswith("MPEG_")
+
+
+def _decoding(call, file, warn):
+    """``call()`` (a read or seek of ``file``), what an MPEG decoder prints meanwhile given to ``warn``
+    (a callable taking the text), never to fd 2; raises what ``call`` raised, after that."""
+    error = None
+    with _decoder_stderr(_is_mpeg(file)) as said:
+        try:
+            result = call()
+        except Exception as e:
+            error = e
+    if said and said[0] and warn is not None:
+        warn(said[0])
+    if error is not None:
+        raise error
+    return result
+
+
+def _read(file, n: int, warn=None) -> np.ndarray:
+    """``n`` frames of ``file`` as float32 [frames, channels] (see :func:`_decoding` for ``warn``)."""
+    return _decoding(lambda: file.read(n, dtype="float32", always_2d=True), file, warn)
+
+
+def _seek(file, start: int, warn=None) -> None:
+    """Position ``file`` (an opened decoder) at source sample ``start``, lossy libsndfile codecs
+    through a pre-roll (see ``_PREROLL``); PyAVFile decodes and drops from where it is."""
+    if not (isinstance(file, sf.SoundFile) and file.subtype in _PREROLL_SUBTYPES):
+        file.seek(start)
+        return
+    at = max(0, start - _PREROLL)
+    if at:
+        _decoding(lambda: file.seek(at), file, warn)
+    while at < start:
+        got = len(_read(file, min(start - at, _BLOCK), warn))
+        if got == 0:
+            raise AudioError(f"ends at sample {at}")
+        at += got
+
+
 class PieceReader:
     """The encoder-input samples ``[begin, end)`` of an item, read through its :class:`AudioReader`
     (which must start at the item's start): what comes before ``begin`` is decoded and dropped, so
@@ -421,6 +613,10 @@ class PieceReader:
             self.reader.close()
         return chunk, final
 
+    @property
+    def warnings(self) -> str:
+        return self.reader.warnings
+
     def close(self) -> None:
         self.reader.close()
 
@@ -433,17 +629,20 @@ class AudioReader:
     ``start``/``frames`` select a segment, in source samples.  ``path`` is a file name or a
     seekable binary file-like object (a member of a tar shard, a Parquet cell: see
     ``sources.open_audio``), which the reader closes with itself: one decoding path for every kind
-    of input."""
+    of input.  ``warnings`` is what the decoder library printed while opening and reading it (the
+    engines put it in the item's manifest row, ``decoder_warnings``; see :func:`_decoder_stderr`)."""
 
     def __init__(self, path, channel: int | str = "mix", framing: Framing = Framing(), start: int = 0,
                  frames: int | None = None):
         self.path, self.channel, self.framing = path, channel, framing
         self.handle = None if isinstance(path, (str, bytes, os.PathLike)) else path
+        self._lines: dict[str, int] = {}
         try:
             self.file = open_decoder(path)
         except AudioError as e:
             self._close_handle()
             raise AudioError(f"cannot decode: {e}") from e
+        self._warn(getattr(self.file, "decoder_warnings", ""))
         self.rate = self.file.samplerate
         if channel not in ("mix", "first") and int(channel) >= self.file.channels:
             channels = self.file.channels
@@ -452,16 +651,30 @@ class AudioReader:
         self.remaining = frames if frames is not None else max(0, self.file.frames - start)
         if start:
             try:
-                self.file.seek(start)
+                _seek(self.file, start, self._warn)
             except Exception as e:
                 self.close()
-                raise AudioError(f"cannot seek to sample {start}: {e}") from e
+                raise AudioError(f"cannot seek to sample {start}: {e}{self._said()}") from e
         self.resampler = SincResampler(self.rate, SAMPLE_RATE, framing.delay(self.rate)) if self.rate != SAMPLE_RATE else None
         self.source_samples = 0
         self.emitted = 0
         self.pending: list[torch.Tensor] = []
         self.pending_len = 0
         self.done = False  # the source is exhausted and `pending` holds the rest of the item
+
+    @property
+    def warnings(self) -> str:
+        """The decoder's lines, each once, with how often it said it ("...; error: x (7 times)")."""
+        text = "; ".join(line if n == 1 else f"{line} ({n} times)" for line, n in self._lines.items())
+        return text if len(text) <= _WARNINGS_KEPT else text[: _WARNINGS_KEPT - 1] + "…"
+
+    def _warn(self, text: str) -> None:
+        for line in text.splitlines():
+            if line in self._lines or len(self._lines) < 50:
+                self._lines[line] = self._lines.get(line, 0) + 1
+
+    def _said(self) -> str:
+        return f" (decoder: {self.warnings[:300]})" if self.warnings else ""
 
     def close(self) -> None:
         if getattr(self, "file", None) is not None:
@@ -477,11 +690,11 @@ class AudioReader:
     def _read_block(self) -> None:
         want = min(_BLOCK, self.remaining) if self.remaining is not None else _BLOCK
         try:
-            data = self.file.read(want, dtype="float32", always_2d=True) if want > 0 else np.zeros((0, 1), np.float32)
+            data = _read(self.file, want, self._warn) if want > 0 else np.zeros((0, 1), np.float32)
         except AudioError:
             raise
         except Exception as e:
-            raise AudioError(f"cannot decode at sample {self.source_samples}: {e}") from e
+            raise AudioError(f"cannot decode at sample {self.source_samples}: {e}{self._said()}") from e
         if len(data) and not np.isfinite(data).all():
             raise AudioError("contains NaN or infinite samples")
         self.source_samples += len(data)

@@ -616,8 +616,8 @@ def verify(
             settings.devices = settings.devices[:1]
             settings.num_workers = 1
             checks, problems = verify_source(input_path, settings, limit, rtol, atol, options=_input_options(
-                None, input_format, audio_ext, id_field, audio_column, id_column, sort_buffer_mb, sidecar_duration,
-                key)), []
+                None, input_format, audio_ext, id_field, audio_column, id_column, sort_buffer_mb,
+                sidecar_duration=sidecar_duration, key=key)), []
             title = f"engine ({settings.dtype}) vs single-item (fp32, transformers)"
             shown = ("encoder", "latent")
     except (ValueError, FileNotFoundError, RuntimeError, OSError, KeyError) as e:

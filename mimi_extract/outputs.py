@@ -58,9 +58,16 @@ def status_report(out_dir: str) -> dict:
             "complete": complete}
 
 
-def _reason(message: str) -> str:
-    """An error message with its specifics (quoted names, numbers in parentheses) folded, for grouping."""
-    return re.sub(r"'[^']*'|\"[^\"]*\"", "'…'", message or "unknown").strip()
+def _reason(message: str, row: dict | None = None) -> str:
+    """An error message with its specifics (quoted names, numbers in parentheses) folded, for grouping,
+    and without the location the sources put before it (``row``'s own: ``shard:key: `` of a tar or
+    .tar.gz sample, ``file:row N: `` of a Parquet row, ``line N: `` of a list), which differs per item."""
+    text = message or "unknown"
+    head, sep, rest = text.partition(": ")
+    tail = str((row or {}).get("key") or "").rpartition("/")[2]
+    if sep and (re.fullmatch(r"line \d+", head) or (tail and head.endswith((f":{tail}", f":row {tail}")))):
+        text = rest
+    return re.sub(r"'[^']*'|\"[^\"]*\"", "'…'", text).strip()
 
 
 def info_report(out_dir: str) -> dict:
@@ -82,7 +89,7 @@ def info_report(out_dir: str) -> dict:
     inputs = sum(planned) if None not in planned else len(rows)  # the runs' planned inputs, once known
     return {
         "inputs": inputs, "ok": len(ok), "errors": len(errors), "pending": max(0, inputs - len(ok) - len(errors)),
-        "errors_by_reason": dict(Counter(_reason(r.get("error")) for r in errors).most_common()),
+        "errors_by_reason": dict(Counter(_reason(r.get("error"), r) for r in errors).most_common()),
         "failed": [{"key": r["key"], "path": (r.get("source") or {}).get("path") or _source_path(info, r),
                     "reason": r.get("error") or "unknown"} for r in errors],
         "hours": sum(r.get("duration", 0.0) for r in ok) / 3600, "frames": frames,

@@ -344,8 +344,11 @@ def _extract_with(engine, source, run_dir, settings, shard_size, shard_mb, limit
         pieces = engine.run(units, stop, model)
         del model
         stitcher = Stitcher()
+        said: dict[str, list[str]] = {}  # key -> decoder warnings of its (split) pieces so far
         for piece in pieces:
             item = piece.item
+            if piece.warnings and piece.warnings not in said.setdefault(item.key, []):
+                said[item.key].append(piece.warnings)
             if item.piece is not None:  # a piece of a split recording: stored once every piece is in
                 whole = stitcher.add(item, piece.data, piece.first, piece.final, piece.error)
                 if whole is None:
@@ -355,11 +358,14 @@ def _extract_with(engine, source, run_dir, settings, shard_size, shard_mb, limit
                 item, data, error = whole
                 piece = Piece(item, data, True, True, piece.seconds, error)
             if piece.error is not None:
+                said.pop(item.key, None)
                 writer.drop_stream(item.key)
                 writer.add_error(row_for(item), piece.error)
                 summary["errors"] += 1
             else:
-                writer.add_piece(item.key, piece.data, piece.first, piece.final, row_for(item), attrs_of(item))
+                warned = said.pop(item.key, None) if piece.final else None
+                row = {**row_for(item), "decoder_warnings": "; ".join(warned)} if warned else row_for(item)
+                writer.add_piece(item.key, piece.data, piece.first, piece.final, row, attrs_of(item))
                 summary["ok"] += piece.final
             if on_progress:
                 on_progress(int(piece.final), piece.seconds, int(piece.error is not None))

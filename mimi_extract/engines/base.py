@@ -31,6 +31,7 @@ class Piece:
     final: bool
     seconds: float  # encoder-input seconds this piece covers (progress)
     error: str | None = None
+    warnings: str | None = None  # final piece: what the decoder library printed (the row's decoder_warnings)
 
 
 @dataclass

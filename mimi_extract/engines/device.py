@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..audio import SAMPLE_RATE, AudioError, AudioReader, PieceReader
+from ..audio import SAMPLE_RATE, AudioError, AudioReader, PieceReader, seek_is_exact
 from ..encoder import PaddedMimiEncoder, frames_of, load_model, prepare
 from ..settings import DTYPES, Settings
 from ..sources import Item, open_audio
@@ -93,6 +93,7 @@ class DeviceRunner:
         self.state = None
         self.failed: set[str] = set()  # streams (Item.uid) that failed in the encoder (the feeder drops them)
         self.warmup: dict[tuple[str, str], int] = {}  # (piece uid, tap): warm-up frames still to drop
+        self.decoder_warnings: dict[str, str] = {}  # stream uid -> what its decoder printed (set as it ends)
         self.stats = Stats()
         # step lengths rounded up to 4 frames (0.32 s): shapes repeat, so cuDNN's autotuning and
         # oneDNN's per-shape kernels are reused (CPU: a new shape costs ~30% more, measured)
@@ -105,7 +106,9 @@ class DeviceRunner:
             return AudioReader(open_audio(item), item.channel, framing, item.start, item.frames)
         _, count, begin, _, end = item.piece
         last = item.piece[0] == count - 1
-        if item.sample_rate == SAMPLE_RATE and framing.delay(SAMPLE_RATE) == 0:  # samples are the source's: seek
+        name = item.loc[-1] if item.loc and isinstance(item.loc[-1], str) else item.path
+        if item.sample_rate == SAMPLE_RATE and framing.delay(SAMPLE_RATE) == 0 and seek_is_exact(name):
+            # samples are the source's, and a seek lands on exactly them: seek
             frames = item.frames - begin if last else end - begin
             return AudioReader(open_audio(item), item.channel, framing, item.start + begin, frames)
         return PieceReader(AudioReader(open_audio(item), item.channel, framing, item.start, item.frames),
@@ -217,6 +220,8 @@ class DeviceRunner:
                 for stream, c, fin, _ in rows:
                     stream.emitted += len(c)
                     if fin:
+                        if stream.reader.warnings:  # before the step is handed over: _encode reads it
+                            self.decoder_warnings[stream.item.uid] = stream.reader.warnings
                         active.pop(stream.slot).reader.close()
                         free.append(stream.slot)
                 if not put(step):
@@ -277,8 +282,9 @@ class DeviceRunner:
                 data = self._own(item, s.tap, frames_of(out, s.tap, r), bool(step.fresh[r]))
                 data = data.to("cpu").numpy().astype(np.int16) if s.tap == "codes" else \
                     data.float().to("cpu").numpy().astype(s.feature_dtype)
-            pieces.append(Piece(item, data, bool(step.fresh[r]), bool(step.final[r]),
-                                int(step.lengths[r]) / SAMPLE_RATE))
+            final = bool(step.final[r])
+            pieces.append(Piece(item, data, bool(step.fresh[r]), final, int(step.lengths[r]) / SAMPLE_RATE,
+                                warnings=self.decoder_warnings.pop(item.uid, None) if final else None))
         self.stats.steps += 1
         if not bool(step.fresh.all()):
             self.stats.joined += int(step.fresh.sum())

@@ -67,7 +67,7 @@ class RayEncoder:
                 import numpy as np
 
                 held.data = np.concatenate(held.data) if len(held.data) > 1 else held.data[0]
-                held.final = True
+                held.final, held.warnings = True, piece.warnings
                 pieces.append(merged.pop(piece.item.uid))
 
         self.runner.run(lambda block=True: next(todo, None), collect, threading.Event())

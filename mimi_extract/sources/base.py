@@ -465,7 +465,7 @@ def probe(entry: Entry, channel_mode: str = "mix", framing: Framing = Framing())
     try:
         handle = REGISTRY.get(entry.kind, Source).open_header(entry)
         name = entry.loc[-1] if entry.loc and isinstance(entry.loc[-1], str) else entry.path
-        f = open_decoder(handle, name)  # accurate message, decoder warnings captured
+        f = open_decoder(handle, name, entry.rel)  # accurate message naming shard/member, decoder warnings captured
         try:
             return probe_info(entry, f, channel_mode, framing)
         finally:

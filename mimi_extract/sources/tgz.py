@@ -29,14 +29,15 @@ from .tar import COMPRESSED_TAR_EXTENSIONS, _is_shard_input, _shown_names, missi
 DEFAULT_SORT_BUFFER_MB = 256
 
 
-def _header(data: bytes, name: str):
-    """(sample rate, frames, channels) of a member's bytes, or the exception that says why not."""
+def _header(data: bytes, name: str, shown: str | None = None):
+    """(sample rate, frames, channels) of a member's bytes, or the exception that says why not
+    (naming the member ``shown``: shard/member)."""
     from ..audio import open_decoder
 
     buffer = io.BytesIO(data)
     buffer.name = name
     try:
-        f = open_decoder(buffer)
+        f = open_decoder(buffer, shown=shown)
     except Exception as e:  # its error row
         return e
     try:
@@ -169,7 +170,7 @@ class CompressedTarSource(Source):
                 if entry.loc is not None:
                     offset, size, name = entry.loc
                     entry.loc = (state["group"], state["start"], None, offset, size, name)
-                    entry._info = _header(next(m[3] for m in parts.values() if m[0] == name), name)
+                    entry._info = _header(next(m[3] for m in parts.values() if m[0] == name), name, entry.rel)
                     state["open"].append(entry)
                 entries.append(entry)
 

@@ -1,0 +1,322 @@
+"""Decoding equals a whole-file decode, whatever way the tool reads: in 65,536-frame blocks, from a
+segment's start, in chunks -- checked against one whole read by the same library and against
+FFmpeg's own decode (PyAV), for MP3 at every rate (CBR and VBR, with and without Xing/LAME and ID3v2
+headers) and for the other codecs.
+
+Tolerances are measured, not guessed: libmpg123 and FFmpeg's mp3float differ by at most 1.7e-6
+on these files; after a seek libmpg123 rounds MPEG-2 (16/24 kHz) synthesis differently, by at most
+6e-8 (2^-24).  The bugs these tests catch were 0.03-0.3 off."""
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+
+from mimi_extract.audio import (
+    _BLOCK,
+    AudioReader,
+    ForwardSoundFile,
+    _seek,
+    load,
+    open_decoder,
+)
+
+av = pytest.importorskip("av")
+
+MP3_DECODERS = 4e-6  # libmpg123 vs FFmpeg's mp3float: 1.7e-6 at most, measured
+LSF_AFTER_SEEK = 1.2e-7  # MPEG-2 (< 32 kHz) read after a seek: 6e-8 (2^-24) at most, measured
+SAMPLES = 4 * _BLOCK + 12_345  # several blocks, and a partial one
+
+
+def music(rate: int, n: int, seed: int = 0) -> np.ndarray:
+    """Stereo sines with slow envelopes plus bursts of noise: varied enough for VBR to vary."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(n) / rate
+    x = np.zeros(n)
+    for _ in range(12):
+        env = 0.5 + 0.5 * np.sin(2 * np.pi * rng.uniform(0.1, 3) * t + rng.uniform(0, 6))
+        x += rng.uniform(0.02, 0.08) * env * np.sin(2 * np.pi * rng.uniform(80, rate / 2.5) * t + rng.uniform(0, 6))
+    x += 0.05 * rng.standard_normal(n) * (0.5 + 0.5 * np.sin(2 * np.pi * 0.7 * t)) ** 4
+    return np.stack([x, 0.8 * x[::-1]], 1).astype(np.float32)
+
+
+def write_mp3(path, rate: int, mode: str, headers: bool, n: int = SAMPLES) -> None:
+    """An MP3 through FFmpeg's libmp3lame: ``mode`` "cbr32" (32 kbit/s: a deep bit reservoir, what
+    a re-seek broke) or "vbr" (-V 7); ``headers``: a Xing/LAME frame and ID3v2 tags, or neither."""
+    options = {} if headers else {"write_xing": "0", "id3v2_version": "0"}
+    with av.open(str(path), "w", format="mp3", options=options) as out:
+        stream = out.add_stream("libmp3lame", rate=rate, layout="stereo")
+        if mode == "vbr":
+            stream.codec_context.qscale = True
+            stream.codec_context.global_quality = 7 * 118  # FF_QP2LAMBDA
+        else:
+            stream.codec_context.bit_rate = 32_000
+        if headers:
+            out.metadata["title"] = "a title for an ID3v2 tag"
+        frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(music(rate, n, rate).T), format="fltp", layout="stereo")
+        frame.sample_rate = rate
+        for packet in [*stream.encode(frame), *stream.encode(None)]:
+            out.mux(packet)
+
+
+def ffmpeg_decode(path) -> np.ndarray:
+    """FFmpeg's whole-file decode through PyAV's plain loop, as float32 [frames, channels]."""
+    parts = []
+    with av.open(str(path)) as f:
+        for frame in f.decode(audio=0):
+            data = frame.to_ndarray()
+            channels = len(frame.layout.channels)
+            data = data if frame.format.is_planar else data.reshape(-1, channels).T
+            if data.dtype == np.int16:
+                data = data / np.float32(32768)
+            parts.append(data.astype(np.float32).T)
+    return np.concatenate(parts)
+
+
+def whole(path) -> np.ndarray:
+    """libsndfile's whole-file decode: one read from the start (no seek at all)."""
+    with ForwardSoundFile(str(path)) as f:
+        return f.read(f.frames, dtype="float32", always_2d=True)
+
+
+def tool_read(path, start: int = 0, frames: int | None = None) -> np.ndarray:
+    """The source samples as AudioReader reads them: its decoder, its seek, its block size."""
+    f = open_decoder(str(path))
+    try:
+        if start:
+            _seek(f, start)
+        parts = []
+        while True:
+            block = f.read(_BLOCK, dtype="float32", always_2d=True)
+            parts.append(block)
+            if len(block) < _BLOCK or (frames is not None and sum(map(len, parts)) >= frames):
+                break
+    finally:
+        f.close()
+    return np.concatenate(parts)[:frames]
+
+
+def to_24k(stereo: np.ndarray, rate: int) -> torch.Tensor:
+    import torchaudio.functional as taf
+
+    mono = torch.from_numpy(stereo.mean(1, dtype=np.float32))
+    return mono if rate == 24_000 else taf.resample(mono, rate, 24_000)
+
+
+STARTS = (1, 30_001, _BLOCK + 5, 150_001)  # inside the pre-roll, past it, at a block boundary
+
+
+def check_reads(path, rate, ref, seek_tolerance):
+    """Block reads, segment reads and AudioReader (whole, segments, chunks) against ``ref``."""
+    got = tool_read(path)
+    assert got.shape == ref.shape and np.array_equal(got, ref)  # every block, exactly
+    for s in STARTS:
+        seg = tool_read(path, s, 20_000)
+        assert seg.shape == (20_000, ref.shape[1]) and np.abs(seg - ref[s: s + 20_000]).max() <= seek_tolerance, s
+        x = load(str(path), start=s, frames=20_000)
+        want = to_24k(ref[s: s + 20_000], rate)
+        assert x.shape == want.shape and (x - want).abs().max() < 1e-5, s
+    full = load(str(path))
+    want = to_24k(ref, rate)
+    assert full.shape == want.shape and (full - want).abs().max() < 1e-5
+    reader, parts, final = AudioReader(str(path)), [], False
+    while not final:
+        piece, final = reader.next_chunk(1920 * 7)
+        parts.append(piece)
+    assert torch.equal(torch.cat(parts), full)
+
+
+@pytest.mark.parametrize("rate", [16_000, 24_000, 44_100, 48_000])
+@pytest.mark.parametrize("mode,headers", [("cbr32", True), ("cbr32", False), ("vbr", True)])
+def test_mp3_reads_equal_whole_and_ffmpeg_decode(tmp_path, rate, mode, headers):
+    path = tmp_path / f"x{rate}.mp3"
+    write_mp3(path, rate, mode, headers)
+    ref = whole(path)
+    ff = ffmpeg_decode(path)
+    assert ff.shape == ref.shape and np.abs(ff - ref).max() <= MP3_DECODERS  # the two decoders agree
+    check_reads(path, rate, ref, 0.0 if rate >= 32_000 else LSF_AFTER_SEEK)
+
+
+def test_vbr_mp3_without_xing_header_is_an_error_row_not_cut_short(tmp_path):
+    """libsndfile takes the length of an MP3 without a Xing/VBRI header from libmpg123's estimate
+    (file size / first frame's bit rate) and decodes no further: a VBR one lost 74 % here.  It
+    is an error row that says so, from a path or a shard's member; a CBR one (estimate right) is not."""
+    import io
+
+    from mimi_extract.audio import AudioError, mpeg_samples, open_soundfile
+    from mimi_extract.sources import discover
+
+    path = tmp_path / "in" / "v.mp3"
+    path.parent.mkdir()
+    write_mp3(path, 44_100, "vbr", headers=False)
+    true = len(ffmpeg_decode(path))
+    assert mpeg_samples(io.BytesIO(path.read_bytes()).read) == true and sf.info(str(path)).frames < true * 0.5  # what it would keep
+    with pytest.raises(AudioError, match=f"would decode only [0-9]+ of its {true} samples"):
+        open_soundfile(str(path))
+    found = discover(str(tmp_path / "in"))
+    assert not found.items and f"of its {true} samples" in found.bad[0].error
+    write_mp3(tmp_path / "c.mp3", 44_100, "cbr32", headers=False)
+    assert mpeg_samples(io.BytesIO((tmp_path / "c.mp3").read_bytes()).read) == len(ffmpeg_decode(tmp_path / "c.mp3"))
+    write_mp3(tmp_path / "x.mp3", 44_100, "vbr", headers=True)
+    assert mpeg_samples(io.BytesIO((tmp_path / "x.mp3").read_bytes()).read) is None  # its Xing header states the length
+
+
+def write_other(path, kind: str, rate: int) -> None:
+    data = music(rate, SAMPLES, rate)
+    if kind == "m4a":
+        with av.open(str(path), "w", format="mp4") as out:
+            stream = out.add_stream("aac", rate=rate, layout="stereo")
+            frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(data.T), format="fltp", layout="stereo")
+            frame.sample_rate = rate
+            for packet in [*stream.encode(frame), *stream.encode(None)]:
+                out.mux(packet)
+        return
+    formats = {"flac": {"subtype": "PCM_16"}, "wav": {"subtype": "PCM_16"},
+               "ogg": {"format": "OGG", "subtype": "VORBIS"}, "opus": {"format": "OGG", "subtype": "OPUS"}}
+    sf.write(str(path), data, rate, **formats[kind])
+
+
+# (kind, rate, |libsndfile or PyAVFile - FFmpeg| bound: measured 0 / 1.2e-7 (Vorbis) / 1.6e-7 (Opus) / 0 (PyAV itself))
+@pytest.mark.parametrize("kind,rate,vs_ffmpeg", [("flac", 44_100, 0.0), ("wav", 16_000, 0.0), ("ogg", 48_000, 3e-7),
+                                                 ("opus", 48_000, 4e-7), ("m4a", 44_100, 0.0)])
+def test_other_codecs_reads_equal_whole_and_ffmpeg_decode(tmp_path, kind, rate, vs_ffmpeg):
+    path = tmp_path / f"x.{kind}"
+    write_other(path, kind, rate)
+    if kind == "m4a":  # PyAV's own path: one read of everything is its whole decode
+        f = open_decoder(str(path))
+        ref = f.read(f.frames)
+        f.close()
+    else:
+        ref = whole(path)
+    ff = ffmpeg_decode(path)
+    assert ff.shape == ref.shape and np.abs(ff - ref).max() <= vs_ffmpeg
+    check_reads(path, rate, ref, 0.0)
+
+
+def test_mp3_44k_codes_equal_the_reference_from_ffmpegs_decode(tmp_path, tiny_model, tiny_model_dir):
+    """End to end: what OUT stores for a 32 kbit/s 44.1 kHz MP3 is what MimiModel gives FFmpeg's
+    whole-file decode of it, resampled by torchaudio (the tool's resampler equals it to 1e-6)."""
+    from conftest import cli
+
+    from mimi_extract import read
+
+    (tmp_path / "in").mkdir()
+    path = tmp_path / "in" / "m.mp3"
+    write_mp3(path, 44_100, "cbr32", True)
+    out = tmp_path / "out"
+    result = cli("codes", tmp_path / "in", out, "--model", tiny_model_dir, "--device", "cpu", "--cpu-workers", "1",
+                 "--num-workers", "1", "--chunk-seconds", "3")
+    assert result.exit_code == 0, result.output
+    with torch.no_grad():
+        ref = tiny_model.encode(to_24k(ffmpeg_decode(path), 44_100)[None, None], num_quantizers=8).audio_codes[0].T
+    got = torch.from_numpy(read(out, "m.mp3").astype(np.int64))
+    assert got.shape == ref.shape and torch.equal(got, ref)
+
+
+# -- error rows: named by shard/member, grouped by reason -----------------------------------
+def test_error_rows_name_the_member_and_info_groups_them(tmp_path, tiny_model_dir):
+    """A garbage member's row names ``shard/member`` (soundfile wrote ``<_io.BytesIO object at
+    0x...>``), and ``info`` groups equal reasons of tar, .tar.gz and list inputs (each was prefixed
+    with its own location, so every row was a group of one)."""
+    import io
+    import json
+    import tarfile
+
+    from mimi_extract.outputs import info_report
+    from mimi_extract.runner import extract
+    from mimi_extract.settings import Settings
+
+    ok = io.BytesIO()
+    sf.write(ok, np.zeros(2400, np.float32), 24_000, format="WAV")
+    members = {"a.flac": b"fLaC garbage" * 10, "b.flac": b"fLaC garbage" * 11, "c.flac": b"fLaC garbage" * 12,
+               "d.wav": b"RIFF garbage" * 10, "e.wav": b"RIFF garbage" * 11, "ok.wav": ok.getvalue()}
+    inputs = {}
+    for suffix, mode in ((".tar", "w"), (".tar.gz", "w:gz")):
+        (tmp_path / suffix).mkdir()
+        path = tmp_path / suffix / f"s-000000{suffix}"
+        with tarfile.open(path, mode) as tf:
+            for name, data in members.items():
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+        inputs[suffix] = path
+    (tmp_path / "list").mkdir()
+    inputs["list"] = tmp_path / "list" / "files.jsonl"
+    inputs["list"].write_text("".join(json.dumps(r) + "\n" for r in [{"path": ""}, {"path": ""}, {"id": "x", "path": ""}]))
+    for kind, path in inputs.items():
+        out = str(tmp_path / f"out{kind}")
+        extract(str(path), out, Settings(model=tiny_model_dir, tap="codes", num_workers=1))
+        report = info_report(out)
+        if kind == "list":
+            assert report["errors_by_reason"] == {"no path": 3}, report["errors_by_reason"]
+            continue
+        assert report["errors_by_reason"] == {
+            "unreadable or corrupt audio header: Error opening '…': Error : unknown error in flac decoder.": 3,
+            "unreadable or corrupt audio header: Error opening '…': Format not recognised.": 2}, report["errors_by_reason"]
+        for failed in report["failed"]:
+            assert "BytesIO" not in failed["reason"] and f"'s-000000{kind}/{failed['key'].rpartition('/')[2]}." in failed["reason"]
+
+
+# -- decoder warnings: in the item's row, never on stderr ------------------------------------
+def damaged_mp3(path) -> None:
+    """A 32 kbit/s MP3 with 40 bytes flipped: libmpg123 says "dequantization failed!", resyncs..."""
+    write_mp3(path, 44_100, "cbr32", True, n=100_000)
+    data = bytearray(path.read_bytes())
+    rng = np.random.default_rng(1)
+    for pos in rng.integers(len(data) // 4, len(data) * 3 // 4, 40):
+        data[pos] ^= 0x5A
+    path.write_bytes(bytes(data))
+
+
+def test_decoder_warnings_are_the_readers_not_stderrs(tmp_path, capfd):
+    path = tmp_path / "damaged.mp3"
+    damaged_mp3(path)
+    for start in (0, 30_000):  # read from the start, and through a seek's pre-roll (it decodes 63,407 of 100,000)
+        reader = AudioReader(str(path), start=start)
+        reader.read_all()
+        assert "dequantization failed" in reader.warnings and "times)" in reader.warnings
+    assert capfd.readouterr().err == ""  # nothing reached fd 2
+
+
+@pytest.mark.slow
+def test_decoder_warnings_go_into_the_manifest_row(tmp_path, tiny_model_dir):
+    """A real run (its own process, stdout and stderr read): libmpg123's lines are in the damaged
+    item's row, ``decoder_warnings``, and nowhere in the run's output; the clean item has none."""
+    from conftest import cli_process
+
+    from mimi_extract import read_manifest
+
+    (tmp_path / "in").mkdir()
+    damaged_mp3(tmp_path / "in" / "damaged.mp3")
+    write_mp3(tmp_path / "in" / "clean.mp3", 44_100, "cbr32", True, n=50_000)
+    out = tmp_path / "out"
+    proc = cli_process("codes", tmp_path / "in", out, "--model", tiny_model_dir, "--device", "cpu",
+                       "--cpu-workers", "1", "--num-workers", "2")
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, output
+    assert "mpg123" not in output and "dequantization" not in output and "resync" not in output, output
+    rows = {r["key"]: r for r in read_manifest(out)}
+    assert rows["damaged.mp3"]["status"] == "ok" and "dequantization failed" in rows["damaged.mp3"]["decoder_warnings"]
+    assert rows["clean.mp3"]["status"] == "ok" and "decoder_warnings" not in rows["clean.mp3"]
+
+
+@pytest.mark.slow
+def test_split_24k_mp3_equals_its_single_item_reference(tmp_path, tiny_model, tiny_model_dir):
+    """A 24 kHz MP3 long enough to be split: its pieces used to seek straight to their start (0.2
+    off after a re-seek into a 32 kbit/s file); they now decode from the recording's start, so the
+    stored codes are MimiModel's on the whole decode (which FFmpeg's equals to 4e-6)."""
+    from conftest import cli
+    from mimi_extract import read
+    from mimi_extract.encoder import reference_single
+
+    (tmp_path / "in").mkdir()
+    write_mp3(tmp_path / "in" / "long24.mp3", 24_000, "cbr32", True, n=30 * 24_000 + 777)
+    for i in range(2):
+        write_mp3(tmp_path / "in" / f"short{i}.mp3", 24_000, "cbr32", True, n=24_000 + 500 * i)
+    out = tmp_path / "out"
+    result = cli("codes", tmp_path / "in", out, "--model", tiny_model_dir, "-q", 8, "--device", "cpu",
+                 "--cpu-workers", 2, "--num-workers", 1, "--chunk-seconds", 1, "--max-batch-seconds", 8)
+    assert result.exit_code == 0 and "split 1 long recording(s) into" in result.text, result.text
+    ref = reference_single(tiny_model, load(str(tmp_path / "in" / "long24.mp3")), 8)["codes"].numpy()
+    got = read(out, "long24.mp3")
+    assert got.shape == ref.shape and np.array_equal(got, ref)
