@@ -716,11 +716,15 @@ def report(out_dir: Annotated[str, typer.Argument(metavar="OUT")],
                                                       "histogram and each codebook's usage (needs matplotlib: "
                                                       "pip install 'mimi-extract[report]').")] = None,
            card: Annotated[bool, typer.Option("--card", help="Write the numbers into a Parquet OUT's dataset card "
-                                              "(OUT/README.md); a later run rewrites the card without them.")] = False):
+                                              "(OUT/README.md); a later run rewrites the card without them.")] = False,
+           manifest_only: Annotated[bool, typer.Option("--manifest-only", help="Read the manifests only: no codebook "
+                                                       "statistics, no checksum check; seconds at any size.")] = False,
+           workers: Annotated[Optional[int], typer.Option("--workers", min=1, help="Processes reading shards "
+                                                          "\\[default: the CPUs, at most 8].")] = None):
     """A corpus report of OUT: per subset hours, items, frames, tokens and errors; per codebook entropy,
     perplexity and unused codes; durations; error reasons; the model's weight hash and precision.
 
-    Reads every item once (checksums verified), one shard at a time.
+    Reads every item once (checksums verified), one shard at a time per worker process.
 
     [bold]Examples[/]
 
@@ -732,7 +736,7 @@ def report(out_dir: Annotated[str, typer.Argument(metavar="OUT")],
     from .report import corpus_report, summary_lines, write_card, write_png
 
     try:
-        result = corpus_report(out_dir, by=by)
+        result = corpus_report(out_dir, by=by, arrays=not manifest_only, workers=workers)
         if png:
             write_png(result, png)
         card_path = write_card(out_dir, result) if card else None

@@ -139,9 +139,74 @@ def _duration_histogram(seconds: np.ndarray) -> dict:
     return {"edges": list(DURATION_EDGES), "counts": [int(c) for c in counts], **stats}
 
 
-def corpus_report(out_dir: str, by: str | None = None, on_shard=None) -> dict:
+def _shard_stats(out_dir: str, shard: str, rows: list[dict], tap: str, size: int | None) -> dict:
+    """What one shard's arrays say: ``counts`` [codebooks, codes] (codes only, one ``bincount``),
+    ``dims`` seen, ``damaged`` items (unreadable, or failing their checksum: not counted).  Runs in a
+    worker process for big OUTs, so it takes and returns plain values."""
+    damaged, dims, arrays = [], set(), []
+    try:
+        handle = open_shard(out_dir, shard)
+    except Exception as e:  # noqa: BLE001 -- every item of it is unreadable: reported, the rest goes on
+        return {"counts": None, "dims": [], "damaged": [{"key": r["key"], "shard": shard,
+                                                         "problem": f"shard unreadable: {e}"} for r in rows]}
+    try:
+        for row in rows:
+            try:
+                data = load_row(out_dir, row, handle)
+            except DamagedError as e:
+                damaged.append({"key": row["key"], "shard": shard, "problem": str(e.__cause__ or "checksum mismatch")})
+                continue
+            if data.ndim == 2:
+                dims.add(int(data.shape[1]))
+            if tap == "codes" and data.size:
+                arrays.append(data)
+    finally:
+        close_shard(shard, handle)
+    counts = _add_codes(None, size, arrays)[0] if arrays else None
+    return {"counts": counts, "dims": sorted(dims), "damaged": damaged}
+
+
+def _array_stats(out_dir: str, by_shard: dict[str, list[dict]], tap: str, size: int | None, workers: int,
+                 on_shard=None):
+    """Every shard's :func:`_shard_stats`, in shard order, in ``workers`` processes (each holds one
+    shard at a time); yields them."""
+    jobs = [(out_dir, shard, rows, tap, size) for shard, rows in by_shard.items()]
+    workers = min(workers, len(jobs))
+    if workers <= 1:
+        results = (_shard_stats(*job) for job in jobs)
+    else:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        # spawn: a clean interpreter per worker (no inherited threads of pyarrow or a caller's torch)
+        pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+        results = pool.map(_shard_stats, *zip(*jobs))
+    try:
+        for n, result in enumerate(results, 1):
+            if on_shard:
+                on_shard(n, len(jobs))
+            yield result
+    finally:
+        if workers > 1:
+            pool.shutdown(cancel_futures=True)
+
+
+def default_workers() -> int:
+    """Processes that read shards: the CPUs this process may use, at most 8 (reading is I/O and
+    h5py/pyarrow calls; more rarely helps)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cpus = os.cpu_count() or 1
+    return max(1, min(8, cpus))
+
+
+def corpus_report(out_dir: str, by: str | None = None, arrays: bool = True, workers: int | None = None,
+                  on_shard=None) -> dict:
     """The report of OUT as a dict (the ``--json`` schema, ``SCHEMA``).  ``by``: a manifest row field
-    (``a.b`` for a nested one) to group the subsets by; ``on_shard(done, total)`` for progress."""
+    (``a.b`` for a nested one) to group the subsets by; ``arrays=False``: the manifests only (no
+    codebook statistics, no checksum check: seconds at any size); ``workers``: processes reading
+    shards (default :func:`default_workers`); ``on_shard(done, total)`` for progress."""
     out_dir = os.path.abspath(out_dir)
     dirs = _require(out_dir)
     info = read_run_info(dirs[0])
@@ -159,55 +224,27 @@ def corpus_report(out_dir: str, by: str | None = None, on_shard=None) -> dict:
             s = per[name] = {"items": 0, "errors": 0, "seconds": 0.0, "frames": 0}
         return s
 
+    # the manifests: items, hours, frames per subset, durations
     durations = np.empty(len(keys), dtype=np.float64)
-    counts = None  # [codebooks, codes] int64, codes only
-    dims: set[int] = set()
-    damaged: list[dict] = []
     frames_total = 0
-    shards = sorted({reader.row(k)["shard"] for k in keys})
     by_shard: dict[str, list[dict]] = {}
+    row_dims: set[int] = set()
+    seen_containers = set()
     for i, key in enumerate(keys):
         row = reader.row(key)
         by_shard.setdefault(row["shard"], []).append(row)
-        durations[i] = float(row.get("duration") or 0.0)
-    seen_containers = set()
-    for n, shard in enumerate(shards, 1):
-        rows = by_shard[shard]
-        try:
-            handle = open_shard(out_dir, shard)
-        except Exception as e:  # noqa: BLE001 -- every item of it is unreadable: reported, the rest goes on
-            damaged += [{"key": r["key"], "shard": shard, "problem": f"shard unreadable: {e}"} for r in rows]
-            handle = None
-        arrays = []
-        try:
-            for row in rows:
-                name = subsets.of_ok(row)
-                if subsets.kind == "input shard" and not by:
-                    seen_containers.add(name)
-                s = subset(name)
-                s["items"] += 1
-                s["seconds"] += float(row.get("duration") or 0.0)
-                s["frames"] += int(row.get("frames") or 0)
-                frames_total += int(row.get("frames") or 0)
-                if handle is None:
-                    continue
-                try:
-                    data = load_row(out_dir, row, handle)
-                except DamagedError as e:
-                    damaged.append({"key": row["key"], "shard": shard, "problem": str(e.__cause__ or "checksum mismatch")})
-                    continue
-                if data.ndim == 2:
-                    dims.add(int(data.shape[1]))
-                if tap == "codes" and data.size:
-                    arrays.append(data)
-        finally:
-            if handle is not None:
-                close_shard(shard, handle)
-        if arrays:
-            counts, size = _add_codes(counts, size, arrays)
-        if on_shard:
-            on_shard(n, len(shards))
-
+        seconds, frames = float(row.get("duration") or 0.0), int(row.get("frames") or 0)
+        durations[i] = seconds
+        frames_total += frames
+        name = subsets.of_ok(row)
+        if subsets.kind == "input shard" and not by:
+            seen_containers.add(name)
+        s = subset(name)
+        s["items"] += 1
+        s["seconds"] += seconds
+        s["frames"] += frames
+        if isinstance(row.get("dims"), int):
+            row_dims.add(row["dims"])
     error_rows: dict[str, dict] = {}
     for row in reader.rows("error"):
         if row["key"] not in reader:  # a key encoded later (a retry) is not an error of OUT
@@ -216,10 +253,22 @@ def corpus_report(out_dir: str, by: str | None = None, on_shard=None) -> dict:
     for row in error_rows.values():
         subset(subsets.of_error(row, containers))["errors"] += 1
 
+    # the arrays: code histograms, shard by shard
+    counts = None  # [codebooks, codes] int64, codes only
+    dims: set[int] = set() if arrays else row_dims
+    damaged: list[dict] = []
+    if arrays:
+        for stats in _array_stats(out_dir, dict(sorted(by_shard.items())), tap, size,
+                                  workers or default_workers(), on_shard):
+            damaged += stats["damaged"]
+            dims.update(stats["dims"])
+            if stats["counts"] is not None:
+                counts = stats["counts"] if counts is None else _merge_counts(counts, stats["counts"])
+
     num_q = counts.shape[0] if counts is not None else (next(iter(dims)) if tap == "codes" and len(dims) == 1 else None)
     tokens = frames_total * num_q if tap == "codes" and num_q else None
     codebooks = None
-    if tap == "codes":
+    if tap == "codes" and arrays:
         if counts is None:
             counts = np.zeros((num_q or info.get("num_quantizers") or 0, size or 0), np.int64)
         codebooks = {"size": int(counts.shape[1]), "size_from": size_from, "per_codebook": []}
@@ -256,6 +305,13 @@ def corpus_report(out_dir: str, by: str | None = None, on_shard=None) -> dict:
         "errors_by_reason": dict(Counter(_reason(r.get("error")) for r in error_rows.values()).most_common()),
         "codebooks": codebooks,
     }
+
+
+def _merge_counts(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    if a.shape[0] != b.shape[0]:
+        raise ValueError(f"items with {a.shape[0]} and with {b.shape[0]} codebooks in one OUT")
+    width = max(a.shape[1], b.shape[1])
+    return np.pad(a, ((0, 0), (0, width - a.shape[1]))) + np.pad(b, ((0, 0), (0, width - b.shape[1])))
 
 
 def _add_codes(counts: np.ndarray | None, size: int | None, arrays: list[np.ndarray]):

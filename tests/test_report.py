@@ -229,3 +229,18 @@ def test_card_has_the_numbers_and_still_loads(outs, tmp_path):
                f"{book['unused']} |" in section
     ds = load_dataset(out, split="train")
     assert ds.num_rows == 7 and sorted(ds["key"]) == sorted(independent(out)["arrays"])
+
+
+def test_worker_processes_and_manifest_only_agree(outs):
+    """Shards read in 2 spawned processes give the same report as one process; --manifest-only gives
+    the same manifest numbers without the arrays."""
+    out = outs["hdf5"]
+    one = corpus_report(out, workers=1)
+    assert len({r["shard"] for r in read_manifest(out) if r["status"] == "ok"}) == 3
+    assert corpus_report(out, workers=2) == one
+    light = corpus_report(out, arrays=False)
+    assert light["codebooks"] is None and light["damaged"] == []
+    assert {k: v for k, v in light.items() if k not in ("codebooks",)} == {k: v for k, v in one.items()
+                                                                            if k not in ("codebooks",)}
+    result = cli("report", out, "--manifest-only", "--json")
+    assert result.exit_code == 0 and json.loads(result.stdout)["codebooks"] is None
