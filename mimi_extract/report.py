@@ -6,12 +6,14 @@ the duration histogram; error reasons; the model's weight hash and precision (fr
 Optionally a PNG figure (matplotlib, the ``report`` extra) and the numbers in a Parquet OUT's
 dataset card.
 
-One pass over OUT through the readers' own code: the key index of :class:`~mimi_extract.reader.Reader`
-(every part, the committed rows resume trusts, last ok row of a key wins), each shard opened once
-and its items loaded with :func:`~mimi_extract.formats.common.load_row` (checksums verified, so a
-damaged item is reported, not counted).  The code histograms are one ``numpy.bincount`` per shard
-over the shard's concatenated codes, so memory is bounded by a shard (plus the manifest rows), not
-by OUT.  Features (latent / encoder taps) have no codebooks: frames and dims only.
+One pass over the arrays through the readers' own code: the committed rows of every part (as
+:class:`~mimi_extract.reader.Reader` reads them: the rows resume trusts, the last ok row of a key
+counts), each shard opened once and its items loaded with
+:func:`~mimi_extract.formats.common.load_row` (checksums verified, so a damaged item is reported,
+not counted).  The code histograms are one ``numpy.bincount`` per shard over the shard's
+concatenated codes, computed in worker processes a few shards at a time; the manifests are
+streamed (twice: a key index first, then the rows shard by shard), so memory is a few shards and
+the keys, not OUT.  Features (latent / encoder taps) have no codebooks: frames and dims only.
 
 Imports neither torch nor transformers (as ``info``/``status``); matplotlib only for ``--png``.
 """
@@ -24,9 +26,10 @@ from collections import Counter
 
 import numpy as np
 
-from .formats.common import DamagedError, RunLock, _write_atomic, close_shard, load_row, open_shard, read_run_info
+from .formats.common import (MANIFEST, DamagedError, OutputError, RunLock, _write_atomic, close_shard, load_row,
+                             open_shard, read_run_info, run_dirs, valid_shard_name)
 from .outputs import _reason, _require
-from .reader import Reader
+from .reader import _stream_committed
 
 SCHEMA = 1  # bump when a key of the JSON report changes meaning or goes away
 # duration bins (seconds): left-closed, the last one open-ended; fixed, so reports compare across OUTs
@@ -166,29 +169,50 @@ def _shard_stats(out_dir: str, shard: str, rows: list[dict], tap: str, size: int
     return {"counts": counts, "dims": sorted(dims), "damaged": damaged}
 
 
-def _array_stats(out_dir: str, by_shard: dict[str, list[dict]], tap: str, size: int | None, workers: int,
-                 on_shard=None):
-    """Every shard's :func:`_shard_stats`, in shard order, in ``workers`` processes (each holds one
-    shard at a time); yields them."""
-    jobs = [(out_dir, shard, rows, tap, size) for shard, rows in by_shard.items()]
-    workers = min(workers, len(jobs))
-    if workers <= 1:
-        results = (_shard_stats(*job) for job in jobs)
-    else:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
+def _array_stats(out_dir: str, jobs, tap: str, size: int | None, workers: int, on_shard=None):
+    """:func:`_shard_stats` of each ``(shard, rows)`` of ``jobs`` (an iterator: the manifests are read
+    as the shards are), in order, in ``workers`` processes; at most two shards per worker are in
+    flight, so memory is bounded by a few shards whatever the size of OUT.  Yields the results."""
+    from collections import deque
 
-        # spawn: a clean interpreter per worker (no inherited threads of pyarrow or a caller's torch)
-        pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
-        results = pool.map(_shard_stats, *zip(*jobs))
-    try:
-        for n, result in enumerate(results, 1):
+    if workers <= 1:
+        for n, (shard, rows) in enumerate(jobs, 1):
+            yield _shard_stats(out_dir, shard, rows, tap, size)
             if on_shard:
-                on_shard(n, len(jobs))
-            yield result
+                on_shard(n)
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    # spawn: a clean interpreter per worker (no inherited threads of pyarrow, or of a caller's torch)
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+    pending: deque = deque()
+    n = 0
+    try:
+        for shard, rows in jobs:
+            pending.append(pool.submit(_shard_stats, out_dir, shard, rows, tap, size))
+            while len(pending) >= 2 * workers:
+                n += 1
+                yield pending.popleft().result()
+                if on_shard:
+                    on_shard(n)
+        while pending:
+            n += 1
+            yield pending.popleft().result()
+            if on_shard:
+                on_shard(n)
     finally:
-        if workers > 1:
-            pool.shutdown(cancel_futures=True)
+        pool.shutdown(cancel_futures=True)
+
+
+def _rows_of(run_dir: str):
+    """The committed rows of a run directory, streamed (``reader._stream_committed``), with the
+    check ``read_rows`` makes: a ``shard`` must be a shard name this tool writes."""
+    for row in _stream_committed(run_dir):
+        if row.get("shard") is not None and not valid_shard_name(row["shard"]):
+            raise OutputError(f"{os.path.join(run_dir, MANIFEST)} (key {row['key']!r}) names {row['shard']!r} as its "
+                              "shard, which is not a shard name this tool writes: the manifest was edited or damaged")
+        yield row
 
 
 def default_workers() -> int:
@@ -206,16 +230,29 @@ def corpus_report(out_dir: str, by: str | None = None, arrays: bool = True, work
     """The report of OUT as a dict (the ``--json`` schema, ``SCHEMA``).  ``by``: a manifest row field
     (``a.b`` for a nested one) to group the subsets by; ``arrays=False``: the manifests only (no
     codebook statistics, no checksum check: seconds at any size); ``workers``: processes reading
-    shards (default :func:`default_workers`); ``on_shard(done, total)`` for progress."""
+    shards (default :func:`default_workers`); ``on_shard(done)`` after each shard, for progress."""
     out_dir = os.path.abspath(out_dir)
     dirs = _require(out_dir)
     info = read_run_info(dirs[0])
     tap = info.get("tap")
     size, size_from = codebook_size(info) if tap == "codes" else (None, None)
-    reader = Reader(out_dir)
     subsets = _Subsets(info, by)
+    runs = [(d, os.path.relpath(d, out_dir)) for d in run_dirs(out_dir)]
 
-    keys = reader.keys()  # ok keys, shard order
+    # the manifests, streamed twice (memory: a key index, not every row): which row of a key counts
+    # (the last ok one, as for mimi_extract.open / read), then its numbers, shard by shard
+    winner: dict[str, tuple[int, int]] = {}
+    error_rows: dict[str, dict] = {}
+    for r, (d, _) in enumerate(runs):
+        for i, row in enumerate(_rows_of(d)):
+            if row.get("status") == "ok" and row.get("shard"):
+                winner[row["key"]] = (r, i)
+            elif row.get("status") == "error":
+                error_rows[row["key"]] = row
+    for key in list(error_rows):
+        if key in winner:  # a key encoded later (a retry) is not an error of OUT
+            del error_rows[key]
+
     per: dict[str, dict] = {}
 
     def subset(name: str) -> dict:
@@ -224,46 +261,59 @@ def corpus_report(out_dir: str, by: str | None = None, arrays: bool = True, work
             s = per[name] = {"items": 0, "errors": 0, "seconds": 0.0, "frames": 0}
         return s
 
-    # the manifests: items, hours, frames per subset, durations
-    durations = np.empty(len(keys), dtype=np.float64)
-    frames_total = 0
-    by_shard: dict[str, list[dict]] = {}
+    durations = np.empty(len(winner), dtype=np.float64)
+    totals = {"items": 0, "frames": 0}
     row_dims: set[int] = set()
     seen_containers = set()
-    for i, key in enumerate(keys):
-        row = reader.row(key)
-        by_shard.setdefault(row["shard"], []).append(row)
-        seconds, frames = float(row.get("duration") or 0.0), int(row.get("frames") or 0)
-        durations[i] = seconds
-        frames_total += frames
-        name = subsets.of_ok(row)
-        if subsets.kind == "input shard" and not by:
-            seen_containers.add(name)
-        s = subset(name)
-        s["items"] += 1
-        s["seconds"] += seconds
-        s["frames"] += frames
-        if isinstance(row.get("dims"), int):
-            row_dims.add(row["dims"])
-    error_rows: dict[str, dict] = {}
-    for row in reader.rows("error"):
-        if row["key"] not in reader:  # a key encoded later (a retry) is not an error of OUT
-            error_rows[row["key"]] = row
-    containers = sorted(seen_containers, key=len, reverse=True)
-    for row in error_rows.values():
-        subset(subsets.of_error(row, containers))["errors"] += 1
+
+    def shards():
+        """(shard relative to OUT, its counted rows), in manifest order; numbers added on the way."""
+        shard, rows = None, []
+        for r, (d, prefix) in enumerate(runs):
+            for i, row in enumerate(_rows_of(d)):
+                if winner.get(row["key"]) != (r, i):
+                    continue
+                if prefix != ".":
+                    row["shard"] = f"{prefix}/{row['shard']}"
+                seconds, frames = float(row.get("duration") or 0.0), int(row.get("frames") or 0)
+                durations[totals["items"]] = seconds
+                totals["items"] += 1
+                totals["frames"] += frames
+                name = subsets.of_ok(row)
+                if subsets.kind == "input shard" and not by:
+                    seen_containers.add(name)
+                s = subset(name)
+                s["items"] += 1
+                s["seconds"] += seconds
+                s["frames"] += frames
+                if isinstance(row.get("dims"), int):
+                    row_dims.add(row["dims"])
+                if row["shard"] != shard and rows:
+                    yield shard, rows
+                    rows = []
+                shard = row["shard"]
+                rows.append(row)
+        if rows:
+            yield shard, rows
 
     # the arrays: code histograms, shard by shard
     counts = None  # [codebooks, codes] int64, codes only
-    dims: set[int] = set() if arrays else row_dims
+    dims: set[int] = set()
     damaged: list[dict] = []
     if arrays:
-        for stats in _array_stats(out_dir, dict(sorted(by_shard.items())), tap, size,
-                                  workers or default_workers(), on_shard):
+        for stats in _array_stats(out_dir, shards(), tap, size, workers or default_workers(), on_shard):
             damaged += stats["damaged"]
             dims.update(stats["dims"])
             if stats["counts"] is not None:
                 counts = stats["counts"] if counts is None else _merge_counts(counts, stats["counts"])
+    else:
+        for _ in shards():
+            pass
+        dims = row_dims
+    frames_total = totals["frames"]
+    containers = sorted(seen_containers, key=len, reverse=True)
+    for row in error_rows.values():
+        subset(subsets.of_error(row, containers))["errors"] += 1
 
     num_q = counts.shape[0] if counts is not None else (next(iter(dims)) if tap == "codes" and len(dims) == 1 else None)
     tokens = frames_total * num_q if tap == "codes" and num_q else None
@@ -289,7 +339,7 @@ def corpus_report(out_dir: str, by: str | None = None, arrays: bool = True, work
         "out": out_dir,
         "parts": len(dirs),
         "model": model,
-        "items": len(keys),
+        "items": totals["items"],
         "errors": len(error_rows),
         "damaged": damaged,
         "hours": float(durations.sum()) / 3600,
