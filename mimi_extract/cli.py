@@ -714,7 +714,7 @@ def report(out_dir: Annotated[str, typer.Argument(metavar="OUT")],
                                                  "histograms).")] = False,
            png: Annotated[Optional[str], typer.Option("--png", metavar="FILE", help="Write a figure: the duration "
                                                       "histogram and each codebook's usage (needs matplotlib: "
-                                                      "pip install 'mimi-extract[report]').")] = None,
+                                                      "pip install 'mimi-extract\\[report]').")] = None,
            card: Annotated[bool, typer.Option("--card", help="Write the numbers into a Parquet OUT's dataset card "
                                               "(OUT/README.md); a later run rewrites the card without them.")] = False,
            manifest_only: Annotated[bool, typer.Option("--manifest-only", help="Read the manifests only: no codebook "
@@ -735,8 +735,14 @@ def report(out_dir: Annotated[str, typer.Argument(metavar="OUT")],
     from .formats.common import OutputError
     from .report import corpus_report, summary_lines, write_card, write_png
 
+    from rich.progress import Progress, TextColumn, TimeElapsedColumn
+
     try:
-        result = corpus_report(out_dir, by=by, arrays=not manifest_only, workers=workers)
+        with Progress(TextColumn("reading OUT: {task.completed} shards"), TimeElapsedColumn(), console=console,
+                      transient=True, disable=not console.is_terminal) as bar:  # a terminal only, not logs
+            task = bar.add_task("", total=None)
+            result = corpus_report(out_dir, by=by, arrays=not manifest_only, workers=workers,
+                                   on_shard=lambda n: bar.update(task, completed=n))
         if png:
             write_png(result, png)
         card_path = write_card(out_dir, result) if card else None
