@@ -78,6 +78,14 @@ def _field(row: dict, name: str):
     return value
 
 
+def _flat_fields(row: dict, prefix: str = "") -> list[str]:
+    """A row's field names, ``a.b`` for nested ones (what ``--by`` takes)."""
+    names = []
+    for k, v in row.items():
+        names += _flat_fields(v, f"{prefix}{k}.") if isinstance(v, dict) else [prefix + k]
+    return names
+
+
 def _top_folder(key: str) -> str:
     key = key.lstrip("/")
     return key.split("/", 1)[0] if "/" in key else "."
@@ -311,6 +319,11 @@ def corpus_report(out_dir: str, by: str | None = None, arrays: bool = True, work
             pass
         dims = row_dims
     frames_total = totals["frames"]
+    if by and list(per) == [NO_VALUE]:
+        sample = next(iter(error_rows.values()), None) if not winner else next(
+            (row for d, _ in runs for row in _rows_of(d) if row.get("status") == "ok"), None)
+        fields = sorted(_flat_fields(sample or {}))
+        raise ValueError(f"no row of {out_dir} has a field {by!r}; rows have: {', '.join(fields)}")
     containers = sorted(seen_containers, key=len, reverse=True)
     for row in error_rows.values():
         subset(subsets.of_error(row, containers))["errors"] += 1

@@ -116,6 +116,8 @@ def test_by_field_groups_by_a_manifest_field(outs):
     assert got["subsets_by"] == "field sample_rate" and got["subsets"]["(none)"]["errors"] == 3
     nested = corpus_report(outs["hdf5"], by="source.channels")
     assert sum(v["items"] for v in nested["subsets"].values()) == 7 and "2" in nested["subsets"]
+    with pytest.raises(ValueError, match="no row of .* has a field 'speaker'; rows have: .*sample_rate.*source.path"):
+        corpus_report(outs["hdf5"], by="speaker")
 
 
 def test_tar_input_subsets_are_the_input_shards(tiny_model_dir, tmp_path):
