@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -53,6 +52,7 @@ def main() -> None:
     ap.add_argument("--format", default="hdf5", choices=["hdf5", "parquet", "shar"])
     ap.add_argument("--png", action="store_true", help="also write the figure")
     ap.add_argument("--keep", help="build (or reuse) the OUT here instead of a temporary folder")
+    ap.add_argument("--workers", type=int, help="report --workers (default: its own)")
     args = ap.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -64,18 +64,22 @@ def main() -> None:
         size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(out) for f in fs)
         print(f"OUT: {size / 2**20:.0f} MiB")
         cmd = [sys.executable, "-m", "mimi_extract", "report", out, "--json"]
+        if args.workers:
+            cmd += ["--workers", str(args.workers)]
         if args.png:
             cmd += ["--png", os.path.join(tmp, "report.png")]
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t = time.perf_counter()
-        p = subprocess.run(cmd, capture_output=True, text=True)
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        stdout = p.stdout.read()
+        # wait4: this child's own usage (with its worker processes), not every child this script had
+        _, status, usage = os.wait4(p.pid, 0)
         wall = time.perf_counter() - t
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        if p.returncode:
-            sys.exit(p.stderr)
-        report = json.loads(p.stdout)
-        cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-        print(f"report: {wall:.1f} s wall, {cpu:.1f} s CPU, peak RSS {after.ru_maxrss / 1024:.0f} MiB "
+        if os.waitstatus_to_exitcode(status):
+            sys.exit(f"report failed: {' '.join(cmd)}")
+        report = json.loads(stdout)
+        cpu = usage.ru_utime + usage.ru_stime
+        print(f"report: {wall:.1f} s wall, {cpu:.1f} s CPU (report + workers), peak RSS {usage.ru_maxrss / 1024:.0f} MiB "
+              "(largest process) "
               f"({report['items']} items, {report['errors']} errors, {len(report['subsets'])} subsets, "
               f"{report['tokens']} tokens, {report['hours']:.1f} h)")
         books = report["codebooks"]["per_codebook"]
