@@ -100,7 +100,6 @@ class _Subsets:
         self.by = by
         root = info.get("input") or ""
         self.root = root if os.path.isdir(root) else os.path.dirname(root)
-        self.containers: list[str] = []  # input shards seen in ok rows, longest first (error rows' prefixes)
         self.kind = f"field {by}" if by else None
 
     def of_ok(self, row: dict) -> str:

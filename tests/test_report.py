@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import mimi_extract
-from conftest import ONE_WORKER, cli
+from conftest import ONE_WORKER, cli, cli_process
 from mimi_extract import read_manifest
 from mimi_extract.report import CARD_BEGIN, CARD_END, DURATION_EDGES, SCHEMA, corpus_report
 from mimi_extract.testing import tiny_config
@@ -246,3 +246,11 @@ def test_worker_processes_and_manifest_only_agree(outs):
                                                                             if k not in ("codebooks",)}
     result = cli("report", out, "--manifest-only", "--json")
     assert result.exit_code == 0 and json.loads(result.stdout)["codebooks"] is None
+
+
+def test_cli_process_with_worker_processes(outs):
+    """The real CLI (``python -m mimi_extract``) with spawned workers: same report as one process."""
+    p = cli_process("report", outs["parquet"], "--json", "--workers", "2")
+    stdout, _ = p.communicate(timeout=300)
+    assert p.returncode == 0, stdout
+    assert json.loads(stdout) == json.loads(json.dumps(corpus_report(outs["parquet"], workers=1)))
