@@ -318,6 +318,7 @@ def corpus_report(out_dir: str, by: str | None = None, arrays: bool = True, work
             pass
         dims = row_dims
     frames_total = totals["frames"]
+    durations = durations[:totals["items"]]  # a shard quarantined by a resume between the two passes: its rows are gone
     if by and list(per) == [NO_VALUE]:
         sample = next(iter(error_rows.values()), None) if not winner else next(
             (row for d, _ in runs for row in _rows_of(d) if row.get("status") == "ok"), None)
