@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import importlib
 
-_EXTRAS = {"lhotse": "lhotse", "pyarrow": "parquet"}
+_EXTRAS = {"lhotse": "lhotse", "pyarrow": "parquet", "matplotlib": "report"}
 
 
 def need(module: str, what: str):

@@ -1,4 +1,4 @@
-"""Command line: ``mimi-extract features | codes | verify | status | info | cuts | decode``.
+"""Command line: ``mimi-extract features | codes | verify | status | info | report | cuts | decode``.
 
 Printing only: the work happens in ``runner``, ``verify`` and ``outputs``.  Every string that can
 hold a path or an error message is printed as plain text (never as rich markup), so a file named
@@ -736,6 +736,96 @@ def info(out_dir: Annotated[str, typer.Argument(metavar="OUT")],
         f"({report['bytes'] / max(1, len(report['shards'])) / 2**20:.1f} MiB per shard)", out=out)
     for key, value in report["settings"].items():
         say(f"  {key}: {value}", out=out)
+
+
+_SUBSETS_SHOWN = 30  # subsets in the terminal table (all of them with --json)
+
+
+@app.command()
+def report(out_dir: Annotated[str, typer.Argument(metavar="OUT")],
+           by: Annotated[Optional[str], typer.Option(
+               "--by", metavar="FIELD", help="Group subsets by this manifest row field (a.b for a nested one, e.g. "
+               "channel, sample_rate, source.kind) instead of by input shard (tar, Parquet, Shar input) or "
+               "top-level folder of the key.")] = None,
+           as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output (every subset, the code "
+                                                 "histograms).")] = False,
+           png: Annotated[Optional[str], typer.Option("--png", metavar="FILE", help="Write a figure: the duration "
+                                                      "histogram and each codebook's usage (needs matplotlib: "
+                                                      "pip install 'mimi-extract\\[report]').")] = None,
+           card: Annotated[bool, typer.Option("--card", help="Write the numbers into a Parquet OUT's dataset card "
+                                              "(OUT/README.md); a later run rewrites the card without them.")] = False,
+           manifest_only: Annotated[bool, typer.Option("--manifest-only", help="Read the manifests only: no codebook "
+                                                       "statistics, no checksum check; seconds at any size.")] = False,
+           workers: Annotated[Optional[int], typer.Option("--workers", min=1, help="Processes reading shards "
+                                                          "\\[default: the CPUs, at most 8].")] = None):
+    """A corpus report of OUT: per subset hours, items, frames, tokens and errors; per codebook entropy,
+    perplexity and unused codes; durations; error reasons; the model's weight hash and precision.
+
+    Reads every item once (checksums verified), one shard at a time per worker process.
+
+    [bold]Examples[/]
+
+      mimi-extract report codes/
+      mimi-extract report codes/ --png codes.png --card
+      mimi-extract report codes/ --json | jq '.codebooks.per_codebook[].perplexity'
+    """
+    from .formats.common import OutputError
+    from .report import corpus_report, summary_lines, write_card, write_png
+
+    from rich.progress import Progress, TextColumn, TimeElapsedColumn
+
+    try:
+        with Progress(TextColumn("reading OUT: {task.completed} shards"), TimeElapsedColumn(), console=console,
+                      transient=True, disable=not console.is_terminal) as bar:  # a terminal only, not logs
+            task = bar.add_task("", total=None)
+            result = corpus_report(out_dir, by=by, arrays=not manifest_only, workers=workers,
+                                   on_shard=lambda n: bar.update(task, completed=n))
+        if png:
+            write_png(result, png)
+        card_path = write_card(out_dir, result) if card else None
+    except (FileNotFoundError, ValueError, RuntimeError, OutputError, OSError) as e:
+        _fail(e)
+    if as_json:
+        print(json.dumps(result, indent=2))
+        return
+    out = Console(highlight=False)
+    for line in summary_lines(result):
+        say(line, out=out)
+    table = Table(title=f"subsets by {result['subsets_by']}")
+    for name in ("subset", "items", "errors", "hours", "frames", "tokens"):
+        table.add_column(name, justify="left" if name == "subset" else "right")
+    for name, s in list(result["subsets"].items())[:_SUBSETS_SHOWN]:
+        table.add_row(Text(name), str(s["items"]), str(s["errors"]), f"{s['hours']:.3f}", str(s["frames"]),
+                      "" if s["tokens"] is None else str(s["tokens"]))
+    out.print(table)
+    if len(result["subsets"]) > _SUBSETS_SHOWN:
+        say(f"  ... and {len(result['subsets']) - _SUBSETS_SHOWN} more subsets (--json lists them all)", out=out)
+    d = result["durations"]
+    if d["max"] is not None:
+        say(f"durations: min {d['min']:.2f} s, median {d['median']:.2f} s, mean {d['mean']:.2f} s, "
+            f"p95 {d['p95']:.2f} s, max {d['max']:.2f} s", out=out)
+        bins = [(f"{a:g}-{b:g}", c) for a, b, c in zip(d["edges"], d["edges"][1:], d["counts"])]
+        bins.append((f">={d['edges'][-1]:g}", d["counts"][-1]))
+        say("  " + ", ".join(f"{label} s: {c}" for label, c in bins if c), out=out)
+    if result["codebooks"]:
+        cb = result["codebooks"]
+        books = Table(title=f"codebooks ({cb['size']} codes each, size from {cb['size_from']})")
+        for name in ("codebook", "entropy (bits)", "perplexity", "used", "unused"):
+            books.add_column(name, justify="right")
+        for b in cb["per_codebook"]:
+            books.add_row(str(b["index"]), f"{b['entropy_bits']:.3f}", f"{b['perplexity']:.1f}", str(b["used"]),
+                          str(b["unused"]))
+        out.print(books)
+    elif result["dims"]:
+        say(f"features: {', '.join(map(str, result['dims']))} dims per frame at {result['frame_rate']:g} Hz", out=out)
+    for reason, n in result["errors_by_reason"].items():
+        say(f"  {n} x ", (reason, "yellow"), out=out)
+    for d in result["damaged"][:_SHOWN]:
+        say(f"  damaged: {d['key']} in {d['shard']}: ", (d["problem"], "red"), out=out)
+    if png:
+        say(f"figure -> {png}", out=out)
+    if card_path:
+        say(f"dataset card -> {card_path}", out=out)
 
 
 @app.command()

@@ -36,7 +36,8 @@ def test_light_commands_do_not_import_torch(tmp_path):
     out = tmp_path / "out"
     make_out(out, [f"{i}.wav" for i in range(3)])
     for args in (["--version"], ["--help"], ["info", out], ["info", out, "--json"], ["status", out],
-                 ["cuts", out, "-o", tmp_path / "c.jsonl.gz"]):
+                 ["cuts", out, "-o", tmp_path / "c.jsonl.gz"], ["report", out], ["report", out, "--json"],
+                 ["report", out, "--png", tmp_path / "r.png"]):
         p, seconds = run_light(*args)
         assert p.returncode == 0, (args, p.stderr)
         heavy = p.stderr.rsplit("HEAVY=", 1)[1].strip()

@@ -1,0 +1,520 @@
+"""A corpus report of OUT (``mimi-extract report``): what a run of 100+ GPUs produced, in numbers.
+
+Per subset (input shard, top-level folder, or a manifest field): items, errors, hours, frames and
+tokens; per codebook: the usage histogram, its entropy and perplexity, and the codes never used;
+the duration histogram; error reasons; the model's weight hash and precision (from ``run.json``).
+Optionally a PNG figure (matplotlib, the ``report`` extra) and the numbers in a Parquet OUT's
+dataset card.
+
+One pass over the arrays through the readers' own code: the committed rows of every part (as
+:class:`~mimi_extract.reader.Reader` reads them: the rows resume trusts, the last ok row of a key
+counts), each shard opened once and its items loaded with
+:func:`~mimi_extract.formats.common.load_row` (checksums verified, so a damaged item is reported,
+not counted).  The code histograms are one ``numpy.bincount`` per shard over the shard's
+concatenated codes, computed in worker processes a few shards at a time; the manifests are
+streamed (twice: a key index first, then the rows shard by shard), so memory is a few shards and
+the keys, not OUT.  Features (latent / encoder taps) have no codebooks: frames and dims only.
+
+Imports neither torch nor transformers (as ``info``/``status``); matplotlib only for ``--png``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+
+import numpy as np
+
+from .formats.common import (MANIFEST, DamagedError, OutputError, RunLock, _write_atomic, close_shard, load_row,
+                             open_shard, read_run_info, run_dirs, valid_shard_name)
+from .outputs import _reason, _require
+from .reader import _stream_committed
+
+SCHEMA = 1  # bump when a key of the JSON report changes meaning or goes away
+# duration bins (seconds): left-closed, the last one open-ended; fixed, so reports compare across OUTs
+DURATION_EDGES = (0, 1, 2, 3, 5, 10, 15, 20, 30, 60, 120, 300, 600, 1800, 3600)
+MIMI_CODEBOOK_SIZE = 2048  # kyutai/mimi's codebooks (every released Mimi checkpoint)
+NO_VALUE = "(none)"  # the subset of rows without the --by field
+CARD_BEGIN = "<!-- mimi-extract report: begin (rewritten by `mimi-extract report OUT --card`) -->"
+CARD_END = "<!-- mimi-extract report: end -->"
+CARD_ROWS = 50  # subsets listed in the card (all of them in --json)
+
+
+def codebook_size(info: dict) -> tuple[int | None, str]:
+    """(codebook size, where it came from) for the model OUT was made with: its ``config.json`` (a
+    local folder, or the Hugging Face cache: no network), else Mimi's 2048 for ``kyutai/mimi``,
+    else unknown (the report then uses the largest code seen + 1 and says so)."""
+    model = info.get("model") or ""
+    path = os.path.join(model, "config.json") if os.path.isdir(model) else None
+    if path is None and model:
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            found = try_to_load_from_cache(model, "config.json")
+            path = found if isinstance(found, str) else None
+        except Exception:  # noqa: BLE001 -- a malformed repo id, an unreadable cache: not known then
+            path = None
+    if path and os.path.exists(path):
+        try:
+            with open(path, encoding="utf-8") as f:
+                size = json.load(f).get("codebook_size")
+            if isinstance(size, int) and size > 0:
+                return size, "model config"
+        except (OSError, ValueError):
+            pass
+    if model.rstrip("/").endswith("kyutai/mimi"):
+        return MIMI_CODEBOOK_SIZE, "kyutai/mimi"
+    return None, "observed"
+
+
+def _field(row: dict, name: str):
+    """A manifest row's field, ``a.b`` for a nested one (``source.kind``)."""
+    value = row
+    for part in name.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
+def _flat_fields(row: dict, prefix: str = "") -> list[str]:
+    """A row's field names, ``a.b`` for nested ones (what ``--by`` takes)."""
+    names = []
+    for k, v in row.items():
+        names += _flat_fields(v, f"{prefix}{k}.") if isinstance(v, dict) else [prefix + k]
+    return names
+
+
+def _top_folder(key: str) -> str:
+    key = key.lstrip("/")
+    return key.split("/", 1)[0] if "/" in key else "."
+
+
+class _Subsets:
+    """Which subset a row belongs to.  Default: the input shard for members of a container (tar,
+    tgz, Parquet, Shar input: the file, relative to the input), else the key's top-level folder
+    (a directory's sub-corpora, speakers...); ``by``: a manifest row field."""
+
+    def __init__(self, info: dict, by: str | None):
+        self.by = by
+        root = info.get("input") or ""
+        self.root = root if os.path.isdir(root) else os.path.dirname(root)
+        self.kind = f"field {by}" if by else None
+
+    def of_ok(self, row: dict) -> str:
+        if self.by:
+            return self._by(row)
+        source = row.get("source") or {}
+        if source.get("kind") and source.get("path"):
+            self.kind = self.kind or "input shard"
+            path = source["path"]
+            rel = os.path.relpath(path, self.root) if self.root else path
+            return os.path.basename(path) if rel.startswith("..") else rel.replace(os.sep, "/")
+        self.kind = self.kind or "top-level folder"
+        return _top_folder(row["key"])
+
+    def of_error(self, row: dict, shards: list[str]) -> str:
+        """An error row has no ``source``: its ``path`` starts with the input shard's shown name."""
+        if self.by:
+            return self._by(row)
+        path = row.get("path") or row["key"]
+        for shard in shards:
+            if path == shard or path.startswith(shard + "/") or path.startswith(shard + ":"):
+                return shard
+        if self.kind == "input shard":
+            return path.split(":", 1)[0] if ":" in path else path.split("/", 1)[0]
+        return _top_folder(row["key"])
+
+    def _by(self, row: dict) -> str:
+        value = _field(row, self.by)
+        return NO_VALUE if value is None else value if isinstance(value, str) else json.dumps(value)
+
+
+def _entropy_bits(counts: np.ndarray) -> float:
+    total = counts.sum()
+    if total == 0:
+        return 0.0
+    p = counts[counts > 0] / total
+    return float(-(p * np.log2(p)).sum())
+
+
+def _duration_histogram(seconds: np.ndarray) -> dict:
+    edges = np.asarray(DURATION_EDGES, dtype=np.float64)
+    counts = np.bincount(np.searchsorted(edges, seconds, side="right") - 1, minlength=len(edges)) if len(seconds) \
+        else np.zeros(len(edges), np.int64)
+    stats = ({"min": float(seconds.min()), "mean": float(seconds.mean()), "median": float(np.median(seconds)),
+              "p95": float(np.percentile(seconds, 95)), "max": float(seconds.max())} if len(seconds)
+             else {k: None for k in ("min", "mean", "median", "p95", "max")})
+    return {"edges": list(DURATION_EDGES), "counts": [int(c) for c in counts], **stats}
+
+
+def _shard_stats(out_dir: str, shard: str, rows: list[dict], tap: str, size: int | None) -> dict:
+    """What one shard's arrays say: ``counts`` [codebooks, codes] (codes only, one ``bincount``),
+    ``dims`` seen, ``damaged`` items (unreadable, or failing their checksum: not counted).  Runs in a
+    worker process for big OUTs, so it takes and returns plain values."""
+    damaged, dims, arrays = [], set(), []
+    try:
+        handle = open_shard(out_dir, shard)
+    except Exception as e:  # noqa: BLE001 -- every item of it is unreadable: reported, the rest goes on
+        return {"counts": None, "dims": [], "damaged": [{"key": r["key"], "shard": shard,
+                                                         "problem": f"shard unreadable: {e}"} for r in rows]}
+    try:
+        for row in rows:
+            try:
+                data = load_row(out_dir, row, handle)
+            except DamagedError as e:
+                damaged.append({"key": row["key"], "shard": shard, "problem": str(e.__cause__ or "checksum mismatch")})
+                continue
+            if data.ndim == 2:
+                dims.add(int(data.shape[1]))
+            if tap == "codes" and data.size:
+                arrays.append(data)
+    finally:
+        close_shard(shard, handle)
+    counts = _add_codes(None, size, arrays)[0] if arrays else None
+    return {"counts": counts, "dims": sorted(dims), "damaged": damaged}
+
+
+def _array_stats(out_dir: str, jobs, tap: str, size: int | None, workers: int, on_shard=None):
+    """:func:`_shard_stats` of each ``(shard, rows)`` of ``jobs`` (an iterator: the manifests are read
+    as the shards are), in order, in ``workers`` processes; at most two shards per worker are in
+    flight, so memory is bounded by a few shards whatever the size of OUT.  Yields the results."""
+    from collections import deque
+
+    if workers <= 1:
+        for n, (shard, rows) in enumerate(jobs, 1):
+            yield _shard_stats(out_dir, shard, rows, tap, size)
+            if on_shard:
+                on_shard(n)
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    # spawn: a clean interpreter per worker (no inherited threads of pyarrow, or of a caller's torch)
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+    pending: deque = deque()
+    n = 0
+    try:
+        for shard, rows in jobs:
+            pending.append(pool.submit(_shard_stats, out_dir, shard, rows, tap, size))
+            while len(pending) >= 2 * workers:
+                n += 1
+                yield pending.popleft().result()
+                if on_shard:
+                    on_shard(n)
+        while pending:
+            n += 1
+            yield pending.popleft().result()
+            if on_shard:
+                on_shard(n)
+    finally:
+        pool.shutdown(cancel_futures=True)
+
+
+def _rows_of(run_dir: str):
+    """The committed rows of a run directory, streamed (``reader._stream_committed``), with the
+    check ``read_rows`` makes: a ``shard`` must be a shard name this tool writes."""
+    for row in _stream_committed(run_dir):
+        if row.get("shard") is not None and not valid_shard_name(row["shard"]):
+            raise OutputError(f"{os.path.join(run_dir, MANIFEST)} (key {row['key']!r}) names {row['shard']!r} as its "
+                              "shard, which is not a shard name this tool writes: the manifest was edited or damaged")
+        yield row
+
+
+def default_workers() -> int:
+    """Processes that read shards: the CPUs this process may use, at most 8 (reading is I/O and
+    h5py/pyarrow calls; more rarely helps)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cpus = os.cpu_count() or 1
+    return max(1, min(8, cpus))
+
+
+def corpus_report(out_dir: str, by: str | None = None, arrays: bool = True, workers: int | None = None,
+                  on_shard=None) -> dict:
+    """The report of OUT as a dict (the ``--json`` schema, ``SCHEMA``).  ``by``: a manifest row field
+    (``a.b`` for a nested one) to group the subsets by; ``arrays=False``: the manifests only (no
+    codebook statistics, no checksum check: seconds at any size); ``workers``: processes reading
+    shards (default :func:`default_workers`); ``on_shard(done)`` after each shard, for progress."""
+    out_dir = os.path.abspath(out_dir)
+    dirs = _require(out_dir)
+    info = read_run_info(dirs[0])
+    tap = info.get("tap")
+    size, size_from = codebook_size(info) if tap == "codes" else (None, None)
+    subsets = _Subsets(info, by)
+    runs = [(d, os.path.relpath(d, out_dir)) for d in run_dirs(out_dir)]
+
+    # the manifests, streamed twice (memory: a key index, not every row): which row of a key counts
+    # (the last ok one, as for mimi_extract.open / read), then its numbers, shard by shard
+    winner: dict[str, tuple[int, int]] = {}
+    error_rows: dict[str, dict] = {}
+    for r, (d, _) in enumerate(runs):
+        for i, row in enumerate(_rows_of(d)):
+            if row.get("status") == "ok" and row.get("shard"):
+                winner[row["key"]] = (r, i)
+            elif row.get("status") == "error":
+                error_rows[row["key"]] = row
+    for key in list(error_rows):
+        if key in winner:  # a key encoded later (a retry) is not an error of OUT
+            del error_rows[key]
+
+    per: dict[str, dict] = {}
+
+    def subset(name: str) -> dict:
+        s = per.get(name)
+        if s is None:
+            s = per[name] = {"items": 0, "errors": 0, "seconds": 0.0, "frames": 0}
+        return s
+
+    durations = np.empty(len(winner), dtype=np.float64)
+    totals = {"items": 0, "frames": 0}
+    row_dims: set[int] = set()
+    seen_containers = set()
+
+    def shards():
+        """(shard relative to OUT, its counted rows), in manifest order; numbers added on the way."""
+        shard, rows = None, []
+        for r, (d, prefix) in enumerate(runs):
+            for i, row in enumerate(_rows_of(d)):
+                if winner.get(row["key"]) != (r, i):
+                    continue
+                if prefix != ".":
+                    row["shard"] = f"{prefix}/{row['shard']}"
+                seconds, frames = float(row.get("duration") or 0.0), int(row.get("frames") or 0)
+                durations[totals["items"]] = seconds
+                totals["items"] += 1
+                totals["frames"] += frames
+                name = subsets.of_ok(row)
+                if subsets.kind == "input shard" and not by:
+                    seen_containers.add(name)
+                s = subset(name)
+                s["items"] += 1
+                s["seconds"] += seconds
+                s["frames"] += frames
+                if isinstance(row.get("dims"), int):
+                    row_dims.add(row["dims"])
+                if row["shard"] != shard and rows:
+                    yield shard, rows
+                    rows = []
+                shard = row["shard"]
+                rows.append(row)
+        if rows:
+            yield shard, rows
+
+    # the arrays: code histograms, shard by shard
+    counts = None  # [codebooks, codes] int64, codes only
+    dims: set[int] = set()
+    damaged: list[dict] = []
+    if arrays:
+        for stats in _array_stats(out_dir, shards(), tap, size, workers or default_workers(), on_shard):
+            damaged += stats["damaged"]
+            dims.update(stats["dims"])
+            if stats["counts"] is not None:
+                counts = stats["counts"] if counts is None else _merge_counts(counts, stats["counts"])
+    else:
+        for _ in shards():
+            pass
+        dims = row_dims
+    frames_total = totals["frames"]
+    durations = durations[:totals["items"]]  # a shard quarantined by a resume between the two passes: its rows are gone
+    if by and list(per) == [NO_VALUE]:
+        sample = next(iter(error_rows.values()), None) if not winner else next(
+            (row for d, _ in runs for row in _rows_of(d) if row.get("status") == "ok"), None)
+        fields = sorted(_flat_fields(sample or {}))
+        raise ValueError(f"no row of {out_dir} has a field {by!r}; rows have: {', '.join(fields)}")
+    containers = sorted(seen_containers, key=len, reverse=True)
+    for row in error_rows.values():
+        subset(subsets.of_error(row, containers))["errors"] += 1
+
+    num_q = counts.shape[0] if counts is not None else (next(iter(dims)) if tap == "codes" and len(dims) == 1 else None)
+    tokens = frames_total * num_q if tap == "codes" and num_q else None
+    codebooks = None
+    if tap == "codes" and arrays:
+        if counts is None:
+            counts = np.zeros((num_q or info.get("num_quantizers") or 0, size or 0), np.int64)
+        codebooks = {"size": int(counts.shape[1]), "size_from": size_from, "per_codebook": []}
+        for q in range(counts.shape[0]):
+            c = counts[q]
+            h = _entropy_bits(c)
+            used = int((c > 0).sum())
+            codebooks["per_codebook"].append({
+                "index": q, "tokens": int(c.sum()), "used": used, "unused": int(c.shape[0]) - used,
+                "entropy_bits": h, "perplexity": 2.0 ** h, "counts": [int(x) for x in c]})
+    frame_rate = 25.0 if tap == "encoder" else 12.5
+    model = {k: info.get(k) for k in ("model", "weights", "config_hash", "dtype", "feature_dtype", "tap",
+                                      "num_quantizers", "framing", "format", "tool_version")}
+    model["precision"] = info.get("dtype")  # the encoder's compute dtype (--dtype); features are stored as feature_dtype
+    ordered = dict(sorted(per.items()))
+    return {
+        "schema": SCHEMA,
+        "out": out_dir,
+        "parts": len(dirs),
+        "model": model,
+        "items": totals["items"],
+        "errors": len(error_rows),
+        "damaged": damaged,
+        "hours": float(durations.sum()) / 3600,
+        "frames": frames_total,
+        "tokens": tokens,
+        "frame_rate": frame_rate,
+        "dims": sorted(dims),
+        "subsets_by": subsets.kind or ("field " + by if by else "top-level folder"),
+        "subsets": {name: {"items": s["items"], "errors": s["errors"], "hours": s["seconds"] / 3600,
+                           "frames": s["frames"], "tokens": s["frames"] * num_q if tokens is not None else None}
+                    for name, s in ordered.items()},
+        "durations": _duration_histogram(durations),
+        "errors_by_reason": dict(Counter(_reason(r.get("error")) for r in error_rows.values()).most_common()),
+        "codebooks": codebooks,
+    }
+
+
+def _merge_counts(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    if a.shape[0] != b.shape[0]:
+        raise ValueError(f"items with {a.shape[0]} and with {b.shape[0]} codebooks in one OUT")
+    width = max(a.shape[1], b.shape[1])
+    return np.pad(a, ((0, 0), (0, width - a.shape[1]))) + np.pad(b, ((0, 0), (0, width - b.shape[1])))
+
+
+def _add_codes(counts: np.ndarray | None, size: int | None, arrays: list[np.ndarray]):
+    """Add one shard's codes to ``counts`` [codebooks, codes] with one ``bincount``; grows the code
+    axis when a code is beyond it (codebook size unknown, or not the model's)."""
+    codes = np.concatenate(arrays).astype(np.int64, copy=False)  # [frames of the shard, codebooks]
+    if codes.min() < 0:
+        raise ValueError(f"negative codes in OUT ({int(codes.min())}): not Mimi codes")
+    q = codes.shape[1]
+    want = max(size or 0, int(codes.max()) + 1)
+    if counts is None:
+        counts = np.zeros((q, want), np.int64)
+    elif counts.shape[0] != q:
+        raise ValueError(f"items with {counts.shape[0]} and with {q} codebooks in one OUT")
+    if want > counts.shape[1]:
+        counts = np.pad(counts, ((0, 0), (0, want - counts.shape[1])))
+    width = counts.shape[1]
+    flat = (codes + np.arange(q, dtype=np.int64) * width).ravel()
+    counts += np.bincount(flat, minlength=q * width).reshape(q, width)
+    return counts, width
+
+
+# -- the figure ------------------------------------------------------------------------------
+def write_png(report: dict, path: str) -> None:
+    """The duration histogram and, for codes, each codebook's rank-frequency curve (how evenly its
+    codes are used) with its perplexity."""
+    from ._optional import need
+
+    matplotlib = need("matplotlib", "report figures (--png)")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    books = (report.get("codebooks") or {}).get("per_codebook") or []
+    fig, axes = plt.subplots(1, 2 if books else 1, figsize=(13 if books else 7, 4.5), squeeze=False)
+    d = report["durations"]
+    labels = [f"{a:g}-{b:g}" for a, b in zip(d["edges"], d["edges"][1:])] + [f">={d['edges'][-1]:g}"]
+    ax = axes[0][0]
+    ax.bar(range(len(labels)), d["counts"], color="#4c72b0")
+    ax.set_xticks(range(len(labels)), labels, rotation=60, fontsize=8)
+    ax.set_xlabel("duration (s)")
+    ax.set_ylabel("items")
+    ax.set_title(f"{report['items']} items, {report['hours']:.2f} h, {report['errors']} errors")
+    if books:
+        ax = axes[0][1]
+        for b in books:
+            c = np.sort(np.asarray(b["counts"], dtype=np.float64))[::-1]
+            c = c[c > 0]  # the unused codes are in the label (a log axis has no zero)
+            if len(c):
+                ax.plot(np.arange(1, len(c) + 1), c / c.sum(), label=f"q{b['index']}: ppl {b['perplexity']:.0f}, "
+                        f"{b['unused']} unused")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel(f"code rank (of {report['codebooks']['size']})")
+        ax.set_ylabel("frequency")
+        ax.set_title("codebook usage")
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{os.path.basename(report['out'])}: {report['model'].get('model')} "
+                 f"(weights {report['model'].get('weights')}, {report['model'].get('precision')})", fontsize=9)
+    fig.tight_layout()
+    tmp = path + ".tmp"
+    fig.savefig(tmp, format="png", dpi=110)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+# -- the dataset card ---------------------------------------------------------------------------
+def card_section(report: dict) -> str:
+    """The report as Markdown for a dataset card, between ``CARD_BEGIN`` and ``CARD_END``."""
+    m = report["model"]
+    lines = [CARD_BEGIN, "", "## Corpus report", "",
+             f"{report['items']} items, {report['hours']:.3f} h, {report['frames']} frames"
+             + (f", {report['tokens']} tokens" if report["tokens"] is not None else "")
+             + f"; {report['errors']} errors" + (f", {len(report['damaged'])} damaged" if report["damaged"] else "")
+             + f". Model `{m.get('model')}`, weights `{m.get('weights')}`, precision `{m.get('precision')}`.", "",
+             f"| subset ({report['subsets_by']}) | items | errors | hours | frames | tokens |", "|---|---|---|---|---|---|"]
+    for name, s in list(report["subsets"].items())[:CARD_ROWS]:
+        lines.append(f"| `{name}` | {s['items']} | {s['errors']} | {s['hours']:.3f} | {s['frames']} | "
+                     f"{s['tokens'] if s['tokens'] is not None else ''} |")
+    if len(report["subsets"]) > CARD_ROWS:
+        lines.append(f"| ... {len(report['subsets']) - CARD_ROWS} more (`mimi-extract report OUT --json`) | | | | | |")
+    d = report["durations"]
+    lines += ["", "| duration (s) | items |", "|---|---|"]
+    for i, c in enumerate(d["counts"]):
+        lo = d["edges"][i]
+        label = f"{lo:g}-{d['edges'][i + 1]:g}" if i + 1 < len(d["edges"]) else f">= {lo:g}"
+        lines.append(f"| {label} | {c} |")
+    if report["codebooks"]:
+        cb = report["codebooks"]
+        lines += ["", f"Codebooks ({cb['size']} codes each):", "",
+                  "| codebook | entropy (bits) | perplexity | used | unused |", "|---|---|---|---|---|"]
+        for b in cb["per_codebook"]:
+            lines.append(f"| {b['index']} | {b['entropy_bits']:.3f} | {b['perplexity']:.1f} | {b['used']} | {b['unused']} |")
+    if report["errors_by_reason"]:
+        lines += ["", "| error | items |", "|---|---|"]
+        lines += [f"| {reason.replace('|', '/')} | {n} |" for reason, n in report["errors_by_reason"].items()]
+    return "\n".join(lines + ["", CARD_END]) + "\n"
+
+
+def write_card(out_dir: str, report: dict) -> str:
+    """Put the report into a Parquet OUT's dataset card (``OUT/README.md``), replacing the section an
+    earlier report wrote; the rest of the card (its YAML ``configs``, a user's own text) is kept.
+    A run rewrites its card at the end (without the section): report again after a run.  Returns
+    the card's path."""
+    from .formats.parquet import dataset_card
+
+    out_dir = os.path.abspath(out_dir)
+    dirs = _require(out_dir)
+    info = read_run_info(dirs[0])
+    if info.get("format") != "parquet":
+        raise ValueError(f"{out_dir} is a {info.get('format', 'hdf5')} OUT: only Parquet OUTs have a dataset card "
+                         "(use --json or --png)")
+    path = os.path.join(out_dir, "README.md")
+    lock = RunLock(out_dir, wait=30.0, what="dataset card")  # not while a run (or its card) writes OUT
+    try:
+        if os.path.exists(path):
+            with open(path, encoding="utf-8", errors="replace") as f:
+                text = f.read()
+        else:
+            text = dataset_card(out_dir, info, parts=dirs[0] != out_dir)
+        section = card_section(report)
+        start, end = text.find(CARD_BEGIN), text.find(CARD_END)
+        if start >= 0 and end > start:
+            text = text[:start] + section + text[end + len(CARD_END):].lstrip("\n")
+        else:
+            text = text.rstrip("\n") + "\n\n" + section
+        _write_atomic(path, text)
+    finally:
+        lock.release()
+    return path
+
+
+def summary_lines(report: dict) -> list[str]:
+    """Plain one-line facts for the terminal (the CLI adds the tables)."""
+    m = report["model"]
+    return [f"{report['items']} items, {report['hours']:.3f} h, {report['frames']} frames"
+            + (f", {report['tokens']} tokens" if report["tokens"] is not None else "")
+            + f"; {report['errors']} errors" + (f", {len(report['damaged'])} damaged" if report["damaged"] else ""),
+            f"model {m.get('model')}, weights {m.get('weights')}, precision {m.get('precision')}"
+            + (f", stored as {m.get('feature_dtype')}" if m.get("tap") != "codes" else "")
+            + f", tap {m.get('tap')}" + (f", {report['parts']} parts" if report["parts"] > 1 else "")]
+
+
+__all__ = ["corpus_report", "write_png", "write_card", "card_section", "codebook_size", "SCHEMA"]
