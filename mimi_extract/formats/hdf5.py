@@ -80,8 +80,12 @@ class HDF5(Format):
             with h5py.File(path, "r") as f:
                 return self.load(path, row, f)
         data = handle[row.get("dataset") or row["key"]][()]
-        layout = handle.attrs.get("layout", "")
-        return data.T if layout == "[num_quantizers, frames]" else data  # outputs of mimi-extract 0.1
+        # the file's layout read once per open handle, not per item (an attribute read is h5py's
+        # slowest step here: 1.7x the CPU of a whole-OUT read, scripts/bench_report.py)
+        transposed = getattr(handle, "_mimi_transposed", None)
+        if transposed is None:
+            transposed = handle._mimi_transposed = handle.attrs.get("layout", "") == "[num_quantizers, frames]"
+        return data.T if transposed else data  # outputs of mimi-extract 0.1
 
     def attrs(self, path: str) -> dict:
         with h5py.File(path, "r") as f:
