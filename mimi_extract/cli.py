@@ -228,7 +228,7 @@ def _run(input_path, out_dir, settings: "Settings", shard_size, shard_mb, limit,
 
     from .hub import offline_problem
     from .plan import parse_part
-    from .runner import extract
+    from .runner import NoInputError, extract
     from .writer import OutputError
 
     try:
@@ -301,6 +301,8 @@ def _run(input_path, out_dir, settings: "Settings", shard_size, shard_mb, limit,
         progress.stop()
         say(("interrupted", "yellow"), " before encoding started; run the same command again to resume.")
         raise typer.Exit(EXIT_INTERRUPTED)
+    except NoInputError as e:  # found before OUT was touched: nothing written
+        _fail(e, EXIT_NO_INPUT)
     except (ValueError, FileNotFoundError, RuntimeError, OSError, OutputError) as e:
         progress.stop()
         _fail(e)
@@ -659,6 +661,8 @@ def status(out_dir: Annotated[str, typer.Argument(metavar="OUT")],
             f" of {p['inputs']} inputs ({100 * (p['ok'] + p['errors']) / max(1, p['inputs']):.0f}% done)"
             if p["inputs"] is not None else "") + (f", updated {p['updated']}" if p.get("updated") else "")
         say(line, out=out)
+    for name, who in report["starting"].items():
+        say((f"{name}: starting", "yellow"), f" ({who}): finding inputs or loading the model; no run.json yet", out=out)
     for missing in report["missing_parts"]:
         say((f"part {missing}: not started", "yellow"), out=out)
     say(("complete", "green") if report["complete"] else ("incomplete", "yellow"),
@@ -687,6 +691,10 @@ def info(out_dir: Annotated[str, typer.Argument(metavar="OUT")],
         + (f", {report['pending']} not yet encoded" if report["pending"] else "")
         + f"; {report['hours']:.3f} h of audio, "
         f"{report['frames']} frames" + (f", {report['tokens']} tokens" if report.get("tokens") is not None else ""), out=out)
+    if report["unplanned"]:
+        say(("warning: ", "yellow"), f"{report['unplanned']} of these items are beyond the "
+            f"{report['inputs'] - report['unplanned']} inputs the last run found (an earlier run with a larger --limit, "
+            "or items stored under other keys by a resume with other --id-column/--id-field)", out=out)
     for reason, n in report["errors_by_reason"].items():
         say(f"  {n} x ", (reason, "yellow"), out=out)
     if report["failed"]:

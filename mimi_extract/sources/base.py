@@ -196,6 +196,34 @@ class Options:
     sort_buffer_mb: float = 256  # compressed tar: the bounded sorting buffer (MiB)
 
 
+# The input options that decide which items an input yields, what audio each one is and its key
+# (Options field -> its command-line flag).  They are the run's item identity, recorded in run.json
+# (``items``, see :func:`item_identity`): a resume that changes one is refused, since its items would
+# be stored a second time under other keys (or other audio under the same keys).  A new option that
+# shapes items or keys is one line here.  (The kind read, ``--input-format`` or detected, is recorded
+# as ``input_kind``, and ``--channel`` as ``channel``: both are compared the same way.)
+ITEM_OPTIONS: dict[str, str] = {
+    "audio_ext": "--audio-ext",
+    "id_field": "--id-field",
+    "audio_column": "--audio-column",
+    "id_column": "--id-column",
+}
+
+
+def item_identity(options: Options | None) -> dict[str, str]:
+    """{flag: value} of the :data:`ITEM_OPTIONS` given a value other than their default.  Only those
+    are recorded, so an option added later (absent from an older run.json) reads as its default,
+    which is how that older run made its items."""
+    options = options or Options()
+    default = Options()
+    out = {}
+    for name, flag in ITEM_OPTIONS.items():
+        value = getattr(options, name)
+        if value != getattr(default, name):
+            out[flag] = ",".join(value) if isinstance(value, (tuple, list)) else value
+    return out
+
+
 class Source:
     """One kind of input.  Subclasses set ``kind`` and implement ``detect``, ``entries`` and,
     when their bytes are not plain files, ``open``; ``register`` makes them known."""
