@@ -59,13 +59,30 @@ def _live_holder(lock: str) -> str | None:
     who = f"pid {holder['pid']} on {holder.get('host')}, started {holder.get('started')}"
     if holder.get("host") != socket.gethostname():
         return who + " (another host)"
-    try:
+    held = _flock_held(lock)
+    if held is not None:
+        return who if held else None
+    try:  # no /proc/locks: is the holder alive?
         os.kill(holder["pid"], 0)
     except ProcessLookupError:
         return None
     except PermissionError:
         pass
     return who
+
+
+def _flock_held(path: str) -> bool | None:
+    """Whether some process of this machine holds a ``flock`` on ``path`` (Linux's /proc/locks lists
+    them by device and inode; read-only, unlike a probing lock); None where that cannot be told."""
+    try:
+        st = os.stat(path)
+        with open("/proc/locks", encoding="ascii", errors="replace") as f:
+            locks = f.read()
+    except OSError:
+        return None
+    inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    return any(len(fields) > 5 and fields[1] == "FLOCK" and fields[5] == inode
+               for fields in (line.split() for line in locks.splitlines()))
 
 
 def _plan(run_dir: str) -> dict:
