@@ -168,16 +168,18 @@ def no_input_message(source: str) -> str:
 
 def refuse_other_run(out_dir: str, part: Part, settings: Settings, found: Discovered, options: Options | None) -> None:
     """Before OUT is locked or the model loaded (so a refusal touches nothing): refuse to resume a run
-    directory made with other settings, input or item options (every setting but the model's hash,
-    which ``check_run_info`` compares again under the lock), and an older run.json (no ``items``)
+    directory made with other settings, input or item options (all but the model, compared with its
+    weights' hash once loaded; ``check_run_info`` compares everything again under the lock), and an
+    older run.json (no ``items``)
     whose stored keys are none of this run's: its item options were others."""
     if not os.path.isdir(out_dir):
         return
     run_dir = out_dir if part.whole else os.path.join(out_dir, part.dirname)
     here = {os.path.abspath(run_dir), os.path.abspath(out_dir)}  # (a whole run in OUT: the layout check's to refuse)
     siblings = [d for d in run_dirs(out_dir) if os.path.abspath(d) not in here] if not part.whole else []
-    check_run_info(run_dir, run_info(settings, {}, found.root, found.kind, part, found.identity, options), siblings,
-                   write=False)
+    info = run_info(settings, {}, found.root, found.kind, part, found.identity, options)
+    del info["model"]  # the model (its path, config and weights) is compared as one, once it is loaded
+    check_run_info(run_dir, info, siblings, write=False)
     old = read_run_info(run_dir) if os.path.isdir(run_dir) else None
     if old is None or ITEMS in old:
         return
