@@ -1,4 +1,4 @@
-"""One extraction run: lock OUT, check identity, discover, recover, plan, encode, write, report.
+"""One extraction run: discover, check identity, lock OUT, load the model, recover, plan, encode, write, report.
 
 The caller's thread is the only writer; engines (``engines/``) encode in threads, processes or
 Ray actors and hand back pieces.  SIGINT/SIGTERM stop the engines, commit exactly the items that
@@ -170,8 +170,7 @@ def refuse_other_run(out_dir: str, part: Part, settings: Settings, found: Discov
     """Before OUT is locked or the model loaded (so a refusal touches nothing): refuse to resume a run
     directory made with other settings, input or item options (all but the model, compared with its
     weights' hash once loaded; ``check_run_info`` compares everything again under the lock), and an
-    older run.json (no ``items``)
-    whose stored keys are none of this run's: its item options were others."""
+    older run.json (no ``items``) whose stored keys are none of this run's: its item options were others."""
     if not os.path.isdir(out_dir):
         return
     run_dir = out_dir if part.whole else os.path.join(out_dir, part.dirname)

@@ -93,7 +93,8 @@ def snapshot(out: str) -> dict:
     for dirpath, _, names in os.walk(out):
         for n in names:
             p = os.path.join(dirpath, n)
-            files[os.path.relpath(p, out)] = (hashlib.sha256(open(p, "rb").read()).hexdigest(), os.stat(p).st_mtime_ns)
+            with open(p, "rb") as f:
+                files[os.path.relpath(p, out)] = (hashlib.sha256(f.read()).hexdigest(), os.stat(p).st_mtime_ns)
     return files
 
 
@@ -136,12 +137,19 @@ def test_resume_with_a_key_shaping_option_changed_is_refused(case, inputs, tiny_
     assert snapshot(out) == before
 
 
+def edit_run_json(out: str, edit) -> None:
+    path = os.path.join(out, "run.json")
+    with open(path) as f:
+        info = json.load(f)
+    with open(path, "w") as f:
+        json.dump(edit(info), f)
+
+
 def test_input_kind_change_names_input_format(inputs, tiny_model_dir, tmp_path):
     """The kind INPUT is read as (--input-format, or detected) is part of the identity, named as such."""
     out = str(tmp_path / "out")
     extract(inputs["tar"], out, settings(tiny_model_dir), options=Options(id_field="id"))
-    info = json.load(open(os.path.join(out, "run.json")))
-    json.dump({**info, "input_kind": "tgz"}, open(os.path.join(out, "run.json"), "w"))
+    edit_run_json(out, lambda info: {**info, "input_kind": "tgz"})
     before = snapshot(out)
     result = cli("codes", inputs["tar"], out, "--model", tiny_model_dir, *ONE_WORKER, "--id-field", "id")
     assert result.exit_code == 2 and "input_kind: 'tgz' -> 'tar'" in result.text and "--input-format" in result.text
@@ -175,15 +183,14 @@ def test_older_run_json_without_items_refuses_disjoint_keys_then_pins(inputs, ti
     on and records its options, compared from then on."""
     out = str(tmp_path / "out")
     extract(inputs["pq"], out, settings(tiny_model_dir), options=Options(id_column="id"), limit=2)
-    info = json.load(open(os.path.join(out, "run.json")))
-    del info["items"]
-    json.dump(info, open(os.path.join(out, "run.json"), "w"))
+    edit_run_json(out, lambda info: {k: v for k, v in info.items() if k != "items"})
     before = snapshot(out)
     with pytest.raises(Exception, match="none of them is among this run's 4 inputs"):
         extract(inputs["pq"], out, settings(tiny_model_dir))
     assert snapshot(out) == before
     assert extract(inputs["pq"], out, settings(tiny_model_dir), options=Options(id_column="id"))["ok"] == 2
-    assert json.load(open(os.path.join(out, "run.json")))["items"] == {"--id-column": "id"}
+    with open(os.path.join(out, "run.json")) as f:
+        assert json.load(f)["items"] == {"--id-column": "id"}
     result = cli("codes", inputs["pq"], out, "--model", tiny_model_dir, *ONE_WORKER)
     assert result.exit_code == 2 and "--id-column: 'id' -> not given" in result.text
 
@@ -194,7 +201,8 @@ def test_info_counts_each_key_once_and_never_more_ok_than_inputs(inputs, tiny_mo
     out = str(tmp_path / "out")
     extract(inputs["pq"], out, settings(tiny_model_dir), options=Options(id_column="id"))
     manifest = os.path.join(out, "manifest.jsonl")
-    rows = [json.loads(line) for line in open(manifest)]
+    with open(manifest) as f:
+        rows = [json.loads(line) for line in f]
     with open(manifest, "a") as f:
         for r in rows:
             f.write(json.dumps(r) + "\n")  # the same key twice

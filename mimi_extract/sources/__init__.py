@@ -17,7 +17,7 @@ from . import files, lhotse  # noqa: F401, E402  then any directory, lists and m
 from .base import (AUDIO_EXTENSIONS, REGISTRY, Discovered, Entry, Item, Options, Source, SourceError, dataset_name,
                    dedup, discover, open_source, plan_group, printable, probe, probe_info, register, seconds_to_samples,
                    segment_fields, segment_key, source_kind, text_problem)
-from .base import ITEM_OPTIONS, item_identity  # noqa: F401  (the run's item identity: options that shape items)
+from .base import ITEM_OPTIONS, item_identity  # the run's item identity: the options that shape items
 from .files import LIST_EXTENSIONS, read_list, walk_directory
 from .lhotse import is_lhotse_manifest, read_lhotse_manifest
 
