@@ -133,8 +133,8 @@ IdColumnOpt = Annotated[Optional[str], typer.Option(rich_help_panel=_INPUTS, hel
 KeepFieldsOpt = Annotated[Optional[str], typer.Option("--keep-fields", "--keep-columns", rich_help_panel=_INPUTS, help="Input metadata carried into the outputs (Parquet columns, the cuts' supervisions and custom fields): the fields of tar sidecars and list rows, the columns of Parquet input, a lhotse cut's custom fields. 'a,b' those; 'all' nested values too (as JSON); 'none' nothing (nor a lhotse cut's supervisions) \\[default: every string, number or boolean field]. text/speaker/language/gender become a lhotse supervision over the item. Recorded in run.json.")]
 SidecarDurationChoice = _choices("SidecarDurationChoice", SIDECAR_DURATIONS)
 KeyChoice = _choices("KeyChoice", KEY_MODES)
-SidecarDurationOpt = Annotated[SidecarDurationChoice, typer.Option(rich_help_panel=_INPUTS, help="A 'duration' with no start/end/offset in a tar sidecar, list row or NeMo manifest: auto = the file's length as the corpus wrote it (rounded, as Emilia's) when within 10 ms of it, so the whole file is encoded, else a segment from 0; segment = always a segment from 0; ignore = not read. Any segment ending past the file's end by <= 10 ms is clamped to the end. Recorded in run.json unless auto.")]
-KeyOpt = Annotated[KeyChoice, typer.Option("--key", rich_help_panel=_INPUTS, help="Keys of items without an id: path = as named (<shard>/<sample>, the list's or directory's relative path); stem = the file or member name up to its first dot (e.g. to join a corpus TSV by utterance id; duplicates become error rows). Recorded in run.json unless path.")]
+SidecarDurationOpt = Annotated[SidecarDurationChoice, typer.Option(rich_help_panel=_INPUTS, help="A 'duration' with no start/end/offset in a tar sidecar, list row or NeMo manifest: auto = the file's length as the corpus wrote it (rounded, as Emilia's) when within 10 ms of it, so the whole file is encoded, else a segment from 0; segment = always a segment from 0; ignore = not read. Any segment ending past the file's end by <= 10 ms is clamped to the end. Recorded in run.json (items) unless auto.")]
+KeyOpt = Annotated[KeyChoice, typer.Option("--key", rich_help_panel=_INPUTS, help="Keys of items without an id: path = as named (<shard>/<sample>, the list's or directory's relative path); stem = the file or member name up to its first dot (e.g. to join a corpus TSV by utterance id; duplicates become error rows). Recorded in run.json (items) unless path.")]
 
 
 class _OneInput(typer.core.TyperCommand):
@@ -256,7 +256,7 @@ def _run(input_path, out_dir, settings: "Settings", shard_size, shard_mb, limit,
 
     from .hub import offline_problem
     from .plan import parse_part
-    from .runner import extract
+    from .runner import NoInputError, extract
     from .writer import OutputError
 
     try:
@@ -329,6 +329,8 @@ def _run(input_path, out_dir, settings: "Settings", shard_size, shard_mb, limit,
         progress.stop()
         say(("interrupted", "yellow"), " before encoding started; run the same command again to resume.")
         raise typer.Exit(EXIT_INTERRUPTED)
+    except NoInputError as e:  # found before OUT was touched: nothing written
+        _fail(e, EXIT_NO_INPUT)
     except (ValueError, FileNotFoundError, RuntimeError, OSError, OutputError) as e:
         progress.stop()
         _fail(e)
@@ -696,6 +698,8 @@ def status(out_dir: Annotated[str, typer.Argument(metavar="OUT")],
             f" of {p['inputs']} inputs ({100 * (p['ok'] + p['errors']) / max(1, p['inputs']):.0f}% done)"
             if p["inputs"] is not None else "") + (f", updated {p['updated']}" if p.get("updated") else "")
         say(line, out=out)
+    for name, who in report["starting"].items():
+        say((f"{name}: starting", "yellow"), f" ({who}): finding inputs or loading the model; no run.json yet", out=out)
     for missing in report["missing_parts"]:
         say((f"part {missing}: not started", "yellow"), out=out)
     say(("complete", "green") if report["complete"] else ("incomplete", "yellow"),
@@ -724,6 +728,10 @@ def info(out_dir: Annotated[str, typer.Argument(metavar="OUT")],
         + (f", {report['pending']} not yet encoded" if report["pending"] else "")
         + f"; {report['hours']:.3f} h of audio, "
         f"{report['frames']} frames" + (f", {report['tokens']} tokens" if report.get("tokens") is not None else ""), out=out)
+    if report["unplanned"]:
+        say(("warning: ", "yellow"), f"{report['unplanned']} of these items are beyond the "
+            f"{report['inputs'] - report['unplanned']} inputs the last run found (an earlier run with a larger --limit, "
+            "or items stored under other keys by a resume with other --id-column/--id-field)", out=out)
     for reason, n in report["errors_by_reason"].items():
         say(f"  {n} x ", (reason, "yellow"), out=out)
     if report["failed"]:

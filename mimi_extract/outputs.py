@@ -4,14 +4,16 @@ neither torch nor transformers (they answer in well under a second); ``decode`` 
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
+import socket
 from collections import Counter
 
 import numpy as np
 
-from .writer import _PART_RE, committed_rows, format_of_path, read_manifest, read_run_info, run_dirs, shard_attrs
+from .writer import _PART_RE, LOCK, committed_rows, format_of_path, read_manifest, read_run_info, run_dirs, shard_attrs
 
 PLAN_INFO = "plan.json"
 
@@ -19,8 +21,68 @@ PLAN_INFO = "plan.json"
 def _require(out_dir: str) -> list[str]:
     dirs = [d for d in run_dirs(out_dir) if os.path.exists(os.path.join(d, "run.json"))]
     if not dirs:
+        starting = starting_runs(out_dir)
+        if starting:
+            name, who = next(iter(starting.items()))
+            raise FileNotFoundError(f"{out_dir}: a run is starting in it ({name}: {who}) and has not written run.json "
+                                    "yet; try again in a moment")
         raise FileNotFoundError(f"{out_dir} holds no mimi-extract run (no run.json)")
     return dirs
+
+
+def starting_runs(out_dir: str) -> dict[str, str]:
+    """{run directory (as ``status`` names it): who} for each run directory of OUT whose lock a live
+    process holds before run.json exists: a run starting (finding inputs, loading the model).  A lock
+    left by a run stopped before it wrote run.json names a process that is gone: not starting.  The
+    lock file is only read (taking it, even for a moment, could make the starting run fail)."""
+    found = {}
+    for d in [out_dir] + sorted(glob.glob(os.path.join(out_dir, "part-*-of-*"))):
+        if not os.path.isdir(d) or os.path.exists(os.path.join(d, "run.json")) or not os.path.exists(
+                os.path.join(d, LOCK)):
+            continue
+        who = _live_holder(os.path.join(d, LOCK))
+        if who is not None:
+            name = os.path.relpath(d, out_dir)
+            found["whole run" if name == "." else name] = who
+    return found
+
+
+def _live_holder(lock: str) -> str | None:
+    """Who holds ``lock`` (its holder line: pid, host, start), if that process is alive; None if it is gone."""
+    try:
+        with open(lock, encoding="utf-8") as f:
+            holder = json.loads(f.read() or "null")
+    except (OSError, ValueError):
+        holder = None
+    if not isinstance(holder, dict) or not isinstance(holder.get("pid"), int):
+        return "a process that is taking the lock"  # created, its holder line not written yet
+    who = f"pid {holder['pid']} on {holder.get('host')}, started {holder.get('started')}"
+    if holder.get("host") != socket.gethostname():
+        return who + " (another host)"
+    held = _flock_held(lock)
+    if held is not None:
+        return who if held else None
+    try:  # no /proc/locks: is the holder alive?
+        os.kill(holder["pid"], 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass
+    return who
+
+
+def _flock_held(path: str) -> bool | None:
+    """Whether some process of this machine holds a ``flock`` on ``path`` (Linux's /proc/locks lists
+    them by device and inode; read-only, unlike a probing lock); None where that cannot be told."""
+    try:
+        st = os.stat(path)
+        with open("/proc/locks", encoding="ascii", errors="replace") as f:
+            locks = f.read()
+    except OSError:
+        return None
+    inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    return any(len(fields) > 5 and fields[1] == "FLOCK" and fields[5] == inode
+               for fields in (line.split() for line in locks.splitlines()))
 
 
 def _plan(run_dir: str) -> dict:
@@ -36,13 +98,21 @@ def status_report(out_dir: str) -> dict:
     """Per run directory (part): planned inputs, ok and error rows; parts not started; totals."""
     runs = {}
     counts = set()
-    for d in _require(out_dir):
+    starting = starting_runs(out_dir)
+    for name in starting:
+        if (m := _PART_RE.search(name)):
+            counts.add((int(m.group(1)), int(m.group(2))))
+    dirs = [d for d in run_dirs(out_dir) if os.path.exists(os.path.join(d, "run.json"))] if starting else _require(out_dir)
+    for d in dirs:
         plan = _plan(d)
         rows = committed_rows(d)
         name = os.path.relpath(d, out_dir)
         name = "whole run" if name == "." else name
-        runs[name] = {"inputs": plan.get("inputs"), "ok": len({r["key"] for r in rows if r.get("status") == "ok"}),
-                      "errors": sum(r.get("status") == "error" for r in rows), "updated": plan.get("updated")}
+        ok = {r["key"] for r in rows if r.get("status") == "ok"}
+        errors = len({r["key"] for r in rows if r.get("status") == "error"} - ok)
+        inputs = plan.get("inputs")  # (never fewer than the items stored: see info_report's "unplanned")
+        runs[name] = {"inputs": None if inputs is None else max(inputs, len(ok) + errors), "ok": len(ok),
+                      "errors": errors, "updated": plan.get("updated")}
         if (m := _PART_RE.search(d)):
             counts.add((int(m.group(1)), int(m.group(2))))
     missing = []
@@ -53,9 +123,9 @@ def status_report(out_dir: str) -> dict:
     remaining = sum(max(0, (p["inputs"] or 0) - p["ok"] - p["errors"]) for p in runs.values())
     ok = sum(p["ok"] for p in runs.values())
     errors = sum(p["errors"] for p in runs.values())
-    complete = not missing and remaining == 0 and all(p["inputs"] is not None for p in runs.values())
-    return {"runs": runs, "missing_parts": missing, "ok": ok, "errors": errors, "remaining": remaining,
-            "complete": complete}
+    complete = not starting and not missing and remaining == 0 and all(p["inputs"] is not None for p in runs.values())
+    return {"runs": runs, "starting": starting, "missing_parts": missing, "ok": ok, "errors": errors,
+            "remaining": remaining, "complete": complete}
 
 
 def _reason(message: str, row: dict | None = None) -> str:
@@ -73,8 +143,9 @@ def _reason(message: str, row: dict | None = None) -> str:
 def info_report(out_dir: str) -> dict:
     dirs = _require(out_dir)
     rows = read_manifest(out_dir)
-    ok = [r for r in rows if r.get("status") == "ok"]
-    errors = [r for r in rows if r.get("status") == "error"]
+    ok = list({r["key"]: r for r in rows if r.get("status") == "ok"}.values())  # each key once, whatever the rows
+    ok_keys = {r["key"] for r in ok}
+    errors = list({r["key"]: r for r in rows if r.get("status") == "error" and r["key"] not in ok_keys}.values())
     info = read_run_info(dirs[0])
     shards = sorted({r["shard"] for r in ok})
     sizes = {s: sum(os.path.getsize(os.path.join(out_dir, f)) for f in [s] + format_of_path(s).companions(s)
@@ -86,9 +157,14 @@ def info_report(out_dir: str) -> dict:
     if len(dirs) > 1:
         settings["parts"] = len(dirs)
     planned = [_plan(d).get("inputs") for d in dirs]
-    inputs = sum(planned) if None not in planned else len(rows)  # the runs' planned inputs, once known
+    stored = len(ok) + len(errors)
+    inputs = sum(planned) if None not in planned else stored  # the runs' planned inputs, once known
+    # more items stored than the last runs found inputs: some are not (or no longer) among them (a larger
+    # --limit before, or items keyed by other input options, stored by a version that did not refuse that)
+    unplanned = max(0, stored - inputs)
     return {
-        "inputs": inputs, "ok": len(ok), "errors": len(errors), "pending": max(0, inputs - len(ok) - len(errors)),
+        "inputs": inputs + unplanned, "unplanned": unplanned, "ok": len(ok), "errors": len(errors),
+        "pending": max(0, inputs - stored),
         "errors_by_reason": dict(Counter(_reason(r.get("error"), r) for r in errors).most_common()),
         "failed": [{"key": r["key"], "path": (r.get("source") or {}).get("path") or _source_path(info, r),
                     "reason": r.get("error") or "unknown"} for r in errors],

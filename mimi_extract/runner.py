@@ -1,4 +1,4 @@
-"""One extraction run: lock OUT, check identity, discover, recover, plan, encode, write, report.
+"""One extraction run: discover, check identity, lock OUT, load the model, recover, plan, encode, write, report.
 
 The caller's thread is the only writer; engines (``engines/``) encode in threads, processes or
 Ray actors and hand back pieces.  SIGINT/SIGTERM stop the engines, commit exactly the items that
@@ -23,10 +23,10 @@ from .encoder import PaddedMimiEncoder, _from_pretrained, config_hash, weights_h
 from .engines import Piece, Stats, make_engine
 from .plan import Part, Split, Stitcher, padding_fraction, part_of, plan_units, split_items
 from .settings import Settings
-from .sources import Item, Options, dataset_name, discover, plan_group
+from .sources import Discovered, Item, Options, dataset_name, discover, item_identity, plan_group
 from .formats import get_format
-from .formats.common import (OutputError, ShardWriter, _write_atomic, check_run_info, lock_run_dir, read_run_info,
-                             recover, run_dirs, scan_checksums)
+from .formats.common import (ITEMS, OutputError, ShardWriter, _write_atomic, check_run_info, committed_rows,
+                             lock_run_dir, read_run_info, recover, run_dirs, scan_checksums)
 
 PLAN_INFO = "plan.json"
 
@@ -80,7 +80,11 @@ def file_attrs(settings: Settings, config, identity: dict, metadata: dict | None
 
 
 def run_info(settings: Settings, identity: dict, input_root: str, kind: str, part: Part,
-             input_identity: dict | None = None, metadata: dict | None = None, keep_fields: str | None = None) -> dict:
+             input_identity: dict | None = None, metadata: dict | None = None, options: Options | None = None) -> dict:
+    """What run.json records: the settings, model identity and input a resume must share.  ``items``:
+    the input options that shape the items and their keys (``sources.ITEM_OPTIONS``), so a resume
+    that changes one is refused instead of storing every item again under other keys; ``metadata``:
+    the columns the outputs carry, with ``options.keep_fields`` as given."""
     keep = ("model", "tap", "channel", "causal_16k", "feature_dtype", "dtype", "framing", "format")
     info = {k: v for k, v in asdict(settings).items() if k in keep}
     if settings.shar_extend:
@@ -92,10 +96,12 @@ def run_info(settings: Settings, identity: dict, input_root: str, kind: str, par
     info["decoders"] = decoder_versions()  # a resume must decode every format the same way
     if input_identity:  # e.g. tar shards: each shard's size and mtime
         info["input_identity"] = input_identity
+    keep_fields = options.keep_fields if options is not None else None
     if keep_fields is not None:  # --keep-fields / --keep-columns, as given
         info["keep_fields"] = keep_fields
     if metadata:  # the metadata columns the outputs carry (name -> type): every shard must have the same
         info["metadata"] = metadata
+    info[ITEMS] = item_identity(options)
     return {**info, **identity, "input": input_root, "input_kind": kind, "part": str(part),
             "tool_version": __version__}
 
@@ -159,6 +165,42 @@ def refuse_changed_inputs(items: list[Item], done: dict[str, dict]) -> None:
                           + "); their stored outputs no longer match: encode into a new OUT directory")
 
 
+class NoInputError(ValueError):
+    """INPUT holds nothing to encode (found before OUT is touched: such a run leaves nothing behind)."""
+
+
+def no_input_message(source: str) -> str:
+    what = (" (it is a mimi-extract OUT: give the audio it was made from)"
+            if os.path.isfile(os.path.join(source, "run.json")) else "")
+    return (f"no input found in {source}{what}: a directory is searched for audio files (wav, flac, mp3, ogg, ...); "
+            "a list or lhotse manifest names them; nothing was written")
+
+
+def refuse_other_run(out_dir: str, part: Part, settings: Settings, found: Discovered, options: Options | None) -> None:
+    """Before OUT is locked or the model loaded (so a refusal touches nothing): refuse to resume a run
+    directory made with other settings, input or item options (all but the model, compared with its
+    weights' hash once loaded; ``check_run_info`` compares everything again under the lock), and an
+    older run.json (no ``items``) whose stored keys are none of this run's: its item options were others."""
+    if not os.path.isdir(out_dir):
+        return
+    run_dir = out_dir if part.whole else os.path.join(out_dir, part.dirname)
+    here = {os.path.abspath(run_dir), os.path.abspath(out_dir)}  # (a whole run in OUT: the layout check's to refuse)
+    siblings = [d for d in run_dirs(out_dir) if os.path.abspath(d) not in here] if not part.whole else []
+    info = run_info(settings, {}, found.root, found.kind, part, found.identity, found.metadata, options)
+    del info["model"]  # the model (its path, config and weights) is compared as one, once it is loaded
+    check_run_info(run_dir, info, siblings, write=False)
+    old = read_run_info(run_dir) if os.path.isdir(run_dir) else None
+    if old is None or ITEMS in old:
+        return
+    stored = [r["key"] for r in committed_rows(run_dir) if r.get("status") == "ok"]
+    keys = {it.key for it in found.items} | {it.key for it in found.bad}
+    if stored and keys and keys.isdisjoint(stored):
+        raise OutputError(f"{run_dir} holds {len(stored)} items and none of them is among this run's {len(keys)} "
+                          f"inputs (stored {stored[0]!r}, now {min(keys)!r}): they were keyed by other input options "
+                          f"(--id-column, --id-field, ...), so every item would be stored twice; resume with the "
+                          "options that made OUT, or use a new OUT directory")
+
+
 class _Signals:
     """SIGINT/SIGTERM -> ``stop`` (commit and exit cleanly); a second one exits at once."""
 
@@ -202,14 +244,23 @@ def extract(source: str, out_dir: str, settings: Settings, shard_size: int = 100
     read every stored item of the run directory and check its checksums; shards holding a damaged
     one are quarantined and their items encoded again.  Returns counts."""
     stop = stop or threading.Event()
+    on_phase = on_phase or (lambda text: None)
+    # the input first: finding it checks it and its options (a wrong column or sidecar field is one
+    # clear error), so a run that finds nothing, or cannot resume OUT, stops before it creates or
+    # locks OUT and before any model is loaded
+    on_phase(f"finding inputs in {source} and reading their headers")
+    found = discover(source, settings.channel, settings.framing_rule, limit, recordings, exclude=out_dir,
+                     options=options)
+    if not found.items and not found.bad:
+        raise NoInputError(no_input_message(source))
+    refuse_other_run(out_dir, part, settings, found, options)
     fresh = not os.path.exists(out_dir)
     run_dir, lock = run_dir_for(out_dir, part)
     started = False
     try:
         with _Signals(stop, on_signal) as signals:
-            summary = _extract_locked(source, run_dir, settings, shard_size, shard_mb, limit, part, recordings,
-                                      on_plan, on_progress, stop, on_phase or (lambda text: None), options,
-                                      reencode_damaged)
+            summary = _extract_locked(found, source, run_dir, settings, shard_size, shard_mb, part, on_plan,
+                                      on_progress, stop, on_phase, options, reencode_damaged)
             started = True
             summary["interrupted"] = signals.received if stop.is_set() else None
             return summary
@@ -230,27 +281,23 @@ def _remove_if_only_lock(run_dir: str, out_dir: str) -> None:
         pass
 
 
-def _extract_locked(source, run_dir, settings, shard_size, shard_mb, limit, part, recordings, on_plan, on_progress,
+def _extract_locked(found, source, run_dir, settings, shard_size, shard_mb, part, on_plan, on_progress,
                     stop, on_phase, options=None, reencode_damaged=False) -> dict:
     on_phase(f"starting {len(settings.devices)} encoder worker(s) on {', '.join(sorted(set(settings.devices)))}"
              if settings.engine == "local" else f"starting the {settings.engine} engine")
     engine = make_engine(settings)  # first: worker processes load the weights while we check them
     try:
-        return _extract_with(engine, source, run_dir, settings, shard_size, shard_mb, limit, part, recordings, on_plan,
+        return _extract_with(engine, found, source, run_dir, settings, shard_size, shard_mb, part, on_plan,
                              on_progress, stop, on_phase, options, reencode_damaged)
     finally:
         engine.close()
 
 
-def _extract_with(engine, source, run_dir, settings, shard_size, shard_mb, limit, part, recordings, on_plan,
+def _extract_with(engine, found: Discovered, source, run_dir, settings, shard_size, shard_mb, part, on_plan,
                   on_progress, stop, on_phase=lambda text: None, options=None, reencode_damaged=False) -> dict:
     get_format(settings.format).require()  # its library installed, before anything is encoded
     on_phase(f"loading the model {settings.model} and hashing its weights")
     model, config, identity = load_identity(settings)
-    on_phase(f"finding inputs in {source} and reading their headers")
-    found = discover(source, settings.channel, settings.framing_rule, limit, recordings,
-                     exclude=run_dir if part.whole else os.path.dirname(run_dir),  # OUT is never input
-                     options=options)
     on_phase(f"planning {len(found.items)} readable inputs ({len(found.bad)} unreadable)")
     items, bad = found.items, found.bad
     fmt = get_format(settings.format)
@@ -271,7 +318,7 @@ def _extract_with(engine, source, run_dir, settings, shard_size, shard_mb, limit
     siblings = [d for d in run_dirs(os.path.dirname(run_dir)) if d != run_dir] if not part.whole else []
     attrs = file_attrs(settings, config, identity, found.metadata)
     check_run_info(run_dir, run_info(settings, identity, found.root, found.kind, part, found.identity, found.metadata,
-                                     (options or Options()).keep_fields), siblings, attrs)
+                                     options), siblings, attrs)
     damaged = None
     if reencode_damaged:
         on_phase("reading every stored item to check its checksums (--reencode-damaged)")
@@ -283,6 +330,7 @@ def _extract_with(engine, source, run_dir, settings, shard_size, shard_mb, limit
          "updated": time.strftime("%Y-%m-%d %H:%M:%S %z"), "part": str(part)}))
 
     todo = [it for it in items if it.key not in done]
+    skipped = len(items) - len(todo) + sum(it.key in done for it in bad)  # this run's inputs already stored
     bad = [it for it in bad if it.key not in done]
     planned = getattr(engine, "plan_settings", settings)  # a Ray cluster's actors decide the unit sizes
     count, streamed = len(todo), sum(it.samples > planned.chunk_samples() for it in todo)
@@ -314,7 +362,7 @@ def _extract_with(engine, source, run_dir, settings, shard_size, shard_mb, limit
         units = plan(todo)
     short = [u.items for u in units if not u.stream]
     summary = {
-        "run_dir": run_dir, "inputs": len(items) + len(bad), "skipped": len(done), "todo": count,
+        "run_dir": run_dir, "inputs": len(items) + len(bad), "skipped": skipped, "todo": count,
         "unreadable": len(bad), "units": len(units), "streamed": streamed,
         "seconds": sum(it.samples for it in todo) / SAMPLE_RATE, "padding": padding_fraction(short),
         "ok": 0, "errors": 0, "notes": notes, "warnings": warnings, "frame_rate": frame_rate(settings.tap, config),

@@ -485,19 +485,19 @@ def test_emilia_sidecar_duration_is_the_whole_file(tmp_path, tiny_model_dir):
     checks, problems = verify_outputs(str(out), sample=None)  # each item alone (transformers), from the shard
     assert not problems and len(checks) == 6
     assert all(c.error is None and not [m for m in c.mismatches if not m.tie] for c in checks), checks
-    assert "sidecar_duration" not in read_run_info(str(out)).get("input_identity", {})
+    assert "--sidecar-duration" not in read_run_info(str(out))["items"]
     # --sidecar-duration segment: the old reading (cut at the rounded length), recorded in run.json;
     # a resume with another choice is refused
     result = cli("codes", shard, tmp_path / "seg", "--model", tiny_model_dir, *ONE_WORKER, "--id-field", "id",
                  "--sidecar-duration", "segment")
     assert result.exit_code == 0, result.output
-    assert read_run_info(str(tmp_path / "seg"))["input_identity"]["sidecar_duration"] == "segment"
+    assert read_run_info(str(tmp_path / "seg"))["items"]["--sidecar-duration"] == "segment"
     found = discover(shard, options=Options(id_field="id", sidecar_duration="segment"))
     assert all(it.segment is not None and it.segment[0] == 0 for it in found.items) and not found.bad
     assert any(it.frames < it.file_frames for it in found.items)  # rounded down: cut there
     assert any(it.frames == it.file_frames for it in found.items)  # rounded up, < 10 ms: clamped to the end
     result = cli("codes", shard, tmp_path / "seg", "--model", tiny_model_dir, *ONE_WORKER, "--id-field", "id")
-    assert result.exit_code == 2 and "sidecar_duration" in result.text
+    assert result.exit_code == 2 and "--sidecar-duration: 'segment' -> not given" in result.text, result.text
     # ignore: the whole file, whatever the duration says
     assert all(it.frames == it.file_frames for it in discover(shard, options=Options(sidecar_duration="ignore")).items)
 
@@ -568,9 +568,9 @@ def test_key_stem(shards, loose, tmp_path, tiny_model_dir):
     result = cli("codes", shards, out, "--model", tiny_model_dir, *ONE_WORKER, "--key", "stem", "--limit", "2")
     assert result.exit_code == 0, result.output
     assert {json.loads(line)["key"] for line in open(out / "manifest.jsonl")} == {"a", "b"}
-    assert read_run_info(str(out))["input_identity"]["key"] == "stem"
+    assert read_run_info(str(out))["items"]["--key"] == "stem"
     result = cli("codes", shards, out, "--model", tiny_model_dir, *ONE_WORKER, "--limit", "2")
-    assert result.exit_code == 2 and "input_identity" in result.text and "'key': 'stem'" in result.text, result.text
+    assert result.exit_code == 2 and "--key: 'stem' -> not given" in result.text, result.text
 
 
 def test_hostile_names_never_reach_out(loose, tmp_path, tiny_model_dir):

@@ -29,6 +29,7 @@ import glob
 import json
 import os
 import re
+import shlex
 import socket
 import sys
 import time
@@ -329,39 +330,69 @@ def read_run_info(run_dir: str) -> dict | None:
 _EXPLAIN = {
     "weights": "the model's weights differ (same config, other checkpoint)",
     "input": "another input (directory or list)",
-    "input_identity": "the input's shards or files changed (added, removed, rewritten: size or mtime), or "
-                      "--key / --sidecar-duration",
+    "input_identity": "the input's shards or files changed (added, removed, rewritten: size or mtime)",
     "decoders": "other decoder versions: a resume must decode each format as the first run did",
     "format": "another output format (--format)",
     "metadata": "other input metadata kept as output columns and cut fields (--keep-fields; an OUT written before "
                 "metadata was kept resumes with --keep-fields none)",
     "keep_fields": "another --keep-fields / --keep-columns",
+    "channel": "--channel: other items and keys",
+    "input_kind": "INPUT read as another kind (--input-format): other items and keys",
 }
+# run.json: the input options that shape the items and their keys, {flag: value} (sources.item_identity)
+ITEMS = "items"
+_ITEMS_EXPLAIN = "an option that decides the items and their keys: the same audio would be stored again, or mixed"
 
 
 # keys run.json gained after OUT directories existed: an OUT written before them lacks them, and is
 # resumed (it cannot say otherwise); once recorded they are compared like every other key
-_ADDED_LATER = ("decoders", "keep_fields")
+_ADDED_LATER = ("decoders", "keep_fields", ITEMS)
+
+
+def _shown(value) -> str:
+    return "not given" if value is None else repr(value)
 
 
 def _differences(old: dict, new: dict, ignore: tuple[str, ...]) -> str:
     diff = {k: (old.get(k), v) for k, v in new.items()
             if k not in ignore and old.get(k) != v and not (k in _ADDED_LATER and k not in old)}
-    return "; ".join(f"{k}: {a!r} -> {b!r}" + (f" ({_EXPLAIN[k]})" if k in _EXPLAIN else "") for k, (a, b) in diff.items())
+    out = []
+    for k, (a, b) in diff.items():
+        if k == ITEMS and isinstance(a, dict) and isinstance(b, dict):  # one entry per option, named by its flag
+            out += [f"{flag}: {_shown(a.get(flag))} -> {_shown(b.get(flag))}, {_ITEMS_EXPLAIN}"
+                    for flag in sorted(set(a) | set(b)) if a.get(flag) != b.get(flag)]
+        else:
+            out.append(f"{k}: {a!r} -> {b!r}" + (f" ({_EXPLAIN[k]})" if k in _EXPLAIN else ""))
+    return "; ".join(out)
 
 
-def check_run_info(run_dir: str, info: dict, siblings: list[str] = (), expected_attrs: dict | None = None) -> None:
+def _original_items(old: dict, new: dict) -> str | None:
+    """The item options that made ``old``, as flags to type again, when ``new`` changes them; else None."""
+    if ITEMS not in old or ITEMS not in new or old[ITEMS] == new[ITEMS]:
+        return None
+    given = " ".join(f"{flag} {shlex.quote(str(value))}" for flag, value in sorted(old[ITEMS].items()))
+    return given or "no " + ", no ".join(sorted(new[ITEMS]))
+
+
+def check_run_info(run_dir: str, info: dict, siblings: list[str] = (), expected_attrs: dict | None = None,
+                   write: bool = True) -> None:
     """Refuse to mix outputs of different settings, weights or inputs in one run directory, or in
     one job array: every part of an OUT (``siblings``: the other parts' run directories) must have
     been made from the same input with the same model and settings, or their union means nothing.
-    A ``run.json`` without ``format`` was written before formats existed: it is an HDF5 run."""
+    A ``run.json`` without ``format`` was written before formats existed: it is an HDF5 run.
+    ``write=False``: compare only (the keys ``info`` has), write nothing -- the check a run makes
+    before it locks OUT or loads the model, so a refused resume touches nothing and costs nothing."""
     for other in siblings:
         theirs = _with_format(read_run_info(other))
         changes = _differences(theirs, info, ("tool_version", "part")) if theirs is not None else ""
         if changes:
+            items = _original_items(theirs, info)
             raise OutputError(f"{other} (another part of this job array) was made with other settings ({changes}); "
-                              "run every part with the same input, model and settings, or use a new OUT directory")
+                              + (f"run every part with {items}" if items else
+                                 "run every part with the same input, model and settings") + ", or use a new OUT directory")
     old = _with_format(read_run_info(run_dir))
+    if old is None and not write:
+        return
     if old is None:  # run.json deleted (or never written): the shards still say what made them
         if expected_attrs is not None:
             for shard in sorted({r["shard"] for r in committed_rows(run_dir) if r.get("shard")}):
@@ -374,8 +405,12 @@ def check_run_info(run_dir: str, info: dict, siblings: list[str] = (), expected_
         return
     changes = _differences(old, info, ("tool_version",))
     if changes:
+        items = _original_items(old, info)
         raise OutputError(f"{run_dir} holds a run with other settings ({changes}); resume with the original "
-                          "settings or use a new OUT directory")
+                          + (f"settings ({items})" if items else "settings") + " or use a new OUT directory")
+    if write and ITEMS in info and ITEMS not in old:  # written before items were recorded: pinned from now on
+        _write_atomic(os.path.join(run_dir, RUN_INFO),
+                      json.dumps({**read_run_info(run_dir), ITEMS: info[ITEMS]}, indent=2, sort_keys=True))
 
 
 def _with_format(info: dict | None) -> dict | None:

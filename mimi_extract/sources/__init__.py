@@ -17,6 +17,7 @@ from . import files, lhotse  # noqa: F401, E402  then any directory, lists and m
 from .base import (AUDIO_EXTENSIONS, KEY_MODES, REGISTRY, SIDECAR_DURATION_MODES, Discovered, Entry, Item, Options, Source, SourceError, dataset_name,
                    dedup, discover, open_source, plan_group, printable, probe, probe_info, register, seconds_to_samples,
                    segment_fields, segment_key, source_kind, text_problem)
+from .base import ITEM_OPTIONS, item_identity  # the run's item identity: the options that shape items
 from .files import LIST_EXTENSIONS, read_list, walk_directory
 from .lhotse import is_lhotse_manifest, read_lhotse_manifest
 
@@ -36,3 +37,4 @@ __all__ = ["AUDIO_EXTENSIONS", "KEY_MODES", "LIST_EXTENSIONS", "REGISTRY", "SIDE
            "SourceError", "dataset_name", "dedup", "discover", "is_lhotse_manifest", "open_audio", "open_source", "plan_group",
            "printable", "probe", "probe_info", "read_lhotse_manifest", "read_list", "register", "seconds_to_samples",
            "segment_fields", "segment_key", "source_kind", "text_problem", "walk_directory"]
+__all__ += ["ITEM_OPTIONS", "item_identity"]

@@ -387,6 +387,36 @@ def key_stem(name: str) -> str:
     return name.rstrip("/").rpartition("/")[2].partition(".")[0]
 
 
+# The input options that decide which items an input yields, what audio each one is and its key
+# (Options field -> its command-line flag).  They are the run's item identity, recorded in run.json
+# (``items``, see :func:`item_identity`): a resume that changes one is refused, since its items would
+# be stored a second time under other keys (or other audio under the same keys).  A new option that
+# shapes items or keys is one line here.  (The kind read, ``--input-format`` or detected, is recorded
+# as ``input_kind``, and ``--channel`` as ``channel``: both are compared the same way.)
+ITEM_OPTIONS: dict[str, str] = {
+    "audio_ext": "--audio-ext",
+    "id_field": "--id-field",
+    "audio_column": "--audio-column",
+    "id_column": "--id-column",
+    "key": "--key",
+    "sidecar_duration": "--sidecar-duration",
+}
+
+
+def item_identity(options: Options | None) -> dict[str, str]:
+    """{flag: value} of the :data:`ITEM_OPTIONS` given a value other than their default.  Only those
+    are recorded, so an option added later (absent from an older run.json) reads as its default,
+    which is how that older run made its items."""
+    options = options or Options()
+    default = Options()
+    out = {}
+    for name, flag in ITEM_OPTIONS.items():
+        value = getattr(options, name)
+        if value != getattr(default, name):
+            out[flag] = ",".join(value) if isinstance(value, (tuple, list)) else value
+    return out
+
+
 class Source:
     """One kind of input.  Subclasses set ``kind`` and implement ``detect``, ``entries`` and,
     when their bytes are not plain files, ``open``; ``register`` makes them known."""
@@ -626,20 +656,7 @@ def discover(source: str, channel: str = "mix", framing: Framing = Framing(), li
     with ThreadPoolExecutor(16) as pool:  # header reads are I/O bound (network file systems)
         probed = [it for found in pool.map(lambda e: safe_probe(src, e, channel, framing), entries) for it in found]
     items, bad = dedup(probed)
-    return Discovered(items, bad, warnings, os.path.realpath(source), kind, {**src.identity(), **input_choices(options)},
-                      metadata)
-
-
-def input_choices(options: Options) -> dict:
-    """The input options that change keys or what is encoded, for the run's identity (run.json's
-    ``input_identity``): only those not at their default, so a run made before they existed, or
-    with the defaults, keeps its identity; a resume with another choice is refused."""
-    chosen = {}
-    if options.key != "path":
-        chosen["key"] = options.key
-    if options.sidecar_duration != "auto":
-        chosen["sidecar_duration"] = options.sidecar_duration
-    return chosen
+    return Discovered(items, bad, warnings, os.path.realpath(source), kind, src.identity(), metadata)
 
 
 def source_kind(source: str, input_format: str | None = None) -> str:

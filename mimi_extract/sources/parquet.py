@@ -208,15 +208,17 @@ class ParquetSource(Source):
                 continue
             column = audio_column(data.schema, self.options.audio_column)
             if column is None:
-                what = f"no column {self.options.audio_column!r}" if self.options.audio_column else \
-                    "no audio column (a struct of bytes and path, the Audio feature); name one with --audio-column"
-                entries.append(Entry(full, shown, key=shown, where=shown, kind=self.kind, error=f"{shown}: {what} "
+                what = f"--audio-column {self.options.audio_column!r}: {shown} has no such column" \
+                    if self.options.audio_column else f"{shown}: no audio column (a struct of bytes and path, the " \
+                    "Audio feature); name one with --audio-column"
+                entries.append(Entry(full, shown, key=shown, where=shown, kind=self.kind, error=f"{what} "
                                      f"(columns: {', '.join(data.schema.names)})"))
                 continue
             columns_found += 1
             id_column = self.options.id_column
             if id_column and id_column not in data.schema.names:
-                raise ValueError(f"{shown} has no id column {id_column!r} (columns: {', '.join(data.schema.names)})")
+                raise ValueError(f"--id-column {id_column!r}: {shown} has no such column "
+                                 f"(columns: {', '.join(data.schema.names)})")
             kept = kept_columns(data.schema, self.options.keep, (column, id_column))
             present.update(kept)
             base = 0

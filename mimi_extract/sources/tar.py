@@ -419,6 +419,44 @@ def sample_entries(shard: str, shown: str, key: str, parts: dict, options, kind:
     return entry
 
 
+def sidecar_bytes(shard: str, parts: dict) -> bytes | None:
+    """A sample's ``.json`` sidecar bytes (kept by the index, else read from the shard), or None."""
+    member = parts.get("json")
+    if member is None:
+        return None
+    return member[3] if member[3] is not None else _read_bytes(shard, member[1], member[2])
+
+
+def check_first_samples(options, shown: str, samples: list[tuple[dict, bytes | None]]) -> None:
+    """``--audio-ext`` and ``--id-field`` against an input's first samples (each: its members by
+    extension, and its ``.json`` sidecar's bytes or None).  When not one of them has such a member
+    or field, the option is wrong (a typo, another dataset's name), not the data: one clear error
+    before anything is loaded, not an error row per sample.  Samples that lack it beside others
+    that have it stay error rows."""
+    if not samples:
+        return
+    if options.audio_ext and not any(_audio_member(parts, options.audio_ext) for parts, _ in samples):
+        found = dict.fromkeys(ext for parts, _ in samples for ext in parts)
+        raise ValueError(f"--audio-ext {','.join(options.audio_ext)}: no sample among the first {len(samples)} of "
+                         f"{shown} has such a member (members: {', '.join(found)})")
+    if not options.id_field:
+        return
+    fields: dict[str, None] = {}
+    for _, data in samples:
+        try:
+            row = json.loads(data.decode("utf-8")) if data is not None else None
+        except ValueError:
+            continue
+        if isinstance(row, dict):
+            if options.id_field in row:
+                return
+            fields.update(dict.fromkeys(row))
+    if not fields:
+        raise ValueError(f"--id-field {options.id_field!r}: the samples of {shown} have no .json sidecar to read it from")
+    raise ValueError(f"--id-field {options.id_field!r}: no .json sidecar of the first {len(samples)} samples of {shown} "
+                     f"has it (fields: {', '.join(fields)})")
+
+
 def _shown_names(shards: list[str]) -> list[str]:
     """Shard names as keys show them: the file name, or the path relative to the shards' common
     folder when two shards share a file name."""
@@ -460,11 +498,15 @@ class TarSource(Source):
 
     def entries(self, warnings: list[str]) -> list[Entry]:
         shards = self.shards()
-        entries = []
+        entries, checked = [], False
         for shard, shown in zip(shards, _shown_names(shards)):
             full = os.path.abspath(shard)
             members, damage = index_tar(full, keep=lambda name: name.lower().endswith(".json"))
-            for key, parts in group_samples(members):
+            samples = group_samples(members)
+            if samples and not checked:  # the first shard's samples say whether --id-field, --audio-ext fit
+                check_first_samples(self.options, shown, [(parts, sidecar_bytes(full, parts)) for _, parts in samples])
+                checked = True
+            for key, parts in samples:
                 entries.append(sample_entries(full, shown, key, parts, self.options, self.kind))
             if damage:
                 entries.append(Entry(full, f"{shown}@damage", key=f"{shown}@damage", where=shown, kind=self.kind,

@@ -23,8 +23,10 @@ import zlib
 from types import SimpleNamespace
 
 from .base import Entry, Source, SourceError, probe_info, register
-from .tar import COMPRESSED_TAR_EXTENSIONS, _is_shard_input, _shown_names, missing_end, sample_entries, \
-    shard_identity, split_name, tar_shards
+from .tar import COMPRESSED_TAR_EXTENSIONS, _is_shard_input, _shown_names, check_first_samples, missing_end, \
+    sample_entries, shard_identity, split_name, tar_shards
+
+FIRST_SAMPLES = 64  # --id-field and --audio-ext are checked against this many first samples (a stream)
 
 DEFAULT_SORT_BUFFER_MB = 256
 
@@ -145,6 +147,8 @@ class CompressedTarSource(Source):
         shards = self.shards()
         entries: list[Entry] = []
         state = {"group": -1, "start": 0, "open": []}  # the group being filled: its start and its entries
+        # the first samples, until --id-field and --audio-ext are checked against them (tar.check_first_samples)
+        state["first"] = [] if self.options.id_field or self.options.audio_ext else None
 
         def close_group(end):
             for e in state["open"]:
@@ -166,6 +170,11 @@ class CompressedTarSource(Source):
                     close_group(first)
                     state["group"] += 1
                     state["start"] = first
+                if state["first"] is not None:
+                    state["first"].append((dict.fromkeys(parts, True), parts["json"][3] if "json" in parts else None))
+                    if len(state["first"]) >= FIRST_SAMPLES:
+                        check_first_samples(self.options, shown, state["first"])
+                        state["first"] = None
                 entry = sample_entries(full, shown, sample_key, parts, self.options, self.kind)
                 if entry.loc is not None:
                     offset, size, name = entry.loc
@@ -206,6 +215,9 @@ class CompressedTarSource(Source):
             else:
                 flush()
             close_group(end)
+            if state["first"]:  # a first shard of fewer samples
+                check_first_samples(self.options, shown, state["first"])
+                state["first"] = None
             if damage:
                 entries.append(Entry(full, f"{shown}@damage", key=f"{shown}@damage", where=shown, kind=self.kind,
                                      error=f"{shown}: {damage}; the samples from there on are not read"))
