@@ -28,7 +28,7 @@ from collections import OrderedDict
 import numpy as np
 
 from .formats.common import (MANIFEST, RUN_INFO, close_shard, committed_rows, load_row, open_shard, read_run_info,
-                             run_dirs)
+                             run_dirs, unreadable_error)
 
 _OPEN_SHARDS = 64  # shard files a reader keeps open (file descriptors are a bounded resource)
 
@@ -118,7 +118,11 @@ class Reader:
     def __getitem__(self, key: str) -> np.ndarray:
         row = self.row(key)
         with self._lock:  # h5py serialises anyway; the lock keeps the handle cache consistent
-            return load_row(self.out_dir, row, self._shard(row["shard"]))
+            try:
+                handle = self._shard(row["shard"])
+            except Exception as e:  # a damaged footer / superblock: the library's error names no item
+                raise unreadable_error(self.out_dir, row, e) from e
+            return load_row(self.out_dir, row, handle)
 
     def __iter__(self):
         for key in self._index:

@@ -686,14 +686,21 @@ def load_row(out_dir: str, row: dict, shard=None) -> np.ndarray:
     try:
         data = fmt.load(os.path.join(out_dir, row["shard"]), row, shard)
     except Exception as e:  # fletcher32 / page checksum failures, truncated shards, a row pointing nowhere
-        raise DamagedError(f"{row['key']!r} in {out_dir}: cannot read it from its shard {row['shard']} "
-                           f"({type(e).__name__}: {e}); {_DAMAGED_HINT}") from e
+        raise unreadable_error(out_dir, row, e) from e
     want = row.get("checksum")
     if want is not None and array_checksum(data) != want:
         raise DamagedError(f"{row['key']!r} in {out_dir}: the stored array in {row['shard']} fails its checksum "
                            f"({array_checksum(data)}, the manifest says {want}): the file was damaged after it "
                            f"was written; {_DAMAGED_HINT}")
     return data
+
+
+def unreadable_error(out_dir: str, row: dict, e: Exception) -> DamagedError:
+    """The :class:`DamagedError` of an item whose shard cannot be opened or read (a damaged
+    Parquet footer, HDF5 superblock or tar header raises the library's own error, which names
+    neither OUT nor the item)."""
+    return DamagedError(f"{row['key']!r} in {out_dir}: cannot read it from its shard {row['shard']} "
+                        f"({type(e).__name__}: {e}); {_DAMAGED_HINT}")
 
 
 _DAMAGED_HINT = ("`mimi-extract verify --out OUT --checksums` lists every damaged item; resuming the run with "
@@ -719,7 +726,10 @@ def scan_checksums(out_dir: str, run_dir: str | None = None, on_item=None) -> di
             try:
                 handle = open_shard(out_dir, shard)
             except Exception as e:  # noqa: BLE001 -- every item of it is unreadable
-                report["damaged"] += [{"key": r["key"], "shard": shard, "problem": f"shard unreadable: {e}"} for r in rows]
+                report["checked"] += sum(1 for r in rows if r.get("checksum"))
+                report["unchecked"] += sum(1 for r in rows if not r.get("checksum"))
+                report["damaged"] += [{"key": r["key"], "shard": shard,
+                                       "problem": f"shard unreadable ({type(e).__name__}: {e})"} for r in rows]
                 continue
             try:
                 for row in rows:
