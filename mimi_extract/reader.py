@@ -130,23 +130,10 @@ class Reader:
 
     def dataset(self, keys: list[str] | None = None):
         """A map-style ``torch.utils.data.Dataset``: item ``i`` is ``{"key", "data" (a tensor), "frames"}``
-        of the ``i``-th key (shard order, or ``keys``); safe in forked DataLoader workers."""
-        from torch.utils.data import Dataset
-
-        reader, keys = self, list(keys) if keys is not None else self.keys()
-
-        class OutDataset(Dataset):
-            def __len__(self):
-                return len(keys)
-
-            def __getitem__(self, i):
-                import torch
-
-                key = keys[i]
-                return {"key": key, "data": torch.from_numpy(np.ascontiguousarray(reader[key])),
-                        "frames": reader.row(key)["frames"]}
-
-        return OutDataset()
+        of the ``i``-th key (shard order, or ``keys``); picklable (``spawn`` DataLoader workers) and
+        safe in forked ones.  :class:`mimi_extract.dataset.OutDataset`; batch it with
+        ``mimi_extract.dataset.pad_collate``."""
+        return OutDataset(self, keys)
 
     def close(self) -> None:
         with self._lock:
@@ -169,6 +156,28 @@ class Reader:
     def __setstate__(self, state):
         self.__dict__.update(state)
         self._lock = threading.Lock()
+
+
+class OutDataset:
+    """A map-style dataset of OUT for ``torch.utils.data.DataLoader`` (torch's protocol: ``__len__``
+    and ``__getitem__``): item ``i`` is ``{"key", "data" (a tensor, time first), "frames"}`` of the
+    ``i``-th key (shard order, or ``keys``).  ``source``: OUT's path or a :class:`Reader`.  A
+    module-level class, so it pickles into ``spawn`` workers (each opens its own shard handles);
+    safe in forked ones.  Also ``mimi_extract.dataset.OutDataset``."""
+
+    def __init__(self, source, keys: list[str] | None = None):
+        self.reader = source if isinstance(source, Reader) else Reader(source)
+        self.keys = list(keys) if keys is not None else self.reader.keys()
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __getitem__(self, i: int) -> dict:
+        import torch
+
+        key = self.keys[i]
+        return {"key": key, "data": torch.from_numpy(np.ascontiguousarray(self.reader[key])),
+                "frames": self.reader.row(key)["frames"]}
 
 
 def open(out_dir: str) -> Reader:  # noqa: A001 - mimi_extract.open(OUT), like h5py.File / lhotse
@@ -300,4 +309,4 @@ def write_merged_cuts(out_dir: str, path: str) -> int:
     return n
 
 
-__all__ = ["Reader", "open", "read", "read_cuts", "write_merged_cuts", "ManifestCuts"]
+__all__ = ["Reader", "OutDataset", "open", "read", "read_cuts", "write_merged_cuts", "ManifestCuts"]
