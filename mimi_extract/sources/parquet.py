@@ -84,7 +84,9 @@ class _Data:
         else:
             import pyarrow.parquet as pq
 
-            self.file = pq.ParquetFile(path, memory_map=False)
+            # a buffered stream, not pre-buffered column chunks: pyarrow then holds no copy of the
+            # chunk's raw bytes beside its decoded column (a 200 MB cell's group: 0.62 GiB to read, 0.82 before)
+            self.file = pq.ParquetFile(path, memory_map=False, pre_buffer=False, buffer_size=1 << 20)
             self.schema = self.file.schema_arrow
             md = self.file.metadata
             self.groups = [md.row_group(i).num_rows for i in range(md.num_row_groups)]
