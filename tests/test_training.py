@@ -4,7 +4,6 @@ batch holds exactly ``mimi_extract.read``'s arrays, padded, with lengths, masks 
 
 import pickle
 
-import numpy as np
 import pytest
 import torch
 
@@ -51,7 +50,7 @@ def test_out_dataset_and_pad_collate_in_workers(outs, fmt, context):
     dataset = mimi_extract.open(out).dataset()
     pickle.loads(pickle.dumps(dataset))  # 'Can't pickle local object Reader.dataset.<locals>.OutDataset' before
     arrays = {k: read(out, k) for k in dataset.keys}
-    assert len(set(a.shape[0] for a in arrays.values())) > 1  # items of different lengths
+    assert len({a.shape[0] for a in arrays.values()}) > 1  # items of different lengths
     loader = torch.utils.data.DataLoader(dataset, batch_size=3, num_workers=WORKERS[context], collate_fn=pad_collate,
                                          multiprocessing_context=context)
     seen = [k for batch in loader for k in check_batch(batch, arrays, "key")]
