@@ -108,7 +108,7 @@ ResamplerOpt = Annotated[Resampler, typer.Option(help="Resampler to 24 kHz: torc
 CausalOpt = Annotated[Optional[bool], typer.Option("--causal-16k/--no-causal-16k", hidden=True, help="Old spelling of --resampler causal / torchaudio.")]
 ProgressOpt = Annotated[Optional[float], typer.Option(min=0, help=f"When the output is not a terminal (Slurm, nohup, CI): a plain progress line every this many seconds \\[default: ${PROGRESS_ENV} or 30].", show_default=False)]
 FramingArg = Annotated[FramingOpt, typer.Option(help="transformers = MimiModel.encode; moshi = moshi's non-streaming encode (zero-padded to whole 1920-sample frames); moshi-stream = moshi's streaming encode fed --frames-per-call frames per call (same padding; differs from non-streaming past the 250-step attention window, 10 s); muvap = the MuVAP front end (16 kHz delayed 16 samples, round(1.5n), pad to 960).")]
-FramesPerCallOpt = Annotated[int, typer.Option(min=1, help="--framing moshi-stream: 1920-sample frames per moshi streaming encode call (the codes depend on it past 10 s).")]
+FramesPerCallOpt = Annotated[int, typer.Option(min=1, help="--framing moshi-stream: 1920-sample frames per moshi streaming encode call (the codes depend on it past 10 s); an item that is not a whole number of calls gets its last call zero-padded to N frames.")]
 LimitOpt = Annotated[Optional[int], typer.Option(min=1, help="Only the first N inputs (a directory's sorted by path, a list's or manifest's in its order).")]
 ShardOpt = Annotated[int, typer.Option(min=1, help="Roll to a new shard after this many utterances.")]
 ShardMBOpt = Annotated[float, typer.Option(min=1, help="... or after this many MiB of data (a shard is built in memory).")]

@@ -244,7 +244,10 @@ class PaddedMimiEncoder(nn.Module):
     ending at its call's last step: key s is visible to query t iff s <= t and
     s >= c * floor(t / c) + c - window, with c = encoder steps per call and t, s absolute stream
     positions.  Only the mask differs (moshi's convs and RoPE positions are the same in both
-    modes), so the batched, padded and chunked paths all give moshi's streaming output."""
+    modes), so the batched, padded and chunked paths all give moshi's streaming output.  An item
+    that is not a whole number of calls ends in moshi's last call *zero-padded* to N frames (the
+    rule above, for every call): not moshi fed the frames left as a shorter call, whose window
+    ends at the audio's end and so differs in that call's frames (README, tests/test_moshi_stream)."""
 
     def __init__(self, model: nn.Module, frames_per_call: int | None = None):
         super().__init__()

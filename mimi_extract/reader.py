@@ -28,7 +28,7 @@ from collections import OrderedDict
 import numpy as np
 
 from .formats.common import (MANIFEST, RUN_INFO, close_shard, committed_rows, load_row, open_shard, read_run_info,
-                             run_dirs)
+                             run_dirs, unreadable_error)
 
 _OPEN_SHARDS = 64  # shard files a reader keeps open (file descriptors are a bounded resource)
 
@@ -118,7 +118,11 @@ class Reader:
     def __getitem__(self, key: str) -> np.ndarray:
         row = self.row(key)
         with self._lock:  # h5py serialises anyway; the lock keeps the handle cache consistent
-            return load_row(self.out_dir, row, self._shard(row["shard"]))
+            try:
+                handle = self._shard(row["shard"])
+            except Exception as e:  # a damaged footer / superblock: the library's error names no item
+                raise unreadable_error(self.out_dir, row, e) from e
+            return load_row(self.out_dir, row, handle)
 
     def __iter__(self):
         for key in self._index:
@@ -126,23 +130,10 @@ class Reader:
 
     def dataset(self, keys: list[str] | None = None):
         """A map-style ``torch.utils.data.Dataset``: item ``i`` is ``{"key", "data" (a tensor), "frames"}``
-        of the ``i``-th key (shard order, or ``keys``); safe in forked DataLoader workers."""
-        from torch.utils.data import Dataset
-
-        reader, keys = self, list(keys) if keys is not None else self.keys()
-
-        class OutDataset(Dataset):
-            def __len__(self):
-                return len(keys)
-
-            def __getitem__(self, i):
-                import torch
-
-                key = keys[i]
-                return {"key": key, "data": torch.from_numpy(np.ascontiguousarray(reader[key])),
-                        "frames": reader.row(key)["frames"]}
-
-        return OutDataset()
+        of the ``i``-th key (shard order, or ``keys``); picklable (``spawn`` DataLoader workers) and
+        safe in forked ones.  :class:`mimi_extract.dataset.OutDataset`; batch it with
+        ``mimi_extract.dataset.pad_collate``."""
+        return OutDataset(self, keys)
 
     def close(self) -> None:
         with self._lock:
@@ -165,6 +156,28 @@ class Reader:
     def __setstate__(self, state):
         self.__dict__.update(state)
         self._lock = threading.Lock()
+
+
+class OutDataset:
+    """A map-style dataset of OUT for ``torch.utils.data.DataLoader`` (torch's protocol: ``__len__``
+    and ``__getitem__``): item ``i`` is ``{"key", "data" (a tensor, time first), "frames"}`` of the
+    ``i``-th key (shard order, or ``keys``).  ``source``: OUT's path or a :class:`Reader`.  A
+    module-level class, so it pickles into ``spawn`` workers (each opens its own shard handles);
+    safe in forked ones.  Also ``mimi_extract.dataset.OutDataset``."""
+
+    def __init__(self, source, keys: list[str] | None = None):
+        self.reader = source if isinstance(source, Reader) else Reader(source)
+        self.keys = list(keys) if keys is not None else self.reader.keys()
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __getitem__(self, i: int) -> dict:
+        import torch
+
+        key = self.keys[i]
+        return {"key": key, "data": torch.from_numpy(np.ascontiguousarray(self.reader[key])),
+                "frames": self.reader.row(key)["frames"]}
 
 
 def open(out_dir: str) -> Reader:  # noqa: A001 - mimi_extract.open(OUT), like h5py.File / lhotse
@@ -296,4 +309,4 @@ def write_merged_cuts(out_dir: str, path: str) -> int:
     return n
 
 
-__all__ = ["Reader", "open", "read", "read_cuts", "write_merged_cuts", "ManifestCuts"]
+__all__ = ["Reader", "OutDataset", "open", "read", "read_cuts", "write_merged_cuts", "ManifestCuts"]

@@ -283,6 +283,11 @@ def verify_outputs(out_dir: str, sample: int | None = 20, seed: int = 0, device:
         top = row["shard"].split("/")[0]  # a part's folder, or a shard (or a format's folder) of a whole run
         run_dir = os.path.join(out_dir, top) if _PART_RE.fullmatch(top) else out_dir
         infos.setdefault(run_dir, read_run_info(run_dir))
+    missing = sorted(d for d, i in infos.items() if i is None)
+    if missing:  # the settings the items were made with (channel, causal_16k...) are not all in the shards
+        raise ValueError(f"{os.path.join(missing[0], 'run.json')} is missing: verify --out re-encodes with the "
+                         "settings OUT was made with, which it records; resume OUT with its original settings "
+                         "(that writes run.json back), or use verify --out OUT --checksums (no settings needed)")
     info = next(iter(infos.values()))
     name = model or info["model"]
     reference = load_model(name, device, torch.float32)

@@ -137,11 +137,13 @@ def to_transformers(moshi_model, config: MimiConfig, permute: bool = True) -> Mi
 
 @torch.no_grad()
 def moshi_encode(model, audio: torch.Tensor, frames_per_call: int | None = None,
-                 taps=("encoder", "latent", "codes")) -> dict:
+                 taps=("encoder", "latent", "codes"), last_call: str = "padded") -> dict:
     """moshi's encode of a 1-D ``audio``: non-streaming (``frames_per_call=None``: one
     ``encode`` of the whole, which zero-pads to a whole frame) or streaming, ``frames_per_call``
     frames of 1920 samples per ``encode`` call inside ``model.streaming(1)``, the audio
-    zero-padded to a whole frame and the last call to whole calls (its extra outputs dropped).
+    zero-padded to a whole frame and, when the frames are not a whole number of calls, the last
+    call ``last_call="padded"``: zero-padded to a whole call (its extra outputs dropped: what
+    ``--framing moshi-stream`` computes) or ``"short"``: fed only the frames left.
 
     Returns time-first tensors: ``encoder`` [25 Hz steps, D] (the encoder transformer's output),
     ``latent`` [frames, D] and ``codes`` [frames, num_codebooks]."""
@@ -157,7 +159,8 @@ def moshi_encode(model, audio: torch.Tensor, frames_per_call: int | None = None,
         else:
             call = frames_per_call * frame
             calls = -(-frames // frames_per_call)
-            x = torch.nn.functional.pad(audio, (0, calls * call - n)).view(1, 1, -1)
+            total = calls * call if last_call == "padded" else frames * frame
+            x = torch.nn.functional.pad(audio, (0, total - n)).view(1, 1, -1)
             with model.streaming(1):
                 latent = torch.cat([model._encode_to_unquantized_latent(x[..., i * call:(i + 1) * call])
                                     for i in range(calls)], dim=-1)

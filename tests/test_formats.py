@@ -303,3 +303,35 @@ def test_lhotse_sampler_and_dataloader_workers_over_parquet_cuts(both):
     assert sorted(seen) == sorted(c.id for c in cuts)
     for key, data in seen.items():
         assert np.array_equal(data, read(out, key)), key
+
+
+@pytest.mark.parametrize("fmt", ["hdf5", "parquet"])
+def test_a_damaged_footer_or_superblock_is_a_damaged_error_naming_out_shard_and_key(both, tmp_path, fmt):
+    """A flipped Parquet footer magic / HDF5 superblock signature makes the library fail to open the
+    shard at all (ArrowInvalid, OSError): every reader says DamagedError with OUT, shard and key."""
+    out = str(tmp_path / "out")
+    shutil.copytree(both[fmt], out)
+    victim = next(r for r in read_manifest(out) if r["status"] == "ok")
+    path = os.path.join(out, victim["shard"])
+    _flip(path, os.path.getsize(path) - 2 if fmt == "parquet" else 1)
+    for reader in (lambda k: read(out, k), lambda k: mimi_extract.open(out)[k],
+                   lambda k: mimi_extract.formats.common.read(out, k)):
+        with pytest.raises(mimi_extract.formats.common.DamagedError) as e:
+            reader(victim["key"])
+        assert out in str(e.value) and repr(victim["key"]) in str(e.value) and victim["shard"] in str(e.value)
+    result = cli("verify", "--out", out, "--checksums")
+    in_shard = sum(r["shard"] == victim["shard"] for r in read_manifest(out) if r["status"] == "ok")
+    assert result.exit_code == 1 and f"7 stored items read, 7 against their checksums; {in_shard} damaged; FAIL" in result.text, result.output
+
+
+def test_verify_out_without_run_json_after_a_refused_resume_says_so(both, corpus, tiny_model_dir, tmp_path):
+    root, _ = corpus
+    out = str(tmp_path / "out")
+    shutil.copytree(both["hdf5"], out)
+    os.remove(os.path.join(out, "run.json"))
+    refused = cli("codes", root, out, "--model", tiny_model_dir, "-q", "4", *ONE_WORKER)
+    assert refused.exit_code == 2 and "num_quantizers: 8 -> 4" in refused.text, refused.output
+    result = cli("verify", "--out", out, "--sample", "1000")
+    assert result.exit_code == 2, result.output
+    assert "run.json is missing" in result.text and "Traceback" not in result.output, result.output
+    assert cli("verify", "--out", out, "--checksums").exit_code == 0

@@ -198,3 +198,30 @@ def test_cli_moshi_stream(pair, tmp_path):
     assert again.exit_code != 0 and "frames_per_call" in again.text  # a resume may not mix call sizes
     wrong = cli("codes", root, tmp_path / "x", *args, "--frames-per-call", 2)
     assert wrong.exit_code == 2 and "moshi-stream" in wrong.text
+
+
+@pytest.mark.parametrize("frames_per_call", [2, 3, 4])
+def test_leftover_frames_are_moshis_last_call_zero_padded(pair, frames_per_call):
+    """Frames not a whole number of calls: what moshi-stream computes is moshi streaming with its
+    last call zero-padded to N frames (the padding's outputs dropped), not moshi fed the leftover
+    frames as a short last call.  The two differ only in the last call's frames: the padded call's
+    keys push older keys out of moshi's ring buffer (window - N*2 steps before the padded call's
+    end, not the audio's end).  Both sides are checked: equal to the padded one everywhere
+    (whole item, chunked, verify's reference); equal to the short one before the last call."""
+    moshi, model, _ = pair
+    for frames in (9, 14):
+        audio = noise(FRAME * (frames - 1) + 500, seed=frames)
+        ref = moshi_encode(moshi, audio, frames_per_call)
+        short = moshi_encode(moshi, audio, frames_per_call, last_call="short")
+        got = single(PaddedMimiEncoder(model, frames_per_call), padded(audio))
+        assert_same(model, got, ref)
+        assert_same(model, reference_single(model, padded(audio), 8, frames_per_call), ref)
+        chunked = encode_chunked(PaddedMimiEncoder(model, frames_per_call), [padded(audio)], 3 * FRAME, TAPS, 8)[0]
+        assert_same(model, chunked, ref)
+        last = frames - frames % frames_per_call if frames % frames_per_call else frames  # first frame of a short call
+        if last == frames:  # a whole number of calls: both are the same
+            assert_same(model, got, short)
+            continue
+        for tap, per in (("latent", 1), ("encoder", 2)):
+            assert first_over(got[tap][: last * per], short[tap][: last * per]) is None, tap
+        assert first_over(got["latent"], short["latent"]) is not None and first_over(got["latent"], short["latent"]) >= last

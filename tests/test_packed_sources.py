@@ -657,3 +657,33 @@ def test_cli_shard_pattern_messages(shards, tiny_model_dir, tmp_path):
     assert result.exit_code == 2 and "unexpected extra argument" in result.text and "quote" in result.text, result.text
     result = cli("verify", os.path.join(shards, "en-000000.tar"), os.path.join(shards, "en-000001.tar"))
     assert result.exit_code == 2 and "quote" in result.text, result.text
+
+
+def test_a_parquet_cell_over_the_size_limit_is_an_error_row_before_it_is_copied(loose, tiny_model_dir, tmp_path,
+                                                                                monkeypatch):
+    """MIMI_EXTRACT_MAX_CELL_MB bounds one audio cell: a larger one is a clear error row, its size
+    read from the column's offsets (never copied out, never decoded); the others encode as usual."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from mimi_extract.sources import parquet as parquet_source
+
+    small = open(os.path.join(loose, "a.flac"), "rb").read()
+    big = small + b"\0" * (300_000 - len(small))  # 0.29 MiB: over a 0.25 MiB limit
+    audio = pa.array([{"bytes": small, "path": "a.flac"}, {"bytes": big, "path": "big.flac"},
+                      {"bytes": small, "path": "a2.flac"}], pa.struct([("bytes", pa.binary()), ("path", pa.string())]))
+    path = tmp_path / "x.parquet"
+    pq.write_table(pa.table({"audio": audio}), path, row_group_size=2)
+    monkeypatch.setenv(parquet_source.MAX_CELL_ENV, "0.25")
+    found = discover(str(path))
+    errors = {it.key: it.error for it in found.bad}
+    assert sorted(it.key for it in found.items) == ["x.parquet/0", "x.parquet/2"]
+    assert errors == {"x.parquet/1": "x.parquet:row 1: audio cell of 0.3 MiB is over the 0.25 MiB limit of one "
+                                     "Parquet cell (set MIMI_EXTRACT_MAX_CELL_MB to raise it)"}
+    out = str(tmp_path / "out")
+    summary = extract(str(path), out, settings(tiny_model_dir))
+    assert summary["ok"] == 2 and summary["errors"] == 1
+    arrays = check_consistency(out)
+    assert np.array_equal(arrays["x.parquet/0"], arrays["x.parquet/2"])  # the same audio: the same codes
+    monkeypatch.setenv(parquet_source.MAX_CELL_ENV, "1")
+    assert sorted(it.key for it in discover(str(path)).items) == ["x.parquet/0", "x.parquet/1", "x.parquet/2"]

@@ -191,3 +191,9 @@ def array_checksum(data: np.ndarray) -> str:
     if a.dtype.byteorder == ">" or (a.dtype.byteorder == "=" and np.little_endian is False):
         a = a.astype(a.dtype.newbyteorder("<"))
     return f"crc32:{zlib.crc32(memoryview(a).cast('B')) & 0xFFFFFFFF:08x}"
+
+
+def bytes_checksum(data: bytes) -> str:
+    """``crc32:XXXXXXXX`` of raw bytes (what a format stores beside the arrays: a Shar tar's
+    ``.json`` member, one line of its cuts file), in the form of :func:`array_checksum`."""
+    return f"crc32:{zlib.crc32(data) & 0xFFFFFFFF:08x}"

@@ -37,7 +37,7 @@ from pathlib import PurePosixPath
 
 import numpy as np
 
-from .base import Format, ShardBuilder, array_checksum
+from .base import Format, ShardBuilder, array_checksum, bytes_checksum
 from .registry import register
 
 FOLDER = "shar"
@@ -136,10 +136,13 @@ class SharShard(ShardBuilder):
         # PAX headers included, come before the data): the data starts that padded size back
         offset = self._tar.tarstream.offset - -(-nbytes // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
         cut = cut_for(row, self.field, self.frame_shift, data.shape)
-        meta = io.BytesIO((json.dumps(cut["custom"][self.field]) + "\n").encode("utf-8"))
-        self._tar.write(f"{key}.json", meta, count=False)
-        self._cuts.append(json.dumps(cut, ensure_ascii=False) + "\n")
-        return {"offset": offset, "nbytes": nbytes}
+        meta = (json.dumps(cut["custom"][self.field]) + "\n").encode("utf-8")
+        self._tar.write(f"{key}.json", io.BytesIO(meta), count=False)
+        line = json.dumps(cut, ensure_ascii=False) + "\n"
+        self._cuts.append(line)
+        # what lhotse reads besides the array, checksummed like it (check() and verify --checksums)
+        return {"offset": offset, "nbytes": nbytes, "meta_checksum": bytes_checksum(meta),
+                **({} if self.extend else {"cut_checksum": bytes_checksum(line.encode("utf-8"))})}
 
     def add_placeholder(self, key: str) -> None:
         """No array for this cut (its error row says why): lhotse's own placeholder pair, as
@@ -202,7 +205,10 @@ class Shar(Format):
 
     def check(self, path: str, rows: list[dict]) -> str | None:
         """The tar holds exactly ``KEY.npy`` + ``KEY.json`` per row, in row order, each array where
-        its row says with its frame count; the cuts file names the same keys in the same order."""
+        its row says with its frame count; the cuts file names the same keys in the same order.
+        Every byte lhotse reads besides the arrays (each ``.json`` member, each line of the cuts
+        file) matches the checksum its row recorded (rows written before those checksums: the
+        structure only); tar headers carry their own checksum, which tarfile checks."""
         try:
             with tarfile.open(path, "r:") as tar:
                 members = tar.getmembers()
@@ -223,16 +229,25 @@ class Shar(Format):
                     frames = _npy_shape(tar.extractfile(m))[0]
                     if frames != row.get("frames"):
                         return f"{row['key']}: {frames} frames, manifest says {row.get('frames')}"
+                for m, row in zip(members[1::2], rows):
+                    if row.get("status") == "ok" and row.get("meta_checksum") is not None and (
+                            bytes_checksum(tar.extractfile(m).read()) != row["meta_checksum"]):
+                        return f"{row['key']}: its {m.name} member fails its checksum"
+                    if row.get("status") != "ok" and m.size:
+                        return f"{row['key']}: its placeholder {m.name} is not empty"
                 end = max(m.offset_data + m.size for m in members)
             if os.path.getsize(path) < end + 2 * tarfile.BLOCKSIZE:
                 return "truncated"
             if extend:  # a field of the input's shards: no cuts of its own
                 return None
             cuts = os.path.join(os.path.dirname(path), os.path.basename(cuts_name(os.path.basename(path))))
-            with gzip.open(cuts, "rt", encoding="utf-8") as f:
-                ids = [json.loads(line)["id"] for line in f]
-            if ids != [r["key"] for r in rows]:
+            with gzip.open(cuts, "rb") as f:  # read to the end: gzip checks its own crc32 there
+                lines = f.read().splitlines(keepends=True)
+            if [json.loads(line)["id"] for line in lines] != [r["key"] for r in rows]:
                 return f"{os.path.basename(cuts)} names other cuts than the manifest"
+            for line, row in zip(lines, rows):
+                if row.get("cut_checksum") is not None and bytes_checksum(line) != row["cut_checksum"]:
+                    return f"{row['key']}: its cut in {os.path.basename(cuts)} fails its checksum"
         except Exception as e:  # truncated, zeroed, not a tar, companion missing or damaged
             return f"unreadable ({type(e).__name__}: {e})"
         return None
