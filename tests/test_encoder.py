@@ -185,6 +185,7 @@ def test_chunked_eager_attention():
     assert_chunked_matches(random_model(config, seed=1), [FRAME * 20 + 333, FRAME * 9], FRAME * 3)
 
 
+@pytest.mark.slow
 def test_chunked_full_size_past_the_window():
     """kyutai/mimi's architecture: window 250 frames = 10 s.  A 12.4 s file in 7-frame (0.56 s)
     chunks crosses the window edge, where moshi's 250-entry ring buffer drops a key; here the

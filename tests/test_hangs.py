@@ -90,6 +90,7 @@ ENGINES = {"in-process": ["--cpu-workers", "1"], "processes": ["--cpu-workers", 
            "ray": ["--cpu-workers", "1", "--engine", "ray", "--ray-cpu-actors", "2"]}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("engine", list(ENGINES))
 def test_failing_item_is_an_error_row_on_every_engine(tmp_path, tiny_model_dir, engine):
     """Items failing in their first, a middle and their last chunk (NaN samples), beside a clean
@@ -118,6 +119,7 @@ def test_stream_failing_alone_on_worker_processes(tmp_path, tiny_model_dir, posi
     assert rows_of(out)[position]["status"] == "error"
 
 
+@pytest.mark.slow
 def test_run_ends_after_a_step_slower_than_any_timeout(tmp_path, tiny_model_dir, monkeypatch):
     """A step taking longer than the feeder once waited to hand over its end-of-work marker (10 s):
     the marker was dropped with the queue full, and the encoder loop then waited for it forever.

@@ -151,6 +151,7 @@ def _check_after_kill(out, reference) -> dict:
     return committed
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["hdf5", "parquet"])
 def test_kill_9_at_random_points_then_resume(many, tiny_model_dir, reference_run, tmp_path, fmt):
     """kill -9 three times, each once a random number of rows is committed (never before the
@@ -186,6 +187,7 @@ def worker_pids(parent: int) -> list[int]:
 
 @pytest.mark.parametrize("sig,group,fmt", [(signal.SIGINT, False, "hdf5"), (signal.SIGTERM, False, "hdf5"),
                                            (signal.SIGTERM, True, "hdf5"), (signal.SIGTERM, True, "parquet")])
+@pytest.mark.slow
 def test_signal_commits_what_was_encoded(many, tiny_model_dir, reference_run, tmp_path, sig, group, fmt):
     """``group``: SIGTERM to the whole process group of a two-worker run, as Slurm's scancel or a
     time limit sends it: the workers must not die before the parent has committed."""
@@ -208,6 +210,7 @@ def test_signal_commits_what_was_encoded(many, tiny_model_dir, reference_run, tm
     assert_same(out, reference_run)
 
 
+@pytest.mark.slow
 def test_a_dead_worker_hands_its_units_to_the_other(many, tiny_model_dir, reference_run, tmp_path):
     out = str(tmp_path / "out")
     proc, _ = start(many, out, tiny_model_dir, "--device", "cpu", "--cpu-workers", "2", "--num-workers", "1")

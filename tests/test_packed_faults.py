@@ -120,6 +120,7 @@ def test_packed_kill_9_then_resume_equals_uninterrupted(kind, many_packed, packe
     assert_same(out, reference)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind, fmt", [("parquet", "parquet"), ("shar", "shar")])
 def test_packed_inputs_on_ray_into_every_format(kind, fmt, many_packed, packed_reference, tiny_model_dir, tmp_path):
     """Ray actors read Parquet row groups and Shar members themselves; the output written as

@@ -48,6 +48,7 @@ def test_ray_engine_equals_in_process(corpus60, tiny_model_dir, in_process, tmp_
     assert all(np.array_equal(got[k], in_process[k]) for k in in_process)
 
 
+@pytest.mark.slow
 def test_ray_actor_killed_mid_run(corpus60, tiny_model_dir, in_process, tmp_path):
     out = str(tmp_path / "out")
     done, killed = [], []
@@ -75,6 +76,7 @@ def test_ray_actor_killed_mid_run(corpus60, tiny_model_dir, in_process, tmp_path
     assert all(np.array_equal(got[k], in_process[k]) for k in in_process)
 
 
+@pytest.mark.slow
 def test_ray_interrupted_then_resumed(corpus60, tiny_model_dir, in_process, tmp_path):
     """A stop (what Ctrl-C sets) mid-run on the Ray engine commits what was completely encoded; the
     units in flight are dropped and encoded again on resume, which completes to the in-process run."""
@@ -97,6 +99,7 @@ def test_ray_interrupted_then_resumed(corpus60, tiny_model_dir, in_process, tmp_
     assert all(np.array_equal(got[k], in_process[k]) for k in in_process)
 
 
+@pytest.mark.slow
 def test_ray_driver_killed_takes_its_private_cluster(corpus60, tiny_model_dir, tmp_path):
     """kill -9 of a driver that started a private local cluster: every process of that cluster
     (GCS, raylet, workers, and Ray's dashboard and runtime-env agents, which Ray itself leaves

@@ -45,6 +45,7 @@ def run(corpus, out, model_dir, *extra):
     return result.text
 
 
+@pytest.mark.slow
 def test_split_codes_equal_the_single_item_reference(corpus, tiny_model, tiny_model_dir, tmp_path):
     """24, 16 (decoded from the start and dropped up to the piece) and 44.1 kHz (resampled the
     same way) recordings split on 2 workers: codes identical to transformers' encode of each file
@@ -64,6 +65,7 @@ def test_split_codes_equal_the_single_item_reference(corpus, tiny_model, tiny_mo
         assert np.array_equal(read(tmp_path / "whole", name), got), name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("framing, tap", [("transformers", "encoder"), ("moshi-stream", "latent")])
 def test_split_features_every_tap_and_moshi_stream(corpus, tiny_model, tiny_model_dir, tmp_path, framing, tap):
     """The 25 Hz encoder tap (warm-up dropped in 25 Hz steps) and moshi's streaming mask (its call
@@ -86,6 +88,7 @@ def _framing(name):
     return framing_of(name)
 
 
+@pytest.mark.slow
 def test_kill_9_mid_split_item_then_resume(corpus, tiny_model_dir, tmp_path):
     """kill -9 while the split recordings' pieces are spread over the workers (a random 1-3 s into
     encoding; the run must still be going): OUT is consistent, no recording is stored in part, and
@@ -115,6 +118,7 @@ def test_kill_9_mid_split_item_then_resume(corpus, tiny_model_dir, tmp_path):
     assert set(final) == set(expected) and all(np.array_equal(final[k], expected[k]) for k in expected)
 
 
+@pytest.mark.slow
 def test_split_pieces_on_ray_actors(corpus, tiny_model, tiny_model_dir, tmp_path):
     """Pieces go to Ray actors like any unit (each actor returns its pieces whole; the driver
     stitches): codes identical to the single-item reference."""
