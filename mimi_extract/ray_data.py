@@ -142,8 +142,7 @@ class MimiEncode:
         self.budget = max(int(self.settings.step_seconds * SAMPLE_RATE), self.chunk)
         self.audio_column, self.key_column, self.output_column = audio_column, key_column, output_column
         self.sample_rate_column, self.keep_audio = sample_rate_column, keep_audio
-        channel_ = channel if channel in ("mix", "first") else int(channel)
-        self.channel = channel_
+        self.channel = channel if channel in ("mix", "first") else int(channel)  # as --channel
 
     # -- decoding --------------------------------------------------------------------------
     def _decode(self, value, rate) -> torch.Tensor:

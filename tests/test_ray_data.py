@@ -77,6 +77,10 @@ def test_in_process_batch_mixed_inputs(clips, reference, tiny_model_dir):
         assert out["frames"][i] == len(got) and np.array_equal(got, reference[name]), name
     assert out["codes"][-1] is None and out["frames"][-1] is None
     assert out["error"][-1].startswith("bad: cannot decode")
+    import pandas as pd  # batch_format="pandas" hands a DataFrame: same rows, same codes
+
+    frame = encode(pd.DataFrame({"audio": list(audio[:2]), "id": names[:2]})).to_pydict()
+    assert frame["codes"] == out["codes"][:2] and frame["error"] == [None, None]
 
 
 def test_parquet_pipeline(clips, reference, tiny_model_dir, ray_cluster, tmp_path):
