@@ -678,15 +678,28 @@ def _report(make, out_dir: str, as_json: bool) -> dict | None:
 
 @app.command()
 def status(out_dir: Annotated[str, typer.Argument(metavar="OUT")],
-           as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False):
+           as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+           missing: Annotated[bool, typer.Option("--missing", help="Print only the part indices not complete (never "
+                              "started, killed, or with inputs not yet encoded) as `sbatch --array=` takes them "
+                              "(0,3,5-7; a whole run is part 0); exit 0 when nothing is missing, 1 when something "
+                              "is, 2 when OUT is not a run.")] = False):
     """Progress of OUT: per part of a job array, inputs, ok, errors, and what is missing.
 
-    [bold]Example[/]
+    [bold]Examples[/]
 
       mimi-extract status codes/
+
+      sbatch --array=$(mimi-extract status codes/ --missing) job.sh   # job.sh: --part $SLURM_ARRAY_TASK_ID/16
     """
     from .outputs import status_report
 
+    if missing:
+        try:
+            report = status_report(out_dir)
+        except (FileNotFoundError, ValueError) as e:
+            _fail(e)
+        print(json.dumps({k: report[k] for k in ("parts", "incomplete_parts", "array")}) if as_json else report["array"])
+        raise typer.Exit(1 if report["incomplete_parts"] else 0)
     report = _report(status_report, out_dir, as_json)
     if report is None:
         return
