@@ -113,7 +113,7 @@ LimitOpt = Annotated[Optional[int], typer.Option(min=1, help="Only the first N i
 ShardOpt = Annotated[int, typer.Option(min=1, help="Roll to a new shard after this many utterances.")]
 ShardMBOpt = Annotated[float, typer.Option(min=1, help="... or after this many MiB of data (a shard is built in memory).")]
 StrictOpt = Annotated[bool, typer.Option(help="Exit 1 if any input failed (default: error rows, exit 0).")]
-PartOpt = Annotated[Optional[str], typer.Option(help="Encode part I/N (0-based) of the inputs, by a stable hash of each key, or 'slurm' (SLURM_ARRAY_TASK_ID/COUNT).")]
+PartOpt = Annotated[Optional[str], typer.Option(help="Encode part I/N (0-based) of the inputs, by a stable hash of each key, or 'slurm' (SLURM_ARRAY_TASK_ID/COUNT). Over N or more tar/.tar.gz/Parquet/Shar shards: whole shards (shard i -> part i % N), and a part opens only its own.")]
 EngineArg = Annotated[EngineOpt, typer.Option(help="local = processes on this machine; ray = actors on a Ray cluster (pip install 'mimi-extract\\[ray]').")]
 RayAddressOpt = Annotated[Optional[str], typer.Option(help="Ray cluster to join: auto, HOST:PORT \\[default: start a private local one].")]
 RayCpuOpt = Annotated[Optional[int], typer.Option(min=1, help="CPU actors on a cluster without GPUs \\[default: CPUs / 2].")]
@@ -682,7 +682,9 @@ def status(out_dir: Annotated[str, typer.Argument(metavar="OUT")],
            missing: Annotated[bool, typer.Option("--missing", help="Print only the part indices not complete (never "
                               "started, killed, or with inputs not yet encoded) as `sbatch --array=` takes them "
                               "(0,3,5-7; a whole run is part 0); exit 0 when nothing is missing, 1 when something "
-                              "is, 2 when OUT is not a run.")] = False):
+                              "is, 2 when OUT is not a run.")] = False,
+           shards: Annotated[bool, typer.Option("--shards", help="With --missing: print the input shards of the parts "
+                             "not complete instead, one a line (parts that took whole input shards; --json: both).")] = False):
     """Progress of OUT: per part of a job array, inputs, ok, errors, and what is missing.
 
     [bold]Examples[/]
@@ -698,7 +700,14 @@ def status(out_dir: Annotated[str, typer.Argument(metavar="OUT")],
             report = status_report(out_dir)
         except (FileNotFoundError, ValueError) as e:
             _fail(e)
-        print(json.dumps({k: report[k] for k in ("parts", "incomplete_parts", "array")}) if as_json else report["array"])
+        if as_json:
+            print(json.dumps({k: report[k] for k in ("parts", "incomplete_parts", "array", "incomplete_shards")}))
+        elif shards:
+            if report["incomplete_shards"] is None and report["incomplete_parts"]:
+                _fail("the parts of this OUT divide their items by key, not by input shard: no shard list", EXIT_FAILED)
+            print("".join(s + "\n" for s in report["incomplete_shards"] or []), end="")
+        else:
+            print(report["array"])
         raise typer.Exit(1 if report["incomplete_parts"] else 0)
     report = _report(status_report, out_dir, as_json)
     if report is None:

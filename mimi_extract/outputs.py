@@ -57,8 +57,12 @@ def status_report(out_dir: str) -> dict:
     count = next(iter(counts))[1] if counts else 1
     names = {int(m.group(1)) if (m := _PART_RE.search(name)) else 0: name for name in runs}
     todo = [i for i in range(count) if i not in names or not _run_done(runs[names[i]])]
+    # parts of whole input shards: part I took shards I, I+N, I+2N... of the list every part records
+    shards = next((info["part_shards"] for d in _require(out_dir)
+                   if "part_shards" in (info := read_run_info(d) or {})), None)
     return {"runs": runs, "missing_parts": missing, "ok": ok, "errors": errors, "remaining": remaining,
-            "complete": complete, "parts": count, "incomplete_parts": todo, "array": array_spec(todo)}
+            "complete": complete, "parts": count, "incomplete_parts": todo, "array": array_spec(todo),
+            "incomplete_shards": None if shards is None else [s for n, s in enumerate(shards) if n % count in todo]}
 
 
 def _run_done(run: dict) -> bool:

@@ -121,6 +121,15 @@ def run_dir_for(out_dir: str, part: Part):
     return lock_run_dir(out_dir, part.dirname, part.count)
 
 
+def divided_by_key(run_dir: str) -> bool:
+    """Whether a part of this job array already ran with its items divided by key (its run.json has
+    no ``part_shards``: an input with fewer shards than parts, not sharded at all, or an OUT begun
+    before parts took whole shards): the other parts then divide by key too, so one OUT never mixes
+    the two divisions (its union would lose or repeat items)."""
+    return any((info := read_run_info(d)) is not None and "part_shards" not in info
+               for d in run_dirs(os.path.dirname(run_dir)))
+
+
 def load_identity(settings: Settings):
     """Load the model once on CPU: validates the weights up front and hashes them."""
     from transformers.models.mimi.modeling_mimi import MimiModel
@@ -248,9 +257,10 @@ def _extract_with(engine, source, run_dir, settings, shard_size, shard_mb, limit
     on_phase(f"loading the model {settings.model} and hashing its weights")
     model, config, identity = load_identity(settings)
     on_phase(f"finding inputs in {source} and reading their headers")
+    by_shard = not part.whole and not settings.shar_extend and not divided_by_key(run_dir)
     found = discover(source, settings.channel, settings.framing_rule, limit, recordings,
                      exclude=run_dir if part.whole else os.path.dirname(run_dir),  # OUT is never input
-                     options=options)
+                     options=options, part=(part.index, part.count) if by_shard else None)
     on_phase(f"planning {len(found.items)} readable inputs ({len(found.bad)} unreadable)")
     items, bad = found.items, found.bad
     fmt = get_format(settings.format)
@@ -258,7 +268,7 @@ def _extract_with(engine, source, run_dir, settings, shard_size, shard_mb, limit
     if refused:  # keys the output format cannot store (a Shar cut id): error rows, not a crash mid-run
         bad = bad + [replace(it, error=refused[it.key]) for it in items if it.key in refused]
         items = [it for it in items if it.key not in refused]
-    if not part.whole and not settings.shar_extend:  # (--shar-extend: whole input shards go to parts)
+    if not part.whole and not settings.shar_extend and found.part_shards is None:  # (else whole input shards)
         items = [it for it in items if part_of(it.key, part.count) == part.index]
         bad = [it for it in bad if part_of(it.key, part.count) == part.index]
     layout, warnings = None, list(found.warnings)
@@ -270,8 +280,11 @@ def _extract_with(engine, source, run_dir, settings, shard_size, shard_mb, limit
         warnings += more
     siblings = [d for d in run_dirs(os.path.dirname(run_dir)) if d != run_dir] if not part.whole else []
     attrs = file_attrs(settings, config, identity, found.metadata)
-    check_run_info(run_dir, run_info(settings, identity, found.root, found.kind, part, found.identity, found.metadata,
-                                     (options or Options()).keep_fields), siblings, attrs)
+    info = run_info(settings, identity, found.root, found.kind, part, found.identity, found.metadata,
+                    (options or Options()).keep_fields)
+    if found.part_shards is not None:  # how the parts divide the input: every part must agree
+        info["part_shards"] = found.part_shards
+    check_run_info(run_dir, info, siblings, attrs)
     damaged = None
     if reencode_damaged:
         on_phase("reading every stored item to check its checksums (--reencode-damaged)")

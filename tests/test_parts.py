@@ -151,7 +151,9 @@ def test_status_missing_lists_parts_to_resubmit(files, tiny_model_dir, tmp_path)
     missing = cli("status", out, "--missing")
     assert missing.exit_code == 1 and missing.output == "2-3,5\n", missing.output
     report = json.loads(cli("status", out, "--missing", "--json").output)
-    assert report == {"parts": 6, "incomplete_parts": [2, 3, 5], "array": "2-3,5"}
+    assert report == {"parts": 6, "incomplete_parts": [2, 3, 5], "array": "2-3,5", "incomplete_shards": None}
+    by_key = cli("status", out, "--missing", "--shards")  # a folder of files: parts divided by key, no shards
+    assert by_key.exit_code == 1 and "by key, not by input shard" in by_key.text
     for i in (2, 3, 5):
         extract(str(files), out, settings(tiny_model_dir), part=Part(i, 6))
     done = cli("status", out, "--missing")
