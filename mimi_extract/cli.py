@@ -113,7 +113,7 @@ LimitOpt = Annotated[Optional[int], typer.Option(min=1, help="Only the first N i
 ShardOpt = Annotated[int, typer.Option(min=1, help="Roll to a new shard after this many utterances.")]
 ShardMBOpt = Annotated[float, typer.Option(min=1, help="... or after this many MiB of data (a shard is built in memory).")]
 StrictOpt = Annotated[bool, typer.Option(help="Exit 1 if any input failed (default: error rows, exit 0).")]
-PartOpt = Annotated[Optional[str], typer.Option(help="Encode part I/N (0-based) of the inputs, by a stable hash of each key, or 'slurm' (SLURM_ARRAY_TASK_ID/COUNT). Over N or more tar/.tar.gz/Parquet/Shar shards: whole shards (shard i -> part i % N), and a part opens only its own.")]
+PartOpt = Annotated[Optional[str], typer.Option(help="Encode part I/N (0-based) of the inputs, by a stable hash of each key, or 'slurm' (SLURM_ARRAY_TASK_ID/COUNT). Over N or more tar/.tar.gz/Parquet/Shar shards (no --limit): whole shards (shard i -> part i % N), and a part opens only its own.")]
 EngineArg = Annotated[EngineOpt, typer.Option(help="local = processes on this machine; ray = actors on a Ray cluster (pip install 'mimi-extract\\[ray]').")]
 RayAddressOpt = Annotated[Optional[str], typer.Option(help="Ray cluster to join: auto, HOST:PORT \\[default: start a private local one].")]
 RayCpuOpt = Annotated[Optional[int], typer.Option(min=1, help="CPU actors on a cluster without GPUs \\[default: CPUs / 2].")]

@@ -257,7 +257,8 @@ def _extract_with(engine, source, run_dir, settings, shard_size, shard_mb, limit
     on_phase(f"loading the model {settings.model} and hashing its weights")
     model, config, identity = load_identity(settings)
     on_phase(f"finding inputs in {source} and reading their headers")
-    by_shard = not part.whole and not settings.shar_extend and not divided_by_key(run_dir)
+    # (--limit: the first N inputs of the whole input, then divided by key, as before)
+    by_shard = not part.whole and not settings.shar_extend and limit is None and not divided_by_key(run_dir)
     found = discover(source, settings.channel, settings.framing_rule, limit, recordings,
                      exclude=run_dir if part.whole else os.path.dirname(run_dir),  # OUT is never input
                      options=options, part=(part.index, part.count) if by_shard else None)

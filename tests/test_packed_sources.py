@@ -181,6 +181,8 @@ def test_tar_parts_take_whole_shards(shards, tiny_model_dir, tmp_path, monkeypat
     with pytest.raises(OutputError, match="divide whole input shards, this one its items by key") as e:
         extract(shards, out, run, part=Part(1, 2), options=Options(id_field="id"))
     assert len(str(e.value)) < 600
+    limited = extract(shards, str(tmp_path / "limited"), run, part=Part(0, 2), limit=3, options=Options(id_field="id"))
+    assert "part_shards" not in read_run_info(limited["run_dir"])  # --limit: the first 3 inputs, divided by key
 
 
 @pytest.mark.parametrize("kind", ["tgz", "parquet"])
