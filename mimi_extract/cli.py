@@ -119,6 +119,7 @@ RayAddressOpt = Annotated[Optional[str], typer.Option(help="Ray cluster to join:
 RayCpuOpt = Annotated[Optional[int], typer.Option(min=1, help="CPU actors on a cluster without GPUs \\[default: CPUs / 2].")]
 SplitOpt = Annotated[bool, typer.Option(help="Split a recording longer than a lane's fair share of the run (lanes: streams run side by side, workers x rows) into independent pieces of that share, run on any worker or row (exact: each piece is encoded from the model's receptive field, 80 s, before its first frame; pieces of at least 8.9 min, so the warm-up costs <= 15%). The plan line says what was split.")]
 FormatOpt = Annotated[OutFormat, typer.Option("--format", help="Output format: hdf5 = shard-N.h5 (one dataset per item; lhotse cuts read it in place); parquet = shard-N.parquet (one row per item, zstd; datasets.load_dataset('parquet'), pyarrow, polars; a Hub dataset card); shar = lhotse Shar in OUT/shar/ (cuts.N.jsonl.gz + mimi_codes.N.tar; CutSet.from_shar(in_dir=OUT/shar)). Recorded in run.json: a resume must use the same.")]
+ReencodeChangedOpt = Annotated[bool, typer.Option("--reencode-changed", help="Resume although input shards were rewritten since OUT began (re-downloaded: same names, other size or mtime; nothing else changed): the output shards holding their items are moved to quarantine/ and those items encoded again from the new shards.")]
 ReencodeOpt = Annotated[bool, typer.Option("--reencode-damaged", help="Before resuming, read every stored item and check its checksums (bit rot, edited files: what verify --out --checksums lists); shards holding a damaged item are moved to quarantine/ and their items encoded again.")]
 RecordingsOpt = Annotated[Optional[str], typer.Option(help="lhotse RecordingSet for a SupervisionSet input.")]
 SharExtendOpt = Annotated[bool, typer.Option("--shar-extend", help="INPUT is a lhotse Shar dataset: add our field to it. Writes only OUT/shar/<field>.NNNNNN.tar, one per input shard, in that shard's cut order (a failed cut: lhotse's placeholder), so CutSet.from_shar(fields={'cuts': INPUT's cuts, 'recording': INPUT's recordings, 'mimi_codes': OUT's tars}) lines up. Implies --format shar; holds about one shard's outputs in memory; with --part I/N, whole input shards are divided among the parts.")]
@@ -251,7 +252,8 @@ class _PlainProgress:
 
 
 def _run(input_path, out_dir, settings: "Settings", shard_size, shard_mb, limit, strict, part, recordings,
-         progress_seconds: float | None = None, options=None, reencode_damaged: bool = False) -> None:
+         progress_seconds: float | None = None, options=None, reencode_damaged: bool = False,
+         reencode_changed: bool = False) -> None:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from .hub import offline_problem
@@ -324,7 +326,7 @@ def _run(input_path, out_dir, settings: "Settings", shard_size, shard_mb, limit,
     try:
         summary = extract(input_path, out_dir, settings, shard_size, shard_mb, limit, part, recordings,
                           on_plan, on_progress, on_signal, on_phase=on_phase, options=options,
-                          reencode_damaged=reencode_damaged)
+                          reencode_damaged=reencode_damaged, reencode_changed=reencode_changed)
     except KeyboardInterrupt:
         progress.stop()
         say(("interrupted", "yellow"), " before encoding started; run the same command again to resume.")
@@ -404,6 +406,7 @@ def features(
     shar_extend: SharExtendOpt = False,
     output_format: FormatOpt = OutFormat["hdf5"],
     reencode_damaged: ReencodeOpt = False,
+    reencode_changed: ReencodeChangedOpt = False,
     sort_buffer_mb: SortBufferOpt = 256.0,
     keep_fields: KeepFieldsOpt = None,
     sidecar_duration: SidecarDurationOpt = SidecarDurationChoice["auto"],
@@ -426,7 +429,8 @@ def features(
                          ray_cpu_actors=ray_cpu_actors, split=split, **_format_settings(output_format.value, shar_extend))
     _run(input_path, out_dir, settings, shard_size, shard_mb, limit, strict, part, recordings, progress_seconds,
          _input_options(recordings, input_format, audio_ext, id_field, audio_column, id_column,
-                         sort_buffer_mb, keep_fields, sidecar_duration, key), reencode_damaged)
+                         sort_buffer_mb, keep_fields, sidecar_duration, key), reencode_damaged,
+         reencode_changed=reencode_changed)
 
 
 features.__doc__ += _RUN_HELP
@@ -469,6 +473,7 @@ def codes(
     shar_extend: SharExtendOpt = False,
     output_format: FormatOpt = OutFormat["hdf5"],
     reencode_damaged: ReencodeOpt = False,
+    reencode_changed: ReencodeChangedOpt = False,
     sort_buffer_mb: SortBufferOpt = 256.0,
     keep_fields: KeepFieldsOpt = None,
     sidecar_duration: SidecarDurationOpt = SidecarDurationChoice["auto"],
@@ -489,7 +494,8 @@ def codes(
                          ray_cpu_actors=ray_cpu_actors, split=split, **_format_settings(output_format.value, shar_extend))
     _run(input_path, out_dir, settings, shard_size, shard_mb, limit, strict, part, recordings, progress_seconds,
          _input_options(recordings, input_format, audio_ext, id_field, audio_column, id_column,
-                         sort_buffer_mb, keep_fields, sidecar_duration, key), reencode_damaged)
+                         sort_buffer_mb, keep_fields, sidecar_duration, key), reencode_damaged,
+         reencode_changed=reencode_changed)
 
 
 codes.__doc__ += _RUN_HELP

@@ -25,8 +25,8 @@ from .plan import Part, Split, Stitcher, padding_fraction, part_of, plan_units, 
 from .settings import Settings
 from .sources import Item, Options, dataset_name, discover, plan_group
 from .formats import get_format
-from .formats.common import (OutputError, ShardWriter, _write_atomic, check_run_info, lock_run_dir, read_run_info,
-                             recover, run_dirs, scan_checksums)
+from .formats.common import (RUN_INFO, OutputError, ShardWriter, _differences, _write_atomic, check_run_info,
+                             committed_rows, lock_run_dir, read_run_info, recover, run_dirs, scan_checksums)
 
 PLAN_INFO = "plan.json"
 
@@ -130,6 +130,48 @@ def divided_by_key(run_dir: str) -> bool:
                for d in run_dirs(os.path.dirname(run_dir)))
 
 
+def rewritten_shards(old: dict | None, new: dict | None) -> list[str] | None:
+    """The input shards (paths) whose size or mtime differ between two ``input_identity`` records
+    that list the same shards and differ in nothing else; None when anything else differs."""
+    if not isinstance(old, dict) or not isinstance(new, dict) or old.keys() != new.keys():
+        return None
+    field = next((f for f in ("shards", "files") if f in old), None)
+    if field is None or any(old[k] != new[k] for k in old if k != field):
+        return None
+    before = {p: (size, mtime) for p, size, mtime in old[field]}
+    after = {p: (size, mtime) for p, size, mtime in new[field]}
+    if list(before) != list(after):
+        return None
+    return [p for p in after if before[p] != after[p]]
+
+
+def requeue_rewritten_shards(run_dir: str, info: dict, attrs: dict, fmt, part: Part) -> list[str]:
+    """``--reencode-changed``: when the only change since the run directory's ``run.json`` is input
+    shards rewritten in place (re-downloaded: same paths, other size or mtime), the output shards
+    holding their items are quarantined (``recover``: their items, and the others they hold, are
+    encoded again), then ``run.json`` takes the new identity -- in that order, so a kill between the
+    two leaves the change still to be seen.  Any other change is left to ``check_run_info`` to
+    refuse.  Parts divided by key record every shard, so one part cannot move on alone: refused."""
+    old = read_run_info(run_dir)
+    if old is None or old.get("input_identity") == info.get("input_identity"):
+        return []
+    rewritten = rewritten_shards(old.get("input_identity"), info.get("input_identity"))
+    if not rewritten or _differences(old, info, ("tool_version", "input_identity")):
+        return []
+    if not part.whole and "part_shards" not in info:
+        raise OutputError("--reencode-changed: this job array's parts divide their items by key, and each records "
+                          "every input shard; re-encode into a new OUT (or use parts of whole shards)")
+    stale = {row["shard"]: f"holds items of the rewritten input shard {os.path.basename(row['source']['path'])}"
+             for row in committed_rows(run_dir)
+             if row.get("status") == "ok" and row.get("shard") and (row.get("source") or {}).get("path") in rewritten}
+    _, notes = recover(run_dir, attrs, stale, fmt=fmt)
+    _write_atomic(os.path.join(run_dir, RUN_INFO), json.dumps({**old, "input_identity": info["input_identity"]},
+                                                               indent=2, sort_keys=True))
+    return [f"--reencode-changed: {len(rewritten)} rewritten input shard(s) ("
+            + ", ".join(os.path.basename(p) for p in rewritten[:5]) + (", ..." if len(rewritten) > 5 else "")
+            + "): their items are encoded again"] + notes
+
+
 def load_identity(settings: Settings):
     """Load the model once on CPU: validates the weights up front and hashes them."""
     from transformers.models.mimi.modeling_mimi import MimiModel
@@ -201,7 +243,8 @@ class _Signals:
 def extract(source: str, out_dir: str, settings: Settings, shard_size: int = 1000, shard_mb: float = 256,
             limit: int | None = None, part: Part = Part(), recordings: str | None = None,
             on_plan=None, on_progress=None, on_signal=None, stop: threading.Event | None = None,
-            on_phase=None, options: Options | None = None, reencode_damaged: bool = False) -> dict:
+            on_phase=None, options: Options | None = None, reencode_damaged: bool = False,
+            reencode_changed: bool = False) -> dict:
     """Encode every item of ``source`` (or of this ``part`` of it) into ``out_dir``; resumes.
 
     ``on_plan(summary)`` is called once the work is planned, ``on_progress(items, seconds, errors)``
@@ -209,7 +252,8 @@ def extract(source: str, out_dir: str, settings: Settings, shard_size: int = 100
     start-up phase begins (loading the model, finding inputs, planning).  ``options``: the input's
     options (``--input-format``, ``--audio-ext``, ``--id-column``...).  ``reencode_damaged``: first
     read every stored item of the run directory and check its checksums; shards holding a damaged
-    one are quarantined and their items encoded again.  Returns counts."""
+    one are quarantined and their items encoded again.  ``reencode_changed``: see
+    :func:`requeue_rewritten_shards`.  Returns counts."""
     stop = stop or threading.Event()
     fresh = not os.path.exists(out_dir)
     run_dir, lock = run_dir_for(out_dir, part)
@@ -218,7 +262,7 @@ def extract(source: str, out_dir: str, settings: Settings, shard_size: int = 100
         with _Signals(stop, on_signal) as signals:
             summary = _extract_locked(source, run_dir, settings, shard_size, shard_mb, limit, part, recordings,
                                       on_plan, on_progress, stop, on_phase or (lambda text: None), options,
-                                      reencode_damaged)
+                                      reencode_damaged, reencode_changed)
             started = True
             summary["interrupted"] = signals.received if stop.is_set() else None
             return summary
@@ -240,19 +284,20 @@ def _remove_if_only_lock(run_dir: str, out_dir: str) -> None:
 
 
 def _extract_locked(source, run_dir, settings, shard_size, shard_mb, limit, part, recordings, on_plan, on_progress,
-                    stop, on_phase, options=None, reencode_damaged=False) -> dict:
+                    stop, on_phase, options=None, reencode_damaged=False, reencode_changed=False) -> dict:
     on_phase(f"starting {len(settings.devices)} encoder worker(s) on {', '.join(sorted(set(settings.devices)))}"
              if settings.engine == "local" else f"starting the {settings.engine} engine")
     engine = make_engine(settings)  # first: worker processes load the weights while we check them
     try:
         return _extract_with(engine, source, run_dir, settings, shard_size, shard_mb, limit, part, recordings, on_plan,
-                             on_progress, stop, on_phase, options, reencode_damaged)
+                             on_progress, stop, on_phase, options, reencode_damaged, reencode_changed)
     finally:
         engine.close()
 
 
 def _extract_with(engine, source, run_dir, settings, shard_size, shard_mb, limit, part, recordings, on_plan,
-                  on_progress, stop, on_phase=lambda text: None, options=None, reencode_damaged=False) -> dict:
+                  on_progress, stop, on_phase=lambda text: None, options=None, reencode_damaged=False,
+                  reencode_changed=False) -> dict:
     get_format(settings.format).require()  # its library installed, before anything is encoded
     on_phase(f"loading the model {settings.model} and hashing its weights")
     model, config, identity = load_identity(settings)
@@ -285,12 +330,14 @@ def _extract_with(engine, source, run_dir, settings, shard_size, shard_mb, limit
                     (options or Options()).keep_fields)
     if found.part_shards is not None:  # how the parts divide the input: every part must agree
         info["part_shards"] = found.part_shards
+    requeued = requeue_rewritten_shards(run_dir, info, attrs, fmt, part) if reencode_changed else []
     check_run_info(run_dir, info, siblings, attrs)
     damaged = None
     if reencode_damaged:
         on_phase("reading every stored item to check its checksums (--reencode-damaged)")
         damaged = damaged_shards(run_dir)
     done, notes = recover(run_dir, attrs, damaged, fmt=get_format(settings.format))
+    notes = requeued + notes
     refuse_changed_inputs(items, done)
     _write_atomic(os.path.join(run_dir, PLAN_INFO), json.dumps(
         {"inputs": len(items) + len(bad), "seconds": sum(it.duration for it in items),

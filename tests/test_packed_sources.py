@@ -169,6 +169,10 @@ def test_tar_parts_take_whole_shards(shards, tiny_model_dir, tmp_path, monkeypat
         with pytest.raises(OutputError, match=r"input shards changed .*rewritten: \S*en-000001.tar \(modified\)") as e:
             extract(shards, out, run, part=Part(1, 2), options=Options(id_field="id"))
         assert "en-000000.tar" not in str(e.value)
+        again = extract(shards, out, run, part=Part(1, 2), options=Options(id_field="id"), reencode_changed=True)
+        assert again["skipped"] == 0 and again["ok"] == again["inputs"] > 0  # its part: only that shard's items
+        union = check_consistency(out)
+        assert union.keys() == reference.keys() and all(np.array_equal(union[k], reference[k]) for k in union)
     finally:
         os.utime(os.path.join(shards, "en-000001.tar"), ns=(before, before))
     first = os.path.join(out, Part(0, 2).dirname, "run.json")  # as a part begun before parts took whole shards
@@ -183,6 +187,40 @@ def test_tar_parts_take_whole_shards(shards, tiny_model_dir, tmp_path, monkeypat
     assert len(str(e.value)) < 600
     limited = extract(shards, str(tmp_path / "limited"), run, part=Part(0, 2), limit=3, options=Options(id_field="id"))
     assert "part_shards" not in read_run_info(limited["run_dir"])  # --limit: the first 3 inputs, divided by key
+
+
+def test_rewritten_shard_is_encoded_again_alone(shards, loose_run, tiny_model_dir, tmp_path):
+    """A re-downloaded shard (same name, new mtime) refuses the resume naming that shard alone;
+    --reencode-changed quarantines the output shards holding its items and encodes only those
+    again (one item per output shard here: the other shard's items are all skipped)."""
+    from conftest import ONE_WORKER
+
+    out = str(tmp_path / "out")
+    extract(shards, out, settings(tiny_model_dir), shard_size=1, options=Options(id_field="id"))
+    in_second = {k for k in loose_run if k in FILES and sorted(FILES).index(k) >= 3}
+    by_key = str(tmp_path / "by-key")  # (--limit: parts divided by key, each recording every shard)
+    extract(shards, by_key, settings(tiny_model_dir), part=Part(0, 2), limit=5, options=Options(id_field="id"))
+    path = os.path.join(shards, "en-000001.tar")
+    before = os.stat(path).st_mtime_ns
+    os.utime(path, ns=(before + 10**9, before + 10**9))
+    try:
+        with pytest.raises(OutputError, match="divide their items by key"):
+            extract(shards, by_key, settings(tiny_model_dir), part=Part(0, 2), limit=5, options=Options(id_field="id"),
+                    reencode_changed=True)
+        args = ("codes", shards, out, "--model", tiny_model_dir, "--id-field", "id", "--shard-size", 1, *ONE_WORKER)
+        refused = cli(*args)
+        assert refused.exit_code == 2 and "rewritten: " in refused.text and "--reencode-changed" in refused.text
+        assert "en-000001.tar (modified)" in refused.text and "en-000000.tar" not in refused.text, refused.text
+        summary = extract(shards, out, settings(tiny_model_dir), shard_size=1, options=Options(id_field="id"),
+                          reencode_changed=True)
+        assert summary["ok"] == len(in_second) and summary["skipped"] == len(FILES) - len(in_second), summary
+        assert "1 rewritten input shard(s) (en-000001.tar)" in summary["notes"][0]
+        assert len(os.listdir(os.path.join(out, "quarantine"))) == len(in_second)
+        assert_equal_arrays(check_consistency(out), loose_run)
+        assert cli(*args).exit_code == 0  # run.json took the new identity
+        assert cli(*args, "--reencode-changed").exit_code == 0  # nothing rewritten since: nothing to do
+    finally:
+        os.utime(path, ns=(before, before))
 
 
 @pytest.mark.parametrize("kind", ["tgz", "parquet"])

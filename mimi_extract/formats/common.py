@@ -380,8 +380,10 @@ def _shard_changes(key: str, old, new) -> str | None:
         ([f"{p} ({before[p][0]} -> {after[p][0]} bytes)" if before[p][0] != after[p][0] else f"{p} (modified)"
           for p in after if p in before and before[p] != after[p]], "rewritten:"),
         ([p for p in after if p not in before], "added:"), ([p for p in before if p not in after], "removed:")) if n]
+    only_rewritten = list(before) == list(after)
     return (f"input_identity: input shards changed since this run began ({'; '.join(changes) or 'reordered'}); "
-            "their stored outputs would describe other audio")
+            "their stored outputs would describe other audio"
+            + ("; to encode their items again from the new shards, resume with --reencode-changed" if only_rewritten else ""))
 
 
 def check_run_info(run_dir: str, info: dict, siblings: list[str] = (), expected_attrs: dict | None = None) -> None:
