@@ -710,7 +710,7 @@ def status(out_dir: Annotated[str, typer.Argument(metavar="OUT")],
             print(json.dumps({k: report[k] for k in ("parts", "incomplete_parts", "array", "incomplete_shards")}))
         elif shards:
             if report["incomplete_shards"] is None and report["incomplete_parts"]:
-                _fail("the parts of this OUT divide their items by key, not by input shard: no shard list", EXIT_FAILED)
+                _fail("this OUT is not divided by input shard (a whole run, or parts divided by key, not by input shard): no shard list", EXIT_FAILED)
             print("".join(s + "\n" for s in report["incomplete_shards"] or []), end="")
         else:
             print(report["array"])

@@ -25,7 +25,7 @@ from .plan import Part, Split, Stitcher, padding_fraction, part_of, plan_units, 
 from .settings import Settings
 from .sources import Item, Options, dataset_name, discover, plan_group
 from .formats import get_format
-from .formats.common import (RUN_INFO, OutputError, ShardWriter, _differences, _write_atomic, check_run_info,
+from .formats.common import (RUN_INFO, OutputError, ShardWriter, _write_atomic, check_run_info,
                              committed_rows, lock_run_dir, read_run_info, recover, run_dirs, scan_checksums)
 
 PLAN_INFO = "plan.json"
@@ -145,28 +145,32 @@ def rewritten_shards(old: dict | None, new: dict | None) -> list[str] | None:
     return [p for p in after if before[p] != after[p]]
 
 
-def requeue_rewritten_shards(run_dir: str, info: dict, attrs: dict, fmt, part: Part) -> list[str]:
-    """``--reencode-changed``: when the only change since the run directory's ``run.json`` is input
-    shards rewritten in place (re-downloaded: same paths, other size or mtime), the output shards
-    holding their items are quarantined (``recover``: their items, and the others they hold, are
-    encoded again), then ``run.json`` takes the new identity -- in that order, so a kill between the
-    two leaves the change still to be seen.  Any other change is left to ``check_run_info`` to
-    refuse.  Parts divided by key record every shard, so one part cannot move on alone: refused."""
+def rewritten_since(run_dir: str, info: dict, part: Part) -> list[str]:
+    """``--reencode-changed``: the input shards rewritten in place (re-downloaded: same paths, other
+    size or mtime) since the run directory's ``run.json``, when nothing else of the input changed
+    (else none: ``check_run_info`` refuses as usual).  Parts divided by key each record every shard,
+    so one part cannot move on alone: refused."""
     old = read_run_info(run_dir)
     if old is None or old.get("input_identity") == info.get("input_identity"):
         return []
-    rewritten = rewritten_shards(old.get("input_identity"), info.get("input_identity"))
-    if not rewritten or _differences(old, info, ("tool_version", "input_identity")):
-        return []
-    if not part.whole and "part_shards" not in info:
+    rewritten = rewritten_shards(old.get("input_identity"), info.get("input_identity")) or []
+    if rewritten and not part.whole and "part_shards" not in info:
         raise OutputError("--reencode-changed: this job array's parts divide their items by key, and each records "
                           "every input shard; re-encode into a new OUT (or use parts of whole shards)")
+    return rewritten
+
+
+def requeue_rewritten_shards(run_dir: str, info: dict, attrs: dict, fmt, rewritten: list[str]) -> list[str]:
+    """Once ``check_run_info`` accepted everything but the ``rewritten`` shards: the output shards
+    holding their items are quarantined (``recover``: their items, and the others they hold, are
+    encoded again), then ``run.json`` takes the new identity -- in that order, so a kill between the
+    two leaves the change still to be seen."""
     stale = {row["shard"]: f"holds items of the rewritten input shard {os.path.basename(row['source']['path'])}"
              for row in committed_rows(run_dir)
              if row.get("status") == "ok" and row.get("shard") and (row.get("source") or {}).get("path") in rewritten}
     _, notes = recover(run_dir, attrs, stale, fmt=fmt)
-    _write_atomic(os.path.join(run_dir, RUN_INFO), json.dumps({**old, "input_identity": info["input_identity"]},
-                                                               indent=2, sort_keys=True))
+    _write_atomic(os.path.join(run_dir, RUN_INFO), json.dumps(
+        {**read_run_info(run_dir), "input_identity": info["input_identity"]}, indent=2, sort_keys=True))
     return [f"--reencode-changed: {len(rewritten)} rewritten input shard(s) ("
             + ", ".join(os.path.basename(p) for p in rewritten[:5]) + (", ..." if len(rewritten) > 5 else "")
             + "): their items are encoded again"] + notes
@@ -330,8 +334,11 @@ def _extract_with(engine, source, run_dir, settings, shard_size, shard_mb, limit
                     (options or Options()).keep_fields)
     if found.part_shards is not None:  # how the parts divide the input: every part must agree
         info["part_shards"] = found.part_shards
-    requeued = requeue_rewritten_shards(run_dir, info, attrs, fmt, part) if reencode_changed else []
-    check_run_info(run_dir, info, siblings, attrs)
+    rewritten = rewritten_since(run_dir, info, part) if reencode_changed else []
+    # (rewritten shards: everything else is checked as usual, against the identity recorded)
+    check_run_info(run_dir, {**info, "input_identity": read_run_info(run_dir)["input_identity"]} if rewritten else info,
+                   siblings, attrs)
+    requeued = requeue_rewritten_shards(run_dir, info, attrs, fmt, rewritten) if rewritten else []
     damaged = None
     if reencode_damaged:
         on_phase("reading every stored item to check its checksums (--reencode-damaged)")

@@ -211,6 +211,10 @@ def test_rewritten_shard_is_encoded_again_alone(shards, loose_run, tiny_model_di
         refused = cli(*args)
         assert refused.exit_code == 2 and "rewritten: " in refused.text and "--reencode-changed" in refused.text
         assert "en-000001.tar (modified)" in refused.text and "en-000000.tar" not in refused.text, refused.text
+        with pytest.raises(OutputError, match="num_quantizers"):  # anything else changed too: refused, nothing moved
+            extract(shards, out, settings(tiny_model_dir, num_quantizers=4), shard_size=1,
+                    options=Options(id_field="id"), reencode_changed=True)
+        assert not os.path.exists(os.path.join(out, "quarantine"))
         summary = extract(shards, out, settings(tiny_model_dir), shard_size=1, options=Options(id_field="id"),
                           reencode_changed=True)
         assert summary["ok"] == len(in_second) and summary["skipped"] == len(FILES) - len(in_second), summary
