@@ -113,12 +113,13 @@ LimitOpt = Annotated[Optional[int], typer.Option(min=1, help="Only the first N i
 ShardOpt = Annotated[int, typer.Option(min=1, help="Roll to a new shard after this many utterances.")]
 ShardMBOpt = Annotated[float, typer.Option(min=1, help="... or after this many MiB of data (a shard is built in memory).")]
 StrictOpt = Annotated[bool, typer.Option(help="Exit 1 if any input failed (default: error rows, exit 0).")]
-PartOpt = Annotated[Optional[str], typer.Option(help="Encode part I/N (0-based) of the inputs, by a stable hash of each key, or 'slurm' (SLURM_ARRAY_TASK_ID/COUNT).")]
+PartOpt = Annotated[Optional[str], typer.Option(help="Encode part I/N (0-based) of the inputs, by a stable hash of each key, or 'slurm' (SLURM_ARRAY_TASK_ID/COUNT). Over N or more tar/.tar.gz/Parquet/Shar shards (no --limit): whole shards (shard i -> part i % N), and a part opens only its own.")]
 EngineArg = Annotated[EngineOpt, typer.Option(help="local = processes on this machine; ray = actors on a Ray cluster (pip install 'mimi-extract\\[ray]').")]
 RayAddressOpt = Annotated[Optional[str], typer.Option(help="Ray cluster to join: auto, HOST:PORT \\[default: start a private local one].")]
 RayCpuOpt = Annotated[Optional[int], typer.Option(min=1, help="CPU actors on a cluster without GPUs \\[default: CPUs / 2].")]
 SplitOpt = Annotated[bool, typer.Option(help="Split a recording longer than a lane's fair share of the run (lanes: streams run side by side, workers x rows) into independent pieces of that share, run on any worker or row (exact: each piece is encoded from the model's receptive field, 80 s, before its first frame; pieces of at least 8.9 min, so the warm-up costs <= 15%). The plan line says what was split.")]
 FormatOpt = Annotated[OutFormat, typer.Option("--format", help="Output format: hdf5 = shard-N.h5 (one dataset per item; lhotse cuts read it in place); parquet = shard-N.parquet (one row per item, zstd; datasets.load_dataset('parquet'), pyarrow, polars; a Hub dataset card); shar = lhotse Shar in OUT/shar/ (cuts.N.jsonl.gz + mimi_codes.N.tar; CutSet.from_shar(in_dir=OUT/shar)). Recorded in run.json: a resume must use the same.")]
+ReencodeChangedOpt = Annotated[bool, typer.Option("--reencode-changed", help="Resume although input shards were rewritten since OUT began (re-downloaded: same names, other size or mtime; nothing else changed): the output shards holding their items are moved to quarantine/ and those items encoded again from the new shards.")]
 ReencodeOpt = Annotated[bool, typer.Option("--reencode-damaged", help="Before resuming, read every stored item and check its checksums (bit rot, edited files: what verify --out --checksums lists); shards holding a damaged item are moved to quarantine/ and their items encoded again.")]
 RecordingsOpt = Annotated[Optional[str], typer.Option(help="lhotse RecordingSet for a SupervisionSet input.")]
 SharExtendOpt = Annotated[bool, typer.Option("--shar-extend", help="INPUT is a lhotse Shar dataset: add our field to it. Writes only OUT/shar/<field>.NNNNNN.tar, one per input shard, in that shard's cut order (a failed cut: lhotse's placeholder), so CutSet.from_shar(fields={'cuts': INPUT's cuts, 'recording': INPUT's recordings, 'mimi_codes': OUT's tars}) lines up. Implies --format shar; holds about one shard's outputs in memory; with --part I/N, whole input shards are divided among the parts.")]
@@ -251,7 +252,8 @@ class _PlainProgress:
 
 
 def _run(input_path, out_dir, settings: "Settings", shard_size, shard_mb, limit, strict, part, recordings,
-         progress_seconds: float | None = None, options=None, reencode_damaged: bool = False) -> None:
+         progress_seconds: float | None = None, options=None, reencode_damaged: bool = False,
+         reencode_changed: bool = False) -> None:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from .hub import offline_problem
@@ -324,7 +326,7 @@ def _run(input_path, out_dir, settings: "Settings", shard_size, shard_mb, limit,
     try:
         summary = extract(input_path, out_dir, settings, shard_size, shard_mb, limit, part, recordings,
                           on_plan, on_progress, on_signal, on_phase=on_phase, options=options,
-                          reencode_damaged=reencode_damaged)
+                          reencode_damaged=reencode_damaged, reencode_changed=reencode_changed)
     except KeyboardInterrupt:
         progress.stop()
         say(("interrupted", "yellow"), " before encoding started; run the same command again to resume.")
@@ -406,6 +408,7 @@ def features(
     shar_extend: SharExtendOpt = False,
     output_format: FormatOpt = OutFormat["hdf5"],
     reencode_damaged: ReencodeOpt = False,
+    reencode_changed: ReencodeChangedOpt = False,
     sort_buffer_mb: SortBufferOpt = 256.0,
     keep_fields: KeepFieldsOpt = None,
     sidecar_duration: SidecarDurationOpt = SidecarDurationChoice["auto"],
@@ -428,7 +431,8 @@ def features(
                          ray_cpu_actors=ray_cpu_actors, split=split, **_format_settings(output_format.value, shar_extend))
     _run(input_path, out_dir, settings, shard_size, shard_mb, limit, strict, part, recordings, progress_seconds,
          _input_options(recordings, input_format, audio_ext, id_field, audio_column, id_column,
-                         sort_buffer_mb, keep_fields, sidecar_duration, key), reencode_damaged)
+                         sort_buffer_mb, keep_fields, sidecar_duration, key), reencode_damaged,
+         reencode_changed=reencode_changed)
 
 
 features.__doc__ += _RUN_HELP
@@ -471,6 +475,7 @@ def codes(
     shar_extend: SharExtendOpt = False,
     output_format: FormatOpt = OutFormat["hdf5"],
     reencode_damaged: ReencodeOpt = False,
+    reencode_changed: ReencodeChangedOpt = False,
     sort_buffer_mb: SortBufferOpt = 256.0,
     keep_fields: KeepFieldsOpt = None,
     sidecar_duration: SidecarDurationOpt = SidecarDurationChoice["auto"],
@@ -491,7 +496,8 @@ def codes(
                          ray_cpu_actors=ray_cpu_actors, split=split, **_format_settings(output_format.value, shar_extend))
     _run(input_path, out_dir, settings, shard_size, shard_mb, limit, strict, part, recordings, progress_seconds,
          _input_options(recordings, input_format, audio_ext, id_field, audio_column, id_column,
-                         sort_buffer_mb, keep_fields, sidecar_duration, key), reencode_damaged)
+                         sort_buffer_mb, keep_fields, sidecar_duration, key), reencode_damaged,
+         reencode_changed=reencode_changed)
 
 
 codes.__doc__ += _RUN_HELP
@@ -680,15 +686,37 @@ def _report(make, out_dir: str, as_json: bool) -> dict | None:
 
 @app.command()
 def status(out_dir: Annotated[str, typer.Argument(metavar="OUT")],
-           as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False):
+           as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+           missing: Annotated[bool, typer.Option("--missing", help="Print only the part indices not complete (never "
+                              "started, killed, or with inputs not yet encoded) as `sbatch --array=` takes them "
+                              "(0,3,5-7; a whole run is part 0); exit 0 when nothing is missing, 1 when something "
+                              "is, 2 when OUT is not a run.")] = False,
+           shards: Annotated[bool, typer.Option("--shards", help="With --missing: print the input shards of the parts "
+                             "not complete instead, one a line (parts that took whole input shards; --json: both).")] = False):
     """Progress of OUT: per part of a job array, inputs, ok, errors, and what is missing.
 
-    [bold]Example[/]
+    [bold]Examples[/]
 
       mimi-extract status codes/
+
+      sbatch --array=$(mimi-extract status codes/ --missing) job.sh   # job.sh: --part $SLURM_ARRAY_TASK_ID/16
     """
     from .outputs import status_report
 
+    if missing:
+        try:
+            report = status_report(out_dir)
+        except (FileNotFoundError, ValueError) as e:
+            _fail(e)
+        if as_json:
+            print(json.dumps({k: report[k] for k in ("parts", "incomplete_parts", "array", "incomplete_shards")}))
+        elif shards:
+            if report["incomplete_shards"] is None and report["incomplete_parts"]:
+                _fail("this OUT is not divided by input shard (a whole run, or parts divided by key, not by input shard): no shard list", EXIT_FAILED)
+            print("".join(s + "\n" for s in report["incomplete_shards"] or []), end="")
+        else:
+            print(report["array"])
+        raise typer.Exit(1 if report["incomplete_parts"] else 0)
     report = _report(status_report, out_dir, as_json)
     if report is None:
         return

@@ -124,8 +124,32 @@ def status_report(out_dir: str) -> dict:
     ok = sum(p["ok"] for p in runs.values())
     errors = sum(p["errors"] for p in runs.values())
     complete = not starting and not missing and remaining == 0 and all(p["inputs"] is not None for p in runs.values())
-    return {"runs": runs, "starting": starting, "missing_parts": missing, "ok": ok, "errors": errors,
-            "remaining": remaining, "complete": complete}
+    count = next(iter(counts))[1] if counts else 1
+    names = {int(m.group(1)) if (m := _PART_RE.search(name)) else 0: name for name in runs}
+    todo = [i for i in range(count) if i not in names or not _run_done(runs[names[i]])]
+    # parts of whole input shards: part I took shards I, I+N, I+2N... of the list every part records
+    shards = next((info["part_shards"] for d in _require(out_dir)
+                   if "part_shards" in (info := read_run_info(d) or {})), None)
+    return {"runs": runs, "starting": starting, "missing_parts": missing, "ok": ok, "errors": errors, "remaining": remaining,
+            "complete": complete, "parts": count, "incomplete_parts": todo, "array": array_spec(todo),
+            "incomplete_shards": None if shards is None else [s for n, s in enumerate(shards) if n % count in todo]}
+
+
+def _run_done(run: dict) -> bool:
+    """A run directory is done when its last run planned (``plan.json``) and every planned input
+    has its committed row (ok or error); a run killed before planning has no ``inputs``: not done."""
+    return run["inputs"] is not None and run["ok"] + run["errors"] >= run["inputs"]
+
+
+def array_spec(indices: list[int]) -> str:
+    """Part indices as ``sbatch --array=`` takes them: ``[0, 3, 5, 6, 7]`` -> ``0,3,5-7``."""
+    spans: list[list[int]] = []
+    for i in sorted(indices):
+        if spans and i == spans[-1][1] + 1:
+            spans[-1][1] = i
+        else:
+            spans.append([i, i])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
 def _reason(message: str, row: dict | None = None) -> str:

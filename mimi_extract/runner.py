@@ -25,7 +25,7 @@ from .plan import Part, Split, Stitcher, padding_fraction, part_of, plan_units, 
 from .settings import Settings
 from .sources import Discovered, Item, Options, dataset_name, discover, item_identity, plan_group
 from .formats import get_format
-from .formats.common import (ITEMS, OutputError, ShardWriter, _write_atomic, check_run_info, committed_rows,
+from .formats.common import (ITEMS, RUN_INFO, OutputError, ShardWriter, _write_atomic, check_run_info, committed_rows,
                              lock_run_dir, read_run_info, recover, run_dirs, scan_checksums)
 
 PLAN_INFO = "plan.json"
@@ -80,11 +80,13 @@ def file_attrs(settings: Settings, config, identity: dict, metadata: dict | None
 
 
 def run_info(settings: Settings, identity: dict, input_root: str, kind: str, part: Part,
-             input_identity: dict | None = None, metadata: dict | None = None, options: Options | None = None) -> dict:
+             input_identity: dict | None = None, metadata: dict | None = None, options: Options | None = None,
+             part_shards: list[str] | None = None) -> dict:
     """What run.json records: the settings, model identity and input a resume must share.  ``items``:
     the input options that shape the items and their keys (``sources.ITEM_OPTIONS``), so a resume
     that changes one is refused instead of storing every item again under other keys; ``metadata``:
-    the columns the outputs carry, with ``options.keep_fields`` as given."""
+    the columns the outputs carry, with ``options.keep_fields`` as given; ``part_shards``: the input's
+    shards, when the parts of a job array divide them whole (every part must agree)."""
     keep = ("model", "tap", "channel", "causal_16k", "feature_dtype", "dtype", "framing", "format")
     info = {k: v for k, v in asdict(settings).items() if k in keep}
     if settings.shar_extend:
@@ -102,6 +104,8 @@ def run_info(settings: Settings, identity: dict, input_root: str, kind: str, par
     if metadata:  # the metadata columns the outputs carry (name -> type): every shard must have the same
         info["metadata"] = metadata
     info[ITEMS] = item_identity(options)
+    if part_shards is not None:  # how the parts divide the input: every part must agree
+        info["part_shards"] = part_shards
     return {**info, **identity, "input": input_root, "input_kind": kind, "part": str(part),
             "tool_version": __version__}
 
@@ -125,6 +129,61 @@ def run_dir_for(out_dir: str, part: Part):
     if part.whole:
         return lock_run_dir(out_dir)
     return lock_run_dir(out_dir, part.dirname, part.count)
+
+
+def divided_by_key(run_dir: str) -> bool:
+    """Whether a part of this job array already ran with its items divided by key (its run.json has
+    no ``part_shards``: an input with fewer shards than parts, not sharded at all, or an OUT begun
+    before parts took whole shards): the other parts then divide by key too, so one OUT never mixes
+    the two divisions (its union would lose or repeat items)."""
+    return any((info := read_run_info(d)) is not None and "part_shards" not in info
+               for d in run_dirs(os.path.dirname(run_dir)))
+
+
+def rewritten_shards(old: dict | None, new: dict | None) -> list[str] | None:
+    """The input shards (paths) whose size or mtime differ between two ``input_identity`` records
+    that list the same shards and differ in nothing else; None when anything else differs."""
+    if not isinstance(old, dict) or not isinstance(new, dict) or old.keys() != new.keys():
+        return None
+    field = next((f for f in ("shards", "files") if f in old), None)
+    if field is None or any(old[k] != new[k] for k in old if k != field):
+        return None
+    before = {p: (size, mtime) for p, size, mtime in old[field]}
+    after = {p: (size, mtime) for p, size, mtime in new[field]}
+    if list(before) != list(after):
+        return None
+    return [p for p in after if before[p] != after[p]]
+
+
+def rewritten_since(run_dir: str, info: dict, part: Part) -> list[str]:
+    """``--reencode-changed``: the input shards rewritten in place (re-downloaded: same paths, other
+    size or mtime) since the run directory's ``run.json``, when nothing else of the input changed
+    (else none: ``check_run_info`` refuses as usual).  Parts divided by key each record every shard,
+    so one part cannot move on alone: refused."""
+    old = read_run_info(run_dir)
+    if old is None or old.get("input_identity") == info.get("input_identity"):
+        return []
+    rewritten = rewritten_shards(old.get("input_identity"), info.get("input_identity")) or []
+    if rewritten and not part.whole and "part_shards" not in info:
+        raise OutputError("--reencode-changed: this job array's parts divide their items by key, and each records "
+                          "every input shard; re-encode into a new OUT (or use parts of whole shards)")
+    return rewritten
+
+
+def requeue_rewritten_shards(run_dir: str, info: dict, attrs: dict, fmt, rewritten: list[str]) -> list[str]:
+    """Once ``check_run_info`` accepted everything but the ``rewritten`` shards: the output shards
+    holding their items are quarantined (``recover``: their items, and the others they hold, are
+    encoded again), then ``run.json`` takes the new identity -- in that order, so a kill between the
+    two leaves the change still to be seen."""
+    stale = {row["shard"]: f"holds items of the rewritten input shard {os.path.basename(row['source']['path'])}"
+             for row in committed_rows(run_dir)
+             if row.get("status") == "ok" and row.get("shard") and (row.get("source") or {}).get("path") in rewritten}
+    _, notes = recover(run_dir, attrs, stale, fmt=fmt)
+    _write_atomic(os.path.join(run_dir, RUN_INFO), json.dumps(
+        {**read_run_info(run_dir), "input_identity": info["input_identity"]}, indent=2, sort_keys=True))
+    return [f"--reencode-changed: {len(rewritten)} rewritten input shard(s) ("
+            + ", ".join(os.path.basename(p) for p in rewritten[:5]) + (", ..." if len(rewritten) > 5 else "")
+            + "): their items are encoded again"] + notes
 
 
 def load_identity(settings: Settings):
@@ -176,7 +235,8 @@ def no_input_message(source: str) -> str:
             "a list or lhotse manifest names them; nothing was written")
 
 
-def refuse_other_run(out_dir: str, part: Part, settings: Settings, found: Discovered, options: Options | None) -> None:
+def refuse_other_run(out_dir: str, part: Part, settings: Settings, found: Discovered, options: Options | None,
+                     reencode_changed: bool = False) -> None:
     """Before OUT is locked or the model loaded (so a refusal touches nothing): refuse to resume a run
     directory made with other settings, input or item options (all but the model, compared with its
     weights' hash once loaded; ``check_run_info`` compares everything again under the lock), and an
@@ -186,7 +246,10 @@ def refuse_other_run(out_dir: str, part: Part, settings: Settings, found: Discov
     run_dir = out_dir if part.whole else os.path.join(out_dir, part.dirname)
     here = {os.path.abspath(run_dir), os.path.abspath(out_dir)}  # (a whole run in OUT: the layout check's to refuse)
     siblings = [d for d in run_dirs(out_dir) if os.path.abspath(d) not in here] if not part.whole else []
-    info = run_info(settings, {}, found.root, found.kind, part, found.identity, found.metadata, options)
+    info = run_info(settings, {}, found.root, found.kind, part, found.identity, found.metadata, options,
+                    found.part_shards)
+    if reencode_changed and os.path.isdir(run_dir) and rewritten_since(run_dir, info, part):
+        info["input_identity"] = read_run_info(run_dir)["input_identity"]  # (moved on under the lock)
     del info["model"]  # the model (its path, config and weights) is compared as one, once it is loaded
     check_run_info(run_dir, info, siblings, write=False)
     old = read_run_info(run_dir) if os.path.isdir(run_dir) else None
@@ -234,7 +297,8 @@ class _Signals:
 def extract(source: str, out_dir: str, settings: Settings, shard_size: int = 1000, shard_mb: float = 256,
             limit: int | None = None, part: Part = Part(), recordings: str | None = None,
             on_plan=None, on_progress=None, on_signal=None, stop: threading.Event | None = None,
-            on_phase=None, options: Options | None = None, reencode_damaged: bool = False) -> dict:
+            on_phase=None, options: Options | None = None, reencode_damaged: bool = False,
+            reencode_changed: bool = False) -> dict:
     """Encode every item of ``source`` (or of this ``part`` of it) into ``out_dir``; resumes.
 
     ``on_plan(summary)`` is called once the work is planned, ``on_progress(items, seconds, errors)``
@@ -242,25 +306,31 @@ def extract(source: str, out_dir: str, settings: Settings, shard_size: int = 100
     start-up phase begins (loading the model, finding inputs, planning).  ``options``: the input's
     options (``--input-format``, ``--audio-ext``, ``--id-column``...).  ``reencode_damaged``: first
     read every stored item of the run directory and check its checksums; shards holding a damaged
-    one are quarantined and their items encoded again.  Returns counts."""
+    one are quarantined and their items encoded again.  ``reencode_changed``: see
+    :func:`requeue_rewritten_shards`.  Returns counts."""
     stop = stop or threading.Event()
     on_phase = on_phase or (lambda text: None)
     # the input first: finding it checks it and its options (a wrong column or sidecar field is one
     # clear error), so a run that finds nothing, or cannot resume OUT, stops before it creates or
     # locks OUT and before any model is loaded
     on_phase(f"finding inputs in {source} and reading their headers")
+    # parts of a job array over a sharded input take whole shards (only theirs are indexed), unless
+    # --limit (the first N inputs of the whole input), --shar-extend (its own rule), or a part of
+    # this OUT already divided by key
+    by_shard = (not part.whole and not settings.shar_extend and limit is None
+                and not divided_by_key(os.path.join(out_dir, part.dirname)))
     found = discover(source, settings.channel, settings.framing_rule, limit, recordings, exclude=out_dir,
-                     options=options)
+                     options=options, part=(part.index, part.count) if by_shard else None)
     if not found.items and not found.bad:
         raise NoInputError(no_input_message(source))
-    refuse_other_run(out_dir, part, settings, found, options)
+    refuse_other_run(out_dir, part, settings, found, options, reencode_changed)
     fresh = not os.path.exists(out_dir)
     run_dir, lock = run_dir_for(out_dir, part)
     started = False
     try:
         with _Signals(stop, on_signal) as signals:
             summary = _extract_locked(found, source, run_dir, settings, shard_size, shard_mb, part, on_plan,
-                                      on_progress, stop, on_phase, options, reencode_damaged)
+                                      on_progress, stop, on_phase, options, reencode_damaged, reencode_changed)
             started = True
             summary["interrupted"] = signals.received if stop.is_set() else None
             return summary
@@ -282,19 +352,20 @@ def _remove_if_only_lock(run_dir: str, out_dir: str) -> None:
 
 
 def _extract_locked(found, source, run_dir, settings, shard_size, shard_mb, part, on_plan, on_progress,
-                    stop, on_phase, options=None, reencode_damaged=False) -> dict:
+                    stop, on_phase, options=None, reencode_damaged=False, reencode_changed=False) -> dict:
     on_phase(f"starting {len(settings.devices)} encoder worker(s) on {', '.join(sorted(set(settings.devices)))}"
              if settings.engine == "local" else f"starting the {settings.engine} engine")
     engine = make_engine(settings)  # first: worker processes load the weights while we check them
     try:
         return _extract_with(engine, found, source, run_dir, settings, shard_size, shard_mb, part, on_plan,
-                             on_progress, stop, on_phase, options, reencode_damaged)
+                             on_progress, stop, on_phase, options, reencode_damaged, reencode_changed)
     finally:
         engine.close()
 
 
 def _extract_with(engine, found: Discovered, source, run_dir, settings, shard_size, shard_mb, part, on_plan,
-                  on_progress, stop, on_phase=lambda text: None, options=None, reencode_damaged=False) -> dict:
+                  on_progress, stop, on_phase=lambda text: None, options=None, reencode_damaged=False,
+                  reencode_changed=False) -> dict:
     get_format(settings.format).require()  # its library installed, before anything is encoded
     on_phase(f"loading the model {settings.model} and hashing its weights")
     model, config, identity = load_identity(settings)
@@ -305,7 +376,7 @@ def _extract_with(engine, found: Discovered, source, run_dir, settings, shard_si
     if refused:  # keys the output format cannot store (a Shar cut id): error rows, not a crash mid-run
         bad = bad + [replace(it, error=refused[it.key]) for it in items if it.key in refused]
         items = [it for it in items if it.key not in refused]
-    if not part.whole and not settings.shar_extend:  # (--shar-extend: whole input shards go to parts)
+    if not part.whole and not settings.shar_extend and found.part_shards is None:  # (else whole input shards)
         items = [it for it in items if part_of(it.key, part.count) == part.index]
         bad = [it for it in bad if part_of(it.key, part.count) == part.index]
     layout, warnings = None, list(found.warnings)
@@ -317,13 +388,19 @@ def _extract_with(engine, found: Discovered, source, run_dir, settings, shard_si
         warnings += more
     siblings = [d for d in run_dirs(os.path.dirname(run_dir)) if d != run_dir] if not part.whole else []
     attrs = file_attrs(settings, config, identity, found.metadata)
-    check_run_info(run_dir, run_info(settings, identity, found.root, found.kind, part, found.identity, found.metadata,
-                                     options), siblings, attrs)
+    info = run_info(settings, identity, found.root, found.kind, part, found.identity, found.metadata, options,
+                    found.part_shards)
+    rewritten = rewritten_since(run_dir, info, part) if reencode_changed else []
+    # (rewritten shards: everything else is checked as usual, against the identity recorded)
+    check_run_info(run_dir, {**info, "input_identity": read_run_info(run_dir)["input_identity"]} if rewritten else info,
+                   siblings, attrs)
+    requeued = requeue_rewritten_shards(run_dir, info, attrs, fmt, rewritten) if rewritten else []
     damaged = None
     if reencode_damaged:
         on_phase("reading every stored item to check its checksums (--reencode-damaged)")
         damaged = damaged_shards(run_dir)
     done, notes = recover(run_dir, attrs, damaged, fmt=get_format(settings.format))
+    notes = requeued + notes
     refuse_changed_inputs(items, done)
     _write_atomic(os.path.join(run_dir, PLAN_INFO), json.dumps(
         {"inputs": len(items) + len(bad), "seconds": sum(it.duration for it in items),

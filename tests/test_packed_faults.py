@@ -144,6 +144,17 @@ def test_packed_parts_union_equals_a_whole_run(kind, many_packed, packed_referen
     settings = Settings(model=tiny_model_dir, tap="codes", num_workers=1)
     counts = [extract(many_packed[kind], out, settings, part=Part(i, 2))["ok"] for i in range(2)]
     assert sum(counts) == 120 and all(counts)
+    from mimi_extract.writer import read_run_info
+
+    infos = [read_run_info(os.path.join(out, Part(i, 2).dirname)) for i in range(2)]
+    if kind == "shar":  # three shards: whole shards (0 and 2, then 1), each part's identity only its own files
+        assert [len(i["part_shards"]) for i in infos] == [3, 3]
+        assert [sorted(os.path.basename(s[0]) for s in i["input_identity"]["shards"]) for i in infos] == [
+            ["cuts.000000.jsonl.gz", "cuts.000002.jsonl.gz", "recording.000000.tar", "recording.000002.tar"],
+            ["cuts.000001.jsonl.gz", "recording.000001.tar"]]
+        assert counts == [80, 40]
+    else:  # one file, two parts: divided by key (no part idle)
+        assert all("part_shards" not in i for i in infos)
     got = check_consistency(out)
     assert set(got) == set(packed_reference[kind])
     assert all(np.array_equal(got[k], packed_reference[kind][k]) for k in got)

@@ -130,6 +130,135 @@ def test_tar_parts_union_resume_identity_and_cli(shards, loose_run, tiny_model_d
         os.utime(os.path.join(shards, "en-000001.tar"), ns=(now, now))
 
 
+def test_tar_parts_take_whole_shards(shards, tiny_model_dir, tmp_path, monkeypatch):
+    """--part I/N over tar shards divides whole shards (shard i -> part i % N) before any is opened:
+    each part indexes only its own shard and records only its size and mtime; the union equals a
+    whole run (--channel each: a stereo file's keys too); a rewritten shard refuses only its part,
+    naming that shard alone; parts that divide by key and by shard are never mixed in one OUT."""
+    import mimi_extract.sources.tar as tar
+
+    opened = []
+    index_tar = tar.index_tar
+    monkeypatch.setattr(tar, "index_tar", lambda path, *a, **k: opened.append(os.path.basename(path))
+                        or index_tar(path, *a, **k))
+    run = settings(tiny_model_dir, channel="each")
+    whole = str(tmp_path / "whole")
+    extract(shards, whole, run, options=Options(id_field="id"))
+    assert opened == ["en-000000.tar", "en-000001.tar"]
+    reference = check_consistency(whole)
+    assert {"d.wav#ch0", "d.wav#ch1"} < set(reference)
+    out = str(tmp_path / "out")
+    for i in range(2):
+        opened.clear()
+        summary = extract(shards, out, run, part=Part(i, 2), options=Options(id_field="id"))
+        assert opened == [f"en-00000{i}.tar"] and summary["ok"] == summary["inputs"] > 0
+        info = read_run_info(summary["run_dir"])
+        assert [os.path.basename(s[0]) for s in info["input_identity"]["shards"]] == [f"en-00000{i}.tar"]
+        assert [os.path.basename(s) for s in info["part_shards"]] == ["en-000000.tar", "en-000001.tar"]
+        if i == 0:  # part 1 not yet run: its shard is what is missing
+            missing = cli("status", out, "--missing", "--shards")
+            assert missing.exit_code == 1 and missing.output == os.path.join(shards, "en-000001.tar") + "\n"
+            assert cli("status", out, "--missing").output == "1\n"
+    union = check_consistency(out)
+    assert union.keys() == reference.keys() and all(np.array_equal(union[k], reference[k]) for k in union)
+    assert cli("status", out, "--missing").exit_code == 0
+    before = os.stat(os.path.join(shards, "en-000001.tar")).st_mtime_ns
+    os.utime(os.path.join(shards, "en-000001.tar"), ns=(1, 1))
+    try:
+        assert extract(shards, out, run, part=Part(0, 2), options=Options(id_field="id"))["skipped"] > 0
+        with pytest.raises(OutputError, match=r"input shards changed .*rewritten: \S*en-000001.tar \(modified\)") as e:
+            extract(shards, out, run, part=Part(1, 2), options=Options(id_field="id"))
+        assert "en-000000.tar" not in str(e.value)
+        again = extract(shards, out, run, part=Part(1, 2), options=Options(id_field="id"), reencode_changed=True)
+        assert again["skipped"] == 0 and again["ok"] == again["inputs"] > 0  # its part: only that shard's items
+        union = check_consistency(out)
+        assert union.keys() == reference.keys() and all(np.array_equal(union[k], reference[k]) for k in union)
+    finally:
+        os.utime(os.path.join(shards, "en-000001.tar"), ns=(before, before))
+    first = os.path.join(out, Part(0, 2).dirname, "run.json")  # as a part begun before parts took whole shards
+    with open(first) as f:
+        old = json.load(f)
+    del old["part_shards"]
+    old["input_identity"] = read_run_info(whole)["input_identity"]  # (then every shard's)
+    with open(first, "w") as f:
+        json.dump(old, f)
+    with pytest.raises(OutputError, match="divide whole input shards, this one its items by key") as e:
+        extract(shards, out, run, part=Part(1, 2), options=Options(id_field="id"))
+    assert len(str(e.value)) < 600
+    limited = extract(shards, str(tmp_path / "limited"), run, part=Part(0, 2), limit=3, options=Options(id_field="id"))
+    assert "part_shards" not in read_run_info(limited["run_dir"])  # --limit: the first 3 inputs, divided by key
+
+
+def test_rewritten_shard_is_encoded_again_alone(shards, loose_run, tiny_model_dir, tmp_path):
+    """A re-downloaded shard (same name, new mtime) refuses the resume naming that shard alone;
+    --reencode-changed quarantines the output shards holding its items and encodes only those
+    again (one item per output shard here: the other shard's items are all skipped)."""
+    from conftest import ONE_WORKER
+
+    out = str(tmp_path / "out")
+    extract(shards, out, settings(tiny_model_dir), shard_size=1, options=Options(id_field="id"))
+    in_second = {k for k in loose_run if k in FILES and sorted(FILES).index(k) >= 3}
+    by_key = str(tmp_path / "by-key")  # (--limit: parts divided by key, each recording every shard)
+    extract(shards, by_key, settings(tiny_model_dir), part=Part(0, 2), limit=5, options=Options(id_field="id"))
+    path = os.path.join(shards, "en-000001.tar")
+    before = os.stat(path).st_mtime_ns
+    os.utime(path, ns=(before + 10**9, before + 10**9))
+    try:
+        with pytest.raises(OutputError, match="divide their items by key"):
+            extract(shards, by_key, settings(tiny_model_dir), part=Part(0, 2), limit=5, options=Options(id_field="id"),
+                    reencode_changed=True)
+        args = ("codes", shards, out, "--model", tiny_model_dir, "--id-field", "id", "--shard-size", 1, *ONE_WORKER)
+        refused = cli(*args)
+        assert refused.exit_code == 2 and "rewritten: " in refused.text and "--reencode-changed" in refused.text
+        assert "en-000001.tar (modified)" in refused.text and "en-000000.tar" not in refused.text, refused.text
+        with pytest.raises(OutputError, match="num_quantizers"):  # anything else changed too: refused, nothing moved
+            extract(shards, out, settings(tiny_model_dir, num_quantizers=4), shard_size=1,
+                    options=Options(id_field="id"), reencode_changed=True)
+        assert not os.path.exists(os.path.join(out, "quarantine"))
+        summary = extract(shards, out, settings(tiny_model_dir), shard_size=1, options=Options(id_field="id"),
+                          reencode_changed=True)
+        assert summary["ok"] == len(in_second) and summary["skipped"] == len(FILES) - len(in_second), summary
+        assert "1 rewritten input shard(s) (en-000001.tar)" in summary["notes"][0]
+        assert len(os.listdir(os.path.join(out, "quarantine"))) == len(in_second)
+        assert_equal_arrays(check_consistency(out), loose_run)
+        assert cli(*args).exit_code == 0  # run.json took the new identity
+        assert cli(*args, "--reencode-changed").exit_code == 0  # nothing rewritten since: nothing to do
+    finally:
+        os.utime(path, ns=(before, before))
+
+
+@pytest.mark.parametrize("kind", ["tgz", "parquet"])
+def test_parts_take_whole_tgz_and_parquet_files(kind, loose, loose_run, tiny_model_dir, tmp_path):
+    """Three .tar.gz shards or Parquet files, two parts: part 0 takes files 0 and 2, part 1 file 1
+    (shard i -> part i % N); each part's identity lists only its files; the union is the loose run."""
+    names = sorted(FILES)
+    root = tmp_path / "in"
+    root.mkdir()
+    for n in range(3):
+        group = names[2 * n: 2 * n + 2]
+        if kind == "tgz":
+            with open(write_tar(tmp_path / f"{n}.tar", loose, group), "rb") as f, \
+                    gzip.open(root / f"s-{n:06d}.tar.gz", "wb") as g:
+                g.write(f.read())
+        else:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            audio = pa.array([{"bytes": open(os.path.join(loose, x), "rb").read(), "path": x} for x in group],
+                             pa.struct([("bytes", pa.binary()), ("path", pa.string())]))
+            pq.write_table(pa.table({"id": group, "audio": audio}), root / f"s-{n:06d}.parquet")
+    ext = ".tar.gz" if kind == "tgz" else ".parquet"
+    options = Options(id_field="id") if kind == "tgz" else Options(id_column="id")
+    out = str(tmp_path / "out")
+    for i, mine in enumerate([[0, 2], [1]]):
+        summary = extract(str(root), out, settings(tiny_model_dir), part=Part(i, 2), options=options)
+        info = read_run_info(summary["run_dir"])
+        assert [os.path.basename(s[0]) for s in info["input_identity"]["shards" if kind == "tgz" else "files"]] == [
+            f"s-{n:06d}{ext}" for n in mine]
+        assert summary["ok"] == 2 * len(mine) and len(info["part_shards"]) == 3
+    assert_equal_arrays(check_consistency(out), loose_run)
+
+
 def test_tar_sidecar_segment_and_channel(loose, tmp_path):
     """A sidecar's start/end are a segment (keys stay the sample's), its channel picks one."""
     with open(os.path.join(loose, "d.wav"), "rb") as f:

@@ -133,3 +133,37 @@ def test_parts_with_other_settings_are_refused(files, tiny_model_dir, tmp_path):
     same = cli("codes", files, out, "--model", tiny_model_dir, "--part", "1/2", *ONE_WORKER)
     assert same.exit_code == 0, same.output
     check_consistency(str(out), {f"u{i:02d}.wav" for i in range(36)})
+
+
+def test_status_missing_lists_parts_to_resubmit(files, tiny_model_dir, tmp_path):
+    """``status OUT --missing``: the parts not complete (never started, stopped after planning) as
+    ``sbatch --array=`` takes them; exit 1 while something is missing, 0 once nothing is, 2 when
+    OUT is not a run."""
+    import threading
+
+    assert cli("status", tmp_path / "nothing", "--missing").exit_code == 2
+    out = str(tmp_path / "out")
+    for i in (0, 1, 4):
+        extract(str(files), out, settings(tiny_model_dir), part=Part(i, 6))
+    stopped = threading.Event()
+    stopped.set()  # part 2 plans (plan.json) and stops before encoding anything: started, not complete
+    extract(str(files), out, settings(tiny_model_dir), part=Part(2, 6), stop=stopped)
+    missing = cli("status", out, "--missing")
+    assert missing.exit_code == 1 and missing.output == "2-3,5\n", missing.output
+    report = json.loads(cli("status", out, "--missing", "--json").output)
+    assert report == {"parts": 6, "incomplete_parts": [2, 3, 5], "array": "2-3,5", "incomplete_shards": None}
+    by_key = cli("status", out, "--missing", "--shards")  # a folder of files: parts divided by key, no shards
+    assert by_key.exit_code == 1 and "by key, not by input shard" in by_key.text
+    for i in (2, 3, 5):
+        extract(str(files), out, settings(tiny_model_dir), part=Part(i, 6))
+    done = cli("status", out, "--missing")
+    assert done.exit_code == 0 and done.output == "\n", done.output
+    whole = str(tmp_path / "whole")
+    extract(str(files), whole, settings(tiny_model_dir), stop=stopped)
+    assert cli("status", whole, "--missing").output == "0\n"
+
+
+def test_array_spec():
+    from mimi_extract.outputs import array_spec
+
+    assert array_spec([]) == "" and array_spec([4]) == "4" and array_spec([7, 0, 3, 5, 6]) == "0,3,5-7"

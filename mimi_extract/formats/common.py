@@ -338,6 +338,8 @@ _EXPLAIN = {
     "keep_fields": "another --keep-fields / --keep-columns",
     "channel": "--channel: other items and keys",
     "input_kind": "INPUT read as another kind (--input-format): other items and keys",
+    "part_shards": "every part of one OUT must divide the input the same way (an OUT begun before --part took whole "
+                   "input shards, or by another tool version): run every part with one version, or use a new OUT",
 }
 # run.json: the input options that shape the items and their keys, {flag: value} (sources.item_identity)
 ITEMS = "items"
@@ -356,14 +358,47 @@ def _shown(value) -> str:
 def _differences(old: dict, new: dict, ignore: tuple[str, ...]) -> str:
     diff = {k: (old.get(k), v) for k, v in new.items()
             if k not in ignore and old.get(k) != v and not (k in _ADDED_LATER and k not in old)}
+    if "part_shards" in old and "part_shards" not in new and "part_shards" not in ignore:
+        diff["part_shards"] = (old["part_shards"], None)
     out = []
     for k, (a, b) in diff.items():
         if k == ITEMS and isinstance(a, dict) and isinstance(b, dict):  # one entry per option, named by its flag
             out += [f"{flag}: {_shown(a.get(flag))} -> {_shown(b.get(flag))}, {_ITEMS_EXPLAIN}"
                     for flag in sorted(set(a) | set(b)) if a.get(flag) != b.get(flag)]
         else:
-            out.append(f"{k}: {a!r} -> {b!r}" + (f" ({_EXPLAIN[k]})" if k in _EXPLAIN else ""))
+            out.append(_shard_changes(k, a, b) or f"{k}: {a!r} -> {b!r}" + (f" ({_EXPLAIN[k]})" if k in _EXPLAIN else ""))
     return "; ".join(out)
+
+
+def _shard_changes(key: str, old, new) -> str | None:
+    """A change of the input's shards, naming only the shards that changed (not every shard's size
+    and mtime): ``input_identity``'s ``shards``/``files`` ([path, size, mtime]) and ``part_shards``."""
+    def listed(names: list[str], what: str) -> str:
+        return f"{what} {', '.join(names[:5])}" + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+
+    if key == "part_shards":
+        if old is None or new is None:
+            return ("part_shards: the parts of this OUT divide " + ("their items by key" if old is None else "whole input shards")
+                    + ", this one " + ("whole input shards" if old is None else "its items by key") + ": " + _EXPLAIN[key])
+        changes = [listed(n, w) for n, w in (([s for s in new if s not in old], "added"),
+                                             ([s for s in old if s not in new], "removed")) if n]
+        return (f"part_shards: the input's shards differ ({'; '.join(changes) or 'reordered'}): the parts of one OUT "
+                "must divide the same shards; run every part over the same input, or use a new OUT")
+    if key != "input_identity" or not isinstance(old, dict) or not isinstance(new, dict):
+        return None
+    field = next((f for f in ("shards", "files") if f in old or f in new), None)
+    if field is None or {k: v for k, v in old.items() if k != field} != {k: v for k, v in new.items() if k != field}:
+        return None  # (another --key / --sidecar-duration: the plain rendering says which)
+    before = {p: (size, mtime) for p, size, mtime in old.get(field, [])}
+    after = {p: (size, mtime) for p, size, mtime in new.get(field, [])}
+    changes = [listed(n, w) for n, w in (
+        ([f"{p} ({before[p][0]} -> {after[p][0]} bytes)" if before[p][0] != after[p][0] else f"{p} (modified)"
+          for p in after if p in before and before[p] != after[p]], "rewritten:"),
+        ([p for p in after if p not in before], "added:"), ([p for p in before if p not in after], "removed:")) if n]
+    only_rewritten = list(before) == list(after)
+    return (f"input_identity: input shards changed since this run began ({'; '.join(changes) or 'reordered'}); "
+            "their stored outputs would describe other audio"
+            + ("; to encode their items again from the new shards, resume with --reencode-changed" if only_rewritten else ""))
 
 
 def _original_items(old: dict, new: dict) -> str | None:
@@ -384,7 +419,9 @@ def check_run_info(run_dir: str, info: dict, siblings: list[str] = (), expected_
     before it locks OUT or loads the model, so a refused resume touches nothing and costs nothing."""
     for other in siblings:
         theirs = _with_format(read_run_info(other))
-        changes = _differences(theirs, info, ("tool_version", "part")) if theirs is not None else ""
+        # parts of whole shards: each has its own shards' identity (the shard list is compared instead)
+        mine = ("input_identity",) if "part_shards" in info or "part_shards" in (theirs or {}) else ()
+        changes = _differences(theirs, info, ("tool_version", "part") + mine) if theirs is not None else ""
         if changes:
             items = _original_items(theirs, info)
             raise OutputError(f"{other} (another part of this job array) was made with other settings ({changes}); "
@@ -403,7 +440,8 @@ def check_run_info(run_dir: str, info: dict, siblings: list[str] = (), expected_
                 check_shard_settings(run_dir, shard, attrs, expected_attrs)
         _write_atomic(os.path.join(run_dir, RUN_INFO), json.dumps(info, indent=2, sort_keys=True))
         return
-    changes = _differences(old, info, ("tool_version",))
+    other_division = ("input_identity",) if ("part_shards" in old) != ("part_shards" in info) else ()  # (said once)
+    changes = _differences(old, info, ("tool_version",) + other_division)
     if changes:
         items = _original_items(old, info)
         raise OutputError(f"{run_dir} holds a run with other settings ({changes}); resume with the original "

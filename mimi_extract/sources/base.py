@@ -98,6 +98,9 @@ class Discovered:
     kind: str = "directory"
     identity: dict = field(default_factory=dict)  # the kind's own description (shards, sizes, mtimes)
     metadata: dict = field(default_factory=dict)  # the kept fields' output columns: name -> type (metadata_columns)
+    # a job array's part divided by whole input shards (see :func:`discover`'s ``part``): every shard
+    # of the input, in order (part I of N took shards I, I+N, I+2N...); None: not divided by shard
+    part_shards: list[str] | None = None
 
 
 def dataset_name(key: str) -> str:
@@ -437,6 +440,18 @@ class Source:
         """What run.json records about the input beyond its path (e.g. the shard list)."""
         return {}
 
+    # which of ``input_shards()`` this run reads (their indices: a job array's part); None: all
+    only: frozenset[int] | None = None
+
+    def input_shards(self) -> list[str] | None:
+        """The input's whole shards (absolute paths, in the input's order), found without opening
+        any: what a job array's part takes whole; None when the input is not sharded."""
+        return None
+
+    def mine(self, shards: list) -> list:
+        """The members of ``shards`` (one per input shard, in order) that this run reads."""
+        return shards if self.only is None else [s for n, s in enumerate(shards) if n in self.only]
+
     @staticmethod
     def open(entry: Entry | Item):
         """A path or a seekable binary file-like object with the entry's audio bytes; raises
@@ -628,9 +643,14 @@ def dedup(probed: list[Item]) -> tuple[list[Item], list[Item]]:
 
 def discover(source: str, channel: str = "mix", framing: Framing = Framing(), limit: int | None = None,
              recordings: str | None = None, exclude: str | None = None, input_format: str | None = None,
-             options: Options | None = None) -> Discovered:
+             options: Options | None = None, part: tuple[int, int] | None = None) -> Discovered:
     """Every item of ``source``, probed: its kind is ``input_format`` or the first registered kind
-    that detects it.  ``exclude``: the run's OUT, never an input."""
+    that detects it.  ``exclude``: the run's OUT, never an input.
+
+    ``part`` (index, count): a job array's part of a sharded input (tar, .tar.gz, Parquet, Shar)
+    with at least ``count`` shards takes whole shards -- the shard at position i of the input's
+    shard list goes to part i % count -- and only those are opened, indexed and probed (the result's
+    ``part_shards`` says so); otherwise every item is found and the caller divides them by key."""
     from concurrent.futures import ThreadPoolExecutor
 
     options = options or Options()
@@ -643,6 +663,12 @@ def discover(source: str, channel: str = "mix", framing: Framing = Framing(), li
                          f"{', '.join(SIDECAR_DURATION_MODES)}")
     kind = source_kind(source, input_format or options.input_format)
     src = REGISTRY[kind](source, options)
+    part_shards = None
+    if part is not None and part[1] > 1:
+        shards = src.input_shards()
+        if shards is not None and len(shards) >= part[1]:  # fewer shards than parts: by key (no idle part)
+            part_shards = shards
+            src.only = frozenset(range(part[0], len(shards), part[1]))
     warnings: list[str] = []
     entries = src.entries(warnings)
     metadata = metadata_columns(e.meta for e in entries)  # the whole input's: every part, every --limit the same
@@ -656,7 +682,7 @@ def discover(source: str, channel: str = "mix", framing: Framing = Framing(), li
     with ThreadPoolExecutor(16) as pool:  # header reads are I/O bound (network file systems)
         probed = [it for found in pool.map(lambda e: safe_probe(src, e, channel, framing), entries) for it in found]
     items, bad = dedup(probed)
-    return Discovered(items, bad, warnings, os.path.realpath(source), kind, src.identity(), metadata)
+    return Discovered(items, bad, warnings, os.path.realpath(source), kind, src.identity(), metadata, part_shards)
 
 
 def source_kind(source: str, input_format: str | None = None) -> str:

@@ -234,7 +234,7 @@ class ParquetSource(Source):
 
         names = [os.path.relpath(p, root).replace(os.sep, "/") for p in files] if os.path.isdir(self.path) \
             else _shown_names(files)  # file names (paths when two files share one)
-        for path, shown in zip(files, names):
+        for path, shown in self.mine(list(zip(files, names))):  # (names: over every file)
             full = os.path.abspath(path)
             try:
                 data = _Data(full)
@@ -325,9 +325,12 @@ class ParquetSource(Source):
         full = path if os.path.isabs(path) else os.path.join(os.path.dirname(data_file), path)
         return full if os.path.isfile(full) else None
 
+    def input_shards(self) -> list[str]:
+        return [os.path.abspath(f) for f in self.files()]
+
     def identity(self) -> dict:
         out = []
-        for f in self.files():
+        for f in self.mine(self.files()):
             st = os.stat(f)
             out.append([os.path.abspath(f), st.st_size, st.st_mtime_ns])
         return {"files": out}

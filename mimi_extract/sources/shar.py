@@ -47,7 +47,7 @@ class SharSource(Source):
         _lhotse()
         entries = []
         wanted = tuple(e.lower().lstrip(".") for e in self.options.audio_ext) if self.options.audio_ext else None
-        for _index, cuts_file, tar in shar_shards(self.path):
+        for _index, cuts_file, tar in self.mine(shar_shards(self.path)):
             shown_tar = os.path.basename(tar)
             full = os.path.abspath(tar)
             if os.path.isfile(tar):
@@ -102,8 +102,12 @@ class SharSource(Source):
                              loc=loc, meta=supervisions_for_channel(meta, ids[c]) if len(entry_channels) > 1 else meta))
         return out
 
+    def input_shards(self) -> list[str]:
+        """A shard is its cuts file and recording tar: named by the tar (what is downloaded again)."""
+        return [os.path.abspath(tar) for _, _, tar in shar_shards(self.path)]
+
     def identity(self) -> dict:
         files = []
-        for _, cuts_file, tar in shar_shards(self.path):
+        for _, cuts_file, tar in self.mine(shar_shards(self.path)):
             files += [cuts_file] + ([tar] if os.path.isfile(tar) else [])
         return shard_identity(files)

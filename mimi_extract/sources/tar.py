@@ -496,10 +496,13 @@ class TarSource(Source):
     def why_not(cls, path: str) -> str | None:
         return missing_shard(path)
 
+    def input_shards(self) -> list[str]:
+        return [os.path.abspath(s) for s in self.shards()]
+
     def entries(self, warnings: list[str]) -> list[Entry]:
         shards = self.shards()
         entries, checked = [], False
-        for shard, shown in zip(shards, _shown_names(shards)):
+        for shard, shown in self.mine(list(zip(shards, _shown_names(shards)))):  # (names: over every shard)
             full = os.path.abspath(shard)
             members, damage = index_tar(full, keep=lambda name: name.lower().endswith(".json"))
             samples = group_samples(members)
@@ -515,7 +518,7 @@ class TarSource(Source):
         return entries
 
     def identity(self) -> dict:
-        return shard_identity(self.shards())
+        return shard_identity(self.mine(self.shards()))
 
     @staticmethod
     def open(entry):

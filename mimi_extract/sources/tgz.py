@@ -155,7 +155,7 @@ class CompressedTarSource(Source):
                 e.loc = (e.loc[0], state["start"], end, *e.loc[3:])
             state["open"] = []
 
-        for shard, shown in zip(shards, _shown_names(shards)):
+        for shard, shown in self.mine(list(zip(shards, _shown_names(shards)))):  # (names: over every shard)
             full = os.path.abspath(shard)
             sample_key, parts, end, damage = None, {}, 0, None
             close_group(end)
@@ -235,7 +235,10 @@ class CompressedTarSource(Source):
         return item.loc[0] if item.loc is not None else 0
 
     def identity(self) -> dict:
-        return shard_identity(self.shards())
+        return shard_identity(self.mine(self.shards()))
+
+    def input_shards(self) -> list[str]:
+        return [os.path.abspath(s) for s in self.shards()]
 
     @staticmethod
     def open(entry):
