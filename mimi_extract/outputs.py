@@ -128,7 +128,7 @@ def status_report(out_dir: str) -> dict:
     names = {int(m.group(1)) if (m := _PART_RE.search(name)) else 0: name for name in runs}
     todo = [i for i in range(count) if i not in names or not _run_done(runs[names[i]])]
     # parts of whole input shards: part I took shards I, I+N, I+2N... of the list every part records
-    shards = next((info["part_shards"] for d in _require(out_dir)
+    shards = next((info["part_shards"] for d in dirs
                    if "part_shards" in (info := read_run_info(d) or {})), None)
     return {"runs": runs, "starting": starting, "missing_parts": missing, "ok": ok, "errors": errors, "remaining": remaining,
             "complete": complete, "parts": count, "incomplete_parts": todo, "array": array_spec(todo),
