@@ -133,6 +133,7 @@ def test_resume_after_interruption(corpus, tiny_model, tiny_model_dir, tmp_path)
     assert "(7 already done), 3 unreadable, 0 to encode" in again.text and all_dataset_keys(out) == keys
 
 
+@pytest.mark.slow
 def test_two_device_workers_match(corpus, tiny_model, tiny_model_dir, tmp_path):
     """The multi-device path (one process per device; here two CPU 'devices') merges correctly."""
     root, described = corpus

@@ -1,6 +1,7 @@
 """The device engine: continuous batching of streams, exact against the single-item reference."""
 
 import os
+import pytest
 import threading
 
 import numpy as np
@@ -70,6 +71,7 @@ def test_mixed_directory_streams_long_files(tmp_path, tiny_model, tiny_model_dir
     check_consistency(out)
 
 
+@pytest.mark.slow
 def test_units_go_to_whichever_worker_is_free(tmp_path, tiny_model_dir):
     """Dynamic hand-out: worker 0 is frozen (SIGSTOP) from its start until 30 of 40 units are
     delivered, so worker 1 must have taken them; a static split would have left half of them

@@ -108,6 +108,7 @@ def test_failing_item_is_an_error_row_on_every_engine(tmp_path, tiny_model_dir, 
     assert all(rows[k]["error"] == "contains NaN or infinite samples" for k in NAN_AT)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("position", ["middle.wav"])
 def test_stream_failing_alone_on_worker_processes(tmp_path, tiny_model_dir, position):
     """The issue's repro: one long file failing after its first chunk, alone, on 2 workers."""

@@ -223,6 +223,7 @@ def test_a_dead_worker_hands_its_units_to_the_other(many, tiny_model_dir, refere
     assert len(rows) == len({r["key"] for r in rows}) == 120
 
 
+@pytest.mark.slow
 def test_second_signal_stops_at_once_and_startup_interrupt_is_clean(many, tiny_model_dir, reference_run, tmp_path):
     out = str(tmp_path / "out")
     proc, _ = start(many, out, tiny_model_dir, *ONE_WORKER)
@@ -241,6 +242,7 @@ def test_second_signal_stops_at_once_and_startup_interrupt_is_clean(many, tiny_m
     assert code == 130 and "Traceback" not in text, text
 
 
+@pytest.mark.slow
 def test_second_run_is_refused_while_the_first_holds_out(many, tiny_model_dir, reference_run, tmp_path):
     out = str(tmp_path / "out")
     proc, _ = start(many, out, tiny_model_dir, *ONE_WORKER)

@@ -43,6 +43,7 @@ def tar_reference(many_tar, tiny_model_dir, tmp_path_factory):
     return check_consistency(out)
 
 
+@pytest.mark.slow
 def test_tar_kill_9_then_resume_equals_uninterrupted(many_tar, tiny_model_dir, tar_reference, tmp_path):
     out = str(tmp_path / "out")
     proc, done = _start_kill_trial(many_tar, out, tiny_model_dir, "1")
@@ -56,6 +57,7 @@ def test_tar_kill_9_then_resume_equals_uninterrupted(many_tar, tiny_model_dir, t
     assert_same(out, tar_reference)
 
 
+@pytest.mark.slow
 def test_tar_on_ray_equals_local(many_tar, tiny_model_dir, tar_reference, tmp_path):
     pytest.importorskip("ray")
     out = str(tmp_path / "out")
@@ -103,6 +105,7 @@ def packed_reference(many_packed, tiny_model_dir, tmp_path_factory):
     return refs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["tgz", "parquet", "shar"])
 def test_packed_kill_9_then_resume_equals_uninterrupted(kind, many_packed, packed_reference, tiny_model_dir, tmp_path):
     """As for tar shards: kill -9 part-way (its process group), then the resume equals the

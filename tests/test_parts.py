@@ -54,6 +54,7 @@ def committed_ok(run_dir: str) -> int:
     return sum(r["status"] == "ok" for r in read_manifest(run_dir)) if os.path.isdir(run_dir) else 0
 
 
+@pytest.mark.slow
 def test_part_killed_and_rerun_alone(files, tiny_model_dir, tmp_path):
     """Part 1 is killed mid-run (frozen with SIGSTOP as soon as its first shard is committed, so the
     kill lands with some items done and some not), then rerun alone; part 2 runs as a Slurm task.

@@ -39,6 +39,7 @@ def ray_settings(model_dir):
     return Settings(model=model_dir, tap="codes", num_workers=1, chunk_seconds=2, engine="ray", ray_cpu_actors=2)
 
 
+@pytest.mark.slow
 def test_ray_engine_equals_in_process(corpus60, tiny_model_dir, in_process, tmp_path):
     out = str(tmp_path / "out")
     summary = extract(corpus60, out, ray_settings(tiny_model_dir))

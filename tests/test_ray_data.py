@@ -83,6 +83,7 @@ def test_in_process_batch_mixed_inputs(clips, reference, tiny_model_dir):
     assert frame["codes"] == out["codes"][:2] and frame["error"] == [None, None]
 
 
+@pytest.mark.slow
 def test_parquet_pipeline(clips, reference, tiny_model_dir, ray_cluster, tmp_path):
     """read_parquet (a `datasets` Audio column) -> map_batches(MimiEncode) -> write_parquet, read back."""
     datasets = pytest.importorskip("datasets")
@@ -104,6 +105,7 @@ def test_parquet_pipeline(clips, reference, tiny_model_dir, ray_cluster, tmp_pat
         assert r["error"] is None and np.array_equal(_codes(r["codes"]), reference[r["id"]]), r["id"]
 
 
+@pytest.mark.slow
 def test_webdataset_pipeline_with_garbage(clips, reference, tiny_model_dir, ray_cluster, tmp_path):
     """read_webdataset (flac + json members) -> MimiEncode on the flac column -> keys from the sample
     key; a garbage flac is an error row and the other rows of its batch are fine."""

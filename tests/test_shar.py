@@ -243,6 +243,7 @@ def test_damaged_shar_shards_are_quarantined_and_redone(many, tiny_model_dir, sh
     assert_same(out, shar_reference)
 
 
+@pytest.mark.slow
 def test_kill_9_at_random_points_then_resume(many, tiny_model_dir, shar_reference, tmp_path):
     """kill -9 twice at random points of a Shar run (3-item shards: a commit every few ms), each
     once some rows are committed: OUT is consistent after each kill (lhotse reads every committed
