@@ -259,7 +259,7 @@ def _run(input_path, out_dir, settings: "Settings", shard_size, shard_mb, limit,
     from .hub import offline_problem
     from .plan import parse_part
     from .runner import NoInputError, extract
-    from .writer import OutputError
+    from .formats.common import OutputError
 
     try:
         part = parse_part(part)
@@ -613,7 +613,7 @@ def verify(
             checks, problems = verify_outputs(out, sample, seed, dev, model and _model_path(model), rtol, atol,
                                               chunk_seconds=chunk_seconds)
             title = f"{out}: stored vs single-item (fp32, transformers)"
-            from .writer import read_run_info, run_dirs
+            from .formats.common import read_run_info, run_dirs
 
             info = read_run_info(run_dirs(out)[0]) or {}
             shown = (info.get("tap", "codes"),) if info.get("tap") != "codes" else ()

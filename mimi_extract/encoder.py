@@ -34,7 +34,6 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers import MimiConfig
 from transformers.models.mimi import modeling_mimi as mm
 from transformers.utils import logging as hf_logging
 
@@ -99,10 +98,6 @@ def _from_pretrained(cls, name_or_path: str, **kwargs):
             f"could not load Mimi from {name_or_path!r}: the weights or config are damaged "
             f"({type(e).__name__}: {e}); re-download or re-save the model"
         ) from e
-
-
-def load_config(name_or_path: str) -> MimiConfig:
-    return _from_pretrained(MimiConfig, name_or_path)
 
 
 def load_model(name_or_path: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):

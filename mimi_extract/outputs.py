@@ -13,9 +13,8 @@ from collections import Counter
 
 import numpy as np
 
-from .writer import _PART_RE, LOCK, committed_rows, format_of_path, read_manifest, read_run_info, run_dirs, shard_attrs
+from .formats.common import _PART_RE, LOCK, PLAN_INFO, committed_rows, format_of_path, read_manifest, read_run_info, run_dirs, shard_attrs
 
-PLAN_INFO = "plan.json"
 
 
 def _require(out_dir: str) -> list[str]:

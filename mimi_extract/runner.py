@@ -25,10 +25,8 @@ from .plan import Part, Split, Stitcher, padding_fraction, part_of, plan_units, 
 from .settings import Settings
 from .sources import Discovered, Item, Options, dataset_name, discover, item_identity, plan_group
 from .formats import get_format
-from .formats.common import (ITEMS, RUN_INFO, OutputError, ShardWriter, _write_atomic, check_run_info, committed_rows,
+from .formats.common import (ITEMS, PLAN_INFO, RUN_INFO, OutputError, ShardWriter, _write_atomic, check_run_info, committed_rows,
                              lock_run_dir, read_run_info, recover, run_dirs, scan_checksums)
-
-PLAN_INFO = "plan.json"
 
 
 def frame_rate(tap: str, config) -> float:

@@ -32,10 +32,9 @@ class Settings:
     framing: str = "transformers"
     frames_per_call: int = 1  # --framing moshi-stream: frames per moshi streaming call
     feature_dtype: str = "float32"
-    format: str = "hdf5"  # output format: a name of mimi_extract.formats' registry (--format)
     engine: str = "local"
     split: bool = True  # long recordings split across idle workers/rows (plan.split_items)
-    format: str = "hdf5"  # output format: a name of the formats registry (hdf5, shar)
+    format: str = "hdf5"  # output format: a name of mimi_extract.formats' registry (--format: hdf5, parquet, shar)
     shar_extend: bool = False  # --shar-extend: one field tar per input Shar shard (format shar)
     ray_address: str | None = None
     ray_cpu_actors: int | None = None

@@ -49,7 +49,7 @@ def synthetic(n: int, seed: int = 0):
 def write(fmt_name: str, out: str, n: int) -> dict:
     from mimi_extract.formats import get_format
     from mimi_extract.formats.common import ShardWriter, _write_atomic
-    from mimi_extract.lhotse_io import write_cuts
+    from mimi_extract.formats.cuts import write_cuts
     from mimi_extract.sources import dataset_name
 
     shutil.rmtree(out, ignore_errors=True)

@@ -20,7 +20,7 @@ from mimi_extract import read_manifest
 from mimi_extract.runner import extract
 from mimi_extract.settings import Settings
 from mimi_extract.testing import check_consistency, random_model, tiny_config
-from mimi_extract.writer import LockedError, RunLock, valid_shard_name
+from mimi_extract.formats.common import LockedError, RunLock, valid_shard_name
 
 
 @pytest.fixture(scope="module")
@@ -301,7 +301,7 @@ def test_disk_full_real_tmpfs(many, tiny_model_dir, tmp_path):
 @pytest.mark.parametrize("fmt", ["hdf5", "parquet"])
 def test_disk_full_injected(many, tiny_model_dir, tmp_path, monkeypatch, fmt):
     """ENOSPC from the OS after ~60 KiB, wherever the writer is (shard image, manifest, run.json)."""
-    import mimi_extract.writer as writer
+    import mimi_extract.formats.common as writer
 
     budget = {"left": 60_000}
     real_write = os.write
@@ -432,7 +432,7 @@ def test_float_features_after_a_disk_full_resume_differ_by_batch_composition_onl
     the resume encoded: the difference is batch composition, nothing else."""
     import torch
 
-    import mimi_extract.writer as writer
+    import mimi_extract.formats.common as writer
     from mimi_extract.verify import FileCheck, _compare_features
 
     reference = str(tmp_path / "reference")

@@ -16,7 +16,8 @@ import pytest
 
 from conftest import write_noise
 from mimi_extract import read, read_manifest
-from mimi_extract import runner, writer
+from mimi_extract import runner
+from mimi_extract.formats import common as writer
 from mimi_extract.plan import Part
 from mimi_extract.runner import extract
 from mimi_extract.settings import Settings

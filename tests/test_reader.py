@@ -9,7 +9,8 @@ import pytest
 
 import mimi_extract
 from mimi_extract.reader import Reader, cached_reader
-from mimi_extract.writer import ShardWriter, _write_atomic, load_row, read_manifest
+from mimi_extract.formats import get_format
+from mimi_extract.formats.common import ShardWriter, _write_atomic, load_row, read_manifest
 
 INFO = {"model": "tiny", "tap": "codes", "num_quantizers": 8, "framing": "transformers", "channel": "mix",
         "dtype": "fp32", "feature_dtype": "float32", "input": "/corpus", "input_kind": "directory"}
@@ -19,7 +20,7 @@ def make_out(run_dir, keys, seed=0, shard_size=3, part="whole"):
     """A run directory written by the real ShardWriter (no encoding): codes [frames, 8] per key."""
     os.makedirs(run_dir, exist_ok=True)
     _write_atomic(os.path.join(run_dir, "run.json"), json.dumps({**INFO, "part": part}))
-    w = ShardWriter(str(run_dir), {"tap": "codes", "layout": "[frames, num_quantizers]"}, max_items=shard_size)
+    w = ShardWriter(str(run_dir), get_format("hdf5"), {"tap": "codes", "layout": "[frames, num_quantizers]"}, max_items=shard_size)
     rng = np.random.default_rng(seed)
     arrays = {}
     for i, key in enumerate(keys):
@@ -63,7 +64,7 @@ def test_read_reuses_its_index_until_the_manifest_changes(tmp_path):
     first = cached_reader(str(out))
     assert cached_reader(str(out)) is first  # not rebuilt per call (was: every read() parsed every manifest)
     # a resumed run appends rows and a shard: the next read sees them
-    w = ShardWriter(str(out), {"tap": "codes", "layout": "[frames, num_quantizers]"})
+    w = ShardWriter(str(out), get_format("hdf5"), {"tap": "codes", "layout": "[frames, num_quantizers]"})
     new = np.arange(16, dtype=np.int16).reshape(2, 8)
     w.add("new.wav", new, {"path": "new.wav", "key": "new.wav", "dataset": "new.wav", "frames": 2, "dims": 8,
                            "channel": None, "sample_rate": 24000, "duration": 0.16})

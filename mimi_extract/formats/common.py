@@ -41,6 +41,7 @@ from .base import Format, array_checksum
 
 MANIFEST = "manifest.jsonl"
 RUN_INFO = "run.json"
+PLAN_INFO = "plan.json"  # what the last run planned (inputs, seconds): status and info read it
 LOCK = "lock"
 QUARANTINE = "quarantine"
 _PART_RE = re.compile(r"part-(\d+)-of-(\d+)$")

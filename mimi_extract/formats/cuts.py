@@ -7,7 +7,7 @@ reads the very bytes ``mimi_extract.read`` does -- no copy.  HDF5 shards use lho
 ``numpy_hdf5`` storage (the dataset's name as key); Parquet shards a ``mimi_extract_parquet``
 storage, a lhotse ``FeaturesReader`` that :func:`register_lhotse_readers` adds to lhotse's registry
 (``read_cuts`` calls it; a process that loads a written ``cuts.jsonl.gz`` of a Parquet OUT must
-``import mimi_extract.lhotse_io`` (or this module) and call it first).  Shards are time-first, the only layout lhotse's partial loads slice correctly.
+``import mimi_extract.formats.cuts`` and call it first).  Shards are time-first, the only layout lhotse's partial loads slice correctly.
 lhotse keeps ``round(duration / frame_shift)`` frames of a cut (half up), so each cut spans its
 item's whole frame grid (``frames x frame_shift``, at most one frame longer than the audio, which
 lhotse pads): ``cut.load_custom(...)`` then equals ``read()``, trailing partial frame included,
