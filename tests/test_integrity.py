@@ -298,11 +298,8 @@ def test_disk_full_real_tmpfs(many, tiny_model_dir, tmp_path):
         subprocess.run(["umount", small])
 
 
-@pytest.mark.parametrize("fmt", ["hdf5", "parquet"])
-def test_disk_full_injected(many, tiny_model_dir, tmp_path, monkeypatch, fmt):
-    """ENOSPC from the OS after ~60 KiB, wherever the writer is (shard image, manifest, run.json)."""
-    import mimi_extract.formats.common as writer
-
+def _disk_full_run(many, out, model_dir, monkeypatch, fmt="hdf5"):
+    """``_fill_disk_run`` with ENOSPC from the OS after ~60 KiB of writes, wherever the writer is."""
     budget = {"left": 60_000}
     real_write = os.write
 
@@ -312,10 +309,18 @@ def test_disk_full_injected(many, tiny_model_dir, tmp_path, monkeypatch, fmt):
         budget["left"] -= len(data)
         return real_write(fd, data)
 
+    monkeypatch.setattr(os, "write", write)
+    try:
+        return _fill_disk_run(many, out, model_dir, fmt)
+    finally:
+        monkeypatch.setattr(os, "write", real_write)
+
+
+@pytest.mark.parametrize("fmt", ["hdf5", "parquet"])
+def test_disk_full_injected(many, tiny_model_dir, tmp_path, monkeypatch, fmt):
+    """ENOSPC from the OS after ~60 KiB, wherever the writer is (shard image, manifest, run.json)."""
     small = str(tmp_path / "small")
-    monkeypatch.setattr(writer.os, "write", write)
-    result = _fill_disk_run(many, small, tiny_model_dir, fmt)
-    monkeypatch.setattr(writer.os, "write", real_write)
+    result = _disk_full_run(many, small, tiny_model_dir, monkeypatch, fmt)
     assert result.exit_code == 2 and "no space left on device while writing" in result.text, result.output
     assert any(n.startswith("shard-") for n in os.listdir(small)), "the disk filled before any shard was committed"
     check_consistency(small)
@@ -432,24 +437,12 @@ def test_float_features_after_a_disk_full_resume_differ_by_batch_composition_onl
     the resume encoded: the difference is batch composition, nothing else."""
     import torch
 
-    import mimi_extract.formats.common as writer
     from mimi_extract.verify import FileCheck, _compare_features
 
     reference = str(tmp_path / "reference")
     assert _fill_disk_run(many, reference, tiny_model_dir).exit_code == 0
-    budget = {"left": 60_000}
-    real_write = os.write
-
-    def write(fd, data):
-        if budget["left"] <= 0:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        budget["left"] -= len(data)
-        return real_write(fd, data)
-
     out = str(tmp_path / "out")
-    monkeypatch.setattr(writer.os, "write", write)
-    assert _fill_disk_run(many, out, tiny_model_dir).exit_code == 2
-    monkeypatch.setattr(writer.os, "write", real_write)
+    assert _disk_full_run(many, out, tiny_model_dir, monkeypatch).exit_code == 2
     committed = {r["key"] for r in read_manifest(out) if r["status"] == "ok"}
     assert 0 < len(committed) < 120
     assert _fill_disk_run(many, out, tiny_model_dir).exit_code == 0
