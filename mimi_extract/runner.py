@@ -25,8 +25,13 @@ from .plan import Part, Split, Stitcher, padding_fraction, part_of, plan_units, 
 from .settings import Settings
 from .sources import Discovered, Item, Options, dataset_name, discover, item_identity, plan_group
 from .formats import get_format
-from .formats.common import (ITEMS, PLAN_INFO, RUN_INFO, OutputError, ShardWriter, _write_atomic, check_run_info, committed_rows,
-                             lock_run_dir, read_run_info, recover, run_dirs, scan_checksums)
+from .store.files import PLAN_INFO, RUN_INFO, OutputError, write_atomic
+from .store.identity import ITEMS, check_run_info, read_run_info
+from .store.lock import lock_run_dir
+from .store.manifest import committed_rows, run_dirs
+from .store.read import scan_checksums
+from .store.recover import recover
+from .store.writer import ShardWriter
 
 
 def frame_rate(tap: str, config) -> float:
@@ -177,7 +182,7 @@ def requeue_rewritten_shards(run_dir: str, info: dict, attrs: dict, fmt, rewritt
              for row in committed_rows(run_dir)
              if row.get("status") == "ok" and row.get("shard") and (row.get("source") or {}).get("path") in rewritten}
     _, notes = recover(run_dir, attrs, stale, fmt=fmt)
-    _write_atomic(os.path.join(run_dir, RUN_INFO), json.dumps(
+    write_atomic(os.path.join(run_dir, RUN_INFO), json.dumps(
         {**read_run_info(run_dir), "input_identity": info["input_identity"]}, indent=2, sort_keys=True))
     return [f"--reencode-changed: {len(rewritten)} rewritten input shard(s) ("
             + ", ".join(os.path.basename(p) for p in rewritten[:5]) + (", ..." if len(rewritten) > 5 else "")
@@ -400,7 +405,7 @@ def _extract_with(engine, found: Discovered, source, run_dir, settings, shard_si
     done, notes = recover(run_dir, attrs, damaged, fmt=get_format(settings.format))
     notes = requeued + notes
     refuse_changed_inputs(items, done)
-    _write_atomic(os.path.join(run_dir, PLAN_INFO), json.dumps(
+    write_atomic(os.path.join(run_dir, PLAN_INFO), json.dumps(
         {"inputs": len(items) + len(bad), "seconds": sum(it.duration for it in items),
          "updated": time.strftime("%Y-%m-%d %H:%M:%S %z"), "part": str(part)}))
 
@@ -505,7 +510,7 @@ def _extract_with(engine, found: Discovered, source, run_dir, settings, shard_si
     summary["engine_notes"] = getattr(engine, "notes", [])
     summary["held_peak_bytes"] = getattr(writer, "peak_held_bytes", None)  # --shar-extend: outputs held at once
     summary["stats"] = stats = engine.stats
-    _write_atomic(os.path.join(run_dir, "stats.json"), json.dumps({  # this run's timing, for bench and users
+    write_atomic(os.path.join(run_dir, "stats.json"), json.dumps({  # this run's timing, for bench and users
         "wall": stats.wall, "busy": stats.busy, "wait_input": stats.wait_input, "wait_output": stats.wait_output,
         "idle_fraction": stats.idle_fraction, "steps": stats.steps, "padding": stats.padding_fraction,
         "elapsed": time.perf_counter() - started, "workers": len(settings.devices), "seconds": summary["seconds"], "ok": summary["ok"],

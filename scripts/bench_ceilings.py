@@ -258,7 +258,8 @@ def feed_processes(args, model_dir: str) -> dict:
 
 def write(args) -> dict:
     from mimi_extract.formats import get_format
-    from mimi_extract.formats.common import ShardWriter, _write_atomic
+    from mimi_extract.store.files import write_atomic
+    from mimi_extract.store.writer import ShardWriter
     from mimi_extract.sources import dataset_name
 
     info = {"model": "synthetic", "num_quantizers": 8, "framing": "transformers", "channel": "mix",
@@ -274,7 +275,7 @@ def write(args) -> dict:
             out = os.path.join(args.workdir, f"out-write-{fmt}-{tap}")
             shutil.rmtree(out, ignore_errors=True)
             os.makedirs(out)
-            _write_atomic(os.path.join(out, "run.json"), json.dumps({**info, "tap": tap, "format": fmt}))
+            write_atomic(os.path.join(out, "run.json"), json.dumps({**info, "tap": tap, "format": fmt}))
             attrs = {"tap": tap, "frame_rate": 12.5, "sample_rate": 24000, "num_quantizers": 8,
                      "layout": "[frames, num_quantizers]" if tap == "codes" else "[frames, dims]"}
             w = ShardWriter(out, get_format(fmt), attrs, max_items=1000)
@@ -318,7 +319,8 @@ def ray_driver(args) -> dict:
 
     from mimi_extract.engines.base import Piece
     from mimi_extract.formats import get_format
-    from mimi_extract.formats.common import ShardWriter, _write_atomic
+    from mimi_extract.store.files import write_atomic
+    from mimi_extract.store.writer import ShardWriter
     from mimi_extract.sources import Item, dataset_name
 
     ray.init(address="local", include_dashboard=False, log_to_driver=False, num_cpus=2)
@@ -339,7 +341,7 @@ def ray_driver(args) -> dict:
         out = os.path.join(args.workdir, "out-ray")
         shutil.rmtree(out, ignore_errors=True)
         os.makedirs(out)
-        _write_atomic(os.path.join(out, "run.json"), json.dumps({"tap": "codes", "format": "hdf5"}))
+        write_atomic(os.path.join(out, "run.json"), json.dumps({"tap": "codes", "format": "hdf5"}))
         w = ShardWriter(out, get_format("hdf5"), {"tap": "codes", "frame_rate": 12.5, "sample_rate": 24000,
                                                   "num_quantizers": 8, "layout": "[frames, num_quantizers]"})
         units, per_unit = args.ray_units, 30

@@ -20,12 +20,13 @@ import numpy as np
 
 def build(out: str, n: int, shard_size: int) -> list[str]:
     from mimi_extract.formats import get_format
-    from mimi_extract.formats.common import ShardWriter, _write_atomic
+    from mimi_extract.store.files import write_atomic
+    from mimi_extract.store.writer import ShardWriter
 
     os.makedirs(out, exist_ok=True)
     info = {"model": "tiny", "tap": "codes", "num_quantizers": 8, "framing": "transformers", "channel": "mix",
             "dtype": "fp32", "feature_dtype": "float32", "input": "/corpus", "input_kind": "directory", "part": "whole"}
-    _write_atomic(os.path.join(out, "run.json"), json.dumps(info))
+    write_atomic(os.path.join(out, "run.json"), json.dumps(info))
     w = ShardWriter(out, get_format("hdf5"), {"tap": "codes", "layout": "[frames, num_quantizers]"}, max_items=shard_size)
     rng = np.random.default_rng(0)
     keys = []
@@ -48,7 +49,8 @@ def main() -> None:
     ap.add_argument("--old-reads", type=int, default=3)
     args = ap.parse_args()
     import mimi_extract
-    from mimi_extract.formats.common import load_row, read_manifest
+    from mimi_extract.store.manifest import read_manifest
+    from mimi_extract.store.read import load_row
 
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "out")

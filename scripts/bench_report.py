@@ -20,13 +20,14 @@ import numpy as np
 
 def build(out: str, n: int, shard_size: int, fmt: str) -> None:
     from mimi_extract.formats import get_format
-    from mimi_extract.formats.common import ShardWriter, _write_atomic
+    from mimi_extract.store.files import write_atomic
+    from mimi_extract.store.writer import ShardWriter
 
     os.makedirs(out, exist_ok=True)
     info = {"model": "kyutai/mimi", "weights": "sha256:0123456789abcdef", "tap": "codes", "num_quantizers": 8,
             "framing": "transformers", "channel": "mix", "dtype": "fp32", "feature_dtype": "float32",
             "format": fmt, "input": "/corpus", "input_kind": "directory", "part": "whole"}
-    _write_atomic(os.path.join(out, "run.json"), json.dumps(info))
+    write_atomic(os.path.join(out, "run.json"), json.dumps(info))
     attrs = {"tap": "codes", "layout": "[frames, num_quantizers]", "num_quantizers": 8, "model": "kyutai/mimi"}
     w = ShardWriter(out, get_format(fmt), attrs, max_items=shard_size)
     rng = np.random.default_rng(0)

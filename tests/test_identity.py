@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from mimi_extract.formats.common import RunLock
+from mimi_extract.store.lock import RunLock
 from mimi_extract.plan import Part
 from mimi_extract.runner import extract
 from mimi_extract.settings import Settings

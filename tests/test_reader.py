@@ -10,7 +10,10 @@ import pytest
 import mimi_extract
 from mimi_extract.reader import Reader, cached_reader
 from mimi_extract.formats import get_format
-from mimi_extract.formats.common import ShardWriter, _write_atomic, load_row, read_manifest
+from mimi_extract.store.files import write_atomic
+from mimi_extract.store.manifest import read_manifest
+from mimi_extract.store.read import load_row
+from mimi_extract.store.writer import ShardWriter
 
 INFO = {"model": "tiny", "tap": "codes", "num_quantizers": 8, "framing": "transformers", "channel": "mix",
         "dtype": "fp32", "feature_dtype": "float32", "input": "/corpus", "input_kind": "directory"}
@@ -19,7 +22,7 @@ INFO = {"model": "tiny", "tap": "codes", "num_quantizers": 8, "framing": "transf
 def make_out(run_dir, keys, seed=0, shard_size=3, part="whole"):
     """A run directory written by the real ShardWriter (no encoding): codes [frames, 8] per key."""
     os.makedirs(run_dir, exist_ok=True)
-    _write_atomic(os.path.join(run_dir, "run.json"), json.dumps({**INFO, "part": part}))
+    write_atomic(os.path.join(run_dir, "run.json"), json.dumps({**INFO, "part": part}))
     w = ShardWriter(str(run_dir), get_format("hdf5"), {"tap": "codes", "layout": "[frames, num_quantizers]"}, max_items=shard_size)
     rng = np.random.default_rng(seed)
     arrays = {}

@@ -3,7 +3,7 @@ r"""The output-format interface: what a format implements, and what the shared c
 A *format* decides how the arrays of one shard are laid out in bytes (HDF5 datasets, Parquet rows,
 a Shar tar...).  Everything else -- the lock, ``run.json`` identity, the manifest, the commit
 protocol, resume with damaged-shard quarantine, the per-item checksums, the key index of the
-readers -- is format-agnostic and lives in :mod:`mimi_extract.formats.common`, written once.
+readers -- is format-agnostic and lives in :mod:`mimi_extract.store`, written once.
 
 Adding a format means one module that defines a :class:`Format` subclass and registers it with
 :func:`mimi_extract.formats.register` (see ``formats/__init__.py``); ``--format NAME`` then offers it.
@@ -69,7 +69,7 @@ What the shared code guarantees a format
   calls damaged (or one no row names) is moved to ``quarantine/`` with its companions and its
   items are encoded again;
 * every ok row carries ``checksum`` (crc32 of the time-first array's little-endian bytes, see
-  :func:`array_checksum`), checked by every read (``common.load_row``), so a format only has to
+  :func:`array_checksum`), checked by every read (``store.read.load_row``), so a format only has to
   store the bytes; any exception from ``load`` becomes a ``DamagedError`` naming OUT, key, shard;
 * ``load`` only ever receives rows whose ``shard`` matched ``shard_re``.
 """

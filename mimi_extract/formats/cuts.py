@@ -23,7 +23,10 @@ import gzip
 import json
 import os
 
-from .common import _write_file, committed_rows, format_of, read_run_info
+from .registry import format_of
+from ..store.files import write_file
+from ..store.identity import read_run_info
+from ..store.manifest import committed_rows
 
 CUTS = "cuts.jsonl.gz"
 FIELDS = {"codes": "mimi_codes", "latent": "mimi_latent", "encoder": "mimi_encoder"}
@@ -110,7 +113,7 @@ def write_cuts(run_dir: str) -> str | None:
         return None
     lines = [json.dumps(c, ensure_ascii=False) for c in cut_dicts(run_dir)]
     path = os.path.join(run_dir, CUTS)
-    _write_file(path + ".tmp", gzip.compress(("\n".join(lines) + ("\n" if lines else "")).encode("utf-8"), 6))
+    write_file(path + ".tmp", gzip.compress(("\n".join(lines) + ("\n" if lines else "")).encode("utf-8"), 6))
     os.replace(path + ".tmp", path)
     return path
 

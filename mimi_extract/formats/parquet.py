@@ -245,7 +245,8 @@ class Parquet(Format):
     def finish_run(self, out_dir: str, run_dir: str, info: dict) -> None:
         """Write OUT's dataset card (``OUT/README.md``), unless the user wrote their own (one
         without our marker).  Parts of a job array write it under ``OUT/lock``, one at a time."""
-        from .common import RunLock, _write_atomic
+        from ..store.files import write_atomic
+        from ..store.lock import RunLock
 
         path = os.path.join(out_dir, "README.md")
         parts = os.path.abspath(run_dir) != os.path.abspath(out_dir)
@@ -255,7 +256,7 @@ class Parquet(Format):
                 with open(path, encoding="utf-8", errors="replace") as f:
                     if CARD_MARK not in f.read():
                         return
-            _write_atomic(path, dataset_card(out_dir, info, parts))
+            write_atomic(path, dataset_card(out_dir, info, parts))
         finally:
             if lock is not None:
                 lock.release()

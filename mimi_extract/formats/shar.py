@@ -274,7 +274,8 @@ def shar_fields(run_dirs: list[str]) -> dict[str, list[str]]:
     part of an OUT), in shard order: only pairs whose rows are committed, so a kill's leftovers
     (a cuts file whose tar was never renamed into place) are never read.  A ``--shar-extend`` OUT:
     the input's own fields (its cuts, recordings...) of the committed shard numbers, and ours."""
-    from .common import committed_rows, read_run_info
+    from ..store.identity import read_run_info
+    from ..store.manifest import committed_rows
 
     fields: dict[str, list[str]] = {"cuts": []}
     for d in run_dirs:
@@ -324,7 +325,7 @@ def plan_extend(source: str, kind: str, items: list, bad: list, mine=None, outpu
     (ok or bad) keyed by its id.  A shard where a cut has no such item (a cut split by channel,
     ``--limit``) is left out with a warning: its tar could not line up with its cuts.  ``mine``
     (a job array's ``--part I/N``): which input shard numbers this part encodes (whole shards)."""
-    from .common import OutputError
+    from ..store.files import OutputError
 
     if output_format != "shar":
         raise OutputError(f"--shar-extend writes a lhotse Shar field: use it with --format shar, not {output_format}")
@@ -368,7 +369,7 @@ def extend_units(todo: list, layout: dict[str, list[str]], plan) -> list:
 
 
 def _extend_writer_class():
-    from .common import ShardWriter, commit_files
+    from ..store.writer import commit_files, ShardWriter
 
     class SharExtendWriter(ShardWriter):
         """``--shar-extend``: one ``<field>.NNNNNN.tar`` per input Shar shard, named by its number,

@@ -1,0 +1,120 @@
+"""``manifest.jsonl``: one row per input (ok rows name their shard, error rows say why), the
+run directories of OUT, and which format's shard a name is.  A row's ``shard`` is a name, never
+trusted as a path: only names a registered format writes are accepted."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+from ..formats import registry
+from ..formats.base import Format
+from ..formats.registry import format_of
+from .files import MANIFEST, PART_RE, RUN_INFO, TMP_RE, OutputError
+
+
+def run_dirs(out_dir: str) -> list[str]:
+    """The run directories of OUT: OUT itself, or its ``part-I-of-N`` folders."""
+    parts = sorted(d for d in glob.glob(os.path.join(out_dir, "part-*-of-*")) if PART_RE.search(d))
+    if os.path.exists(os.path.join(out_dir, RUN_INFO)) or not parts:
+        return [out_dir] + parts
+    return parts
+
+
+def format_of_path(shard: str) -> Format:
+    """The format of a shard path relative to OUT (``shard-00000.h5``, ``part-0-of-2/shard-00000.h5``)."""
+    parts = shard.split("/")
+    for i in range(len(parts)):
+        fmt = format_of("/".join(parts[i:]))
+        if fmt is not None:
+            return fmt
+    raise OutputError(f"{shard!r} is not a shard name this tool writes")
+
+
+def valid_shard_name(name) -> bool:
+    """A shard name as a writer makes it: a name matching a registered format's ``shard_re`` (a
+    plain file name, or one under that format's fixed folder), never any other path."""
+    return isinstance(name, str) and format_of(name) is not None and not name.endswith(".tmp")
+
+
+def is_tmp(name: str) -> bool:
+    """One of the temporary names this tool writes in a run directory (or a format's folder)."""
+    return bool(TMP_RE.fullmatch(name)) or (
+        name.endswith(".tmp") and any(f.is_file(name[:-4].replace("__", "/")) for f in registry.formats()))
+
+
+def format_files(run_dir: str):
+    """(relative name, format) of every file in the format folders of a run directory that some
+    format's ``file_re`` matches, ``.tmp`` names included."""
+    for fmt in registry.formats():
+        folder = os.path.join(run_dir, fmt.folder) if fmt.folder else run_dir
+        if not os.path.isdir(folder):
+            continue
+        for name in os.listdir(folder):
+            rel = f"{fmt.folder}/{name}" if fmt.folder else name
+            if fmt.is_file(rel.removesuffix(".tmp")):
+                yield rel, fmt
+
+
+def read_rows(run_dir: str) -> list[dict]:
+    """All rows of one run directory's manifest; a torn line (killed mid-write) is ignored.
+
+    A row's ``shard`` is a name, never trusted as a path: nothing outside OUT may be read, moved
+    or written because of what OUT's files say, so a row naming anything but a shard this tool
+    writes (``../x``, ``/etc/x``, ``sub/shard-00000.h5``) is an error naming the row."""
+    path = os.path.join(run_dir, MANIFEST)
+    rows = []
+    if os.path.exists(path):
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for n, line in enumerate(f, 1):
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if isinstance(row, dict) and "key" in row:
+                    if row.get("shard") is not None and not valid_shard_name(row["shard"]):
+                        raise OutputError(f"{path} line {n} (key {row['key']!r}) names {row['shard']!r} as its shard, "
+                                          "which is not a shard name this tool writes: the manifest was edited or "
+                                          "damaged; remove or fix that row")
+                    rows.append(row)
+    return rows
+
+
+def committed_rows(run_dir: str) -> list[dict]:
+    """The committed rows of one run directory: rows whose shard was never renamed into place (a
+    run killed, or a disk filled, between the manifest append and the rename) are left out: they
+    are not committed, and resume drops them."""
+    exists: dict[str, bool] = {}
+    rows = []
+    for row in read_rows(run_dir):
+        shard = row.get("shard")
+        if shard and exists.setdefault(shard, os.path.exists(os.path.join(run_dir, shard))) is False:
+            continue
+        rows.append(row)
+    return rows
+
+
+def read_manifest(out_dir: str) -> list[dict]:
+    """Committed rows of every run directory of OUT (all parts), ``shard`` relative to OUT."""
+    rows = []
+    for d in run_dirs(out_dir):
+        prefix = os.path.relpath(d, out_dir)
+        for row in committed_rows(d):
+            if row.get("shard") and prefix != ".":
+                row["shard"] = f"{prefix}/{row['shard']}"
+            rows.append(row)
+    return rows
+
+
+
+def next_shard_index(run_dir: str) -> int:
+    """One more than the highest shard number any file or row of the run directory uses."""
+    used = [int(m.group(1)) for name, fmt in format_files(run_dir)
+            if (m := fmt.shard_re.fullmatch(name.removesuffix(".tmp")))]
+    for r in read_rows(run_dir):
+        fmt = format_of(r.get("shard") or "")
+        if fmt is not None:
+            used.append(int(fmt.shard_re.fullmatch(r["shard"]).group(1)))
+    return max(used, default=-1) + 1
+

@@ -1,0 +1,192 @@
+"""Writing: the commit protocol and :class:`ShardWriter`.
+
+Commit protocol for a shard (written once, here, for every format).  A format builds the shard
+*in memory* (:class:`~mimi_extract.formats.base.ShardBuilder`), so its library never writes to OUT
+and a full disk cannot leave it in a broken state (h5py segfaults there); then: (1) each of its
+files is written to ``NAME.tmp`` with plain ``write`` calls and fsynced; (2) its rows are
+appended to the manifest and fsynced; (3) the tmp files are renamed into place (the shard itself
+last) and the directory fsynced.  A kill before (2) leaves only ``.tmp`` files; a kill between (2)
+and (3) leaves rows naming a missing shard: on resume both are dropped and re-encoded
+(``recover.py``)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from ..formats.base import Format, array_checksum
+from .files import MANIFEST, OutputError, fsync_dir, write_error, write_file
+from .manifest import next_shard_index
+
+
+def tmp_path(run_dir: str, name: str) -> str:
+    """Where the commit protocol writes ``name`` (relative to the run directory) before renaming
+    it into place: always the run directory itself, never a format's folder (``shar/x`` ->
+    ``shar__x.tmp``): lhotse's ``from_shar(in_dir=...)`` takes every file of the Shar folder as a
+    field, a half-written one included.  A rename between two folders of one file system is
+    atomic all the same."""
+    return os.path.join(run_dir, name.replace("/", "__") + ".tmp")
+
+
+def commit_files(run_dir: str, files: dict[str, bytes], append_rows) -> None:
+    """The commit protocol, for any format: ``files`` (relative names -> bytes; the shard last)
+    each to its :func:`tmp_path` + fsync; ``append_rows()`` (the manifest rows, fsynced); rename
+    each into place, in order; fsync the directories.  Raises :class:`OutputError`; a failure
+    before the renames removes the ``.tmp`` files (rows torn on disk name a shard that never
+    exists, and resume drops them)."""
+    written = []
+    try:
+        for name, data in files.items():
+            path = os.path.join(run_dir, name)
+            folder = os.path.dirname(path)
+            if not os.path.isdir(folder):
+                try:
+                    os.makedirs(folder, exist_ok=True)
+                    fsync_dir(run_dir)
+                except OSError as e:
+                    raise write_error(e, folder) from e
+            write_file(tmp_path(run_dir, name), data)
+            written.append((tmp_path(run_dir, name), path))
+        append_rows()
+    except OutputError:
+        for tmp, _ in written:
+            try:
+                os.remove(tmp)
+            except OSError:
+                pass
+        raise
+    folders = [run_dir]
+    for tmp, path in written:
+        try:
+            os.replace(tmp, path)
+        except OSError as e:
+            raise write_error(e, path) from e
+        if os.path.dirname(path) not in folders:
+            folders.append(os.path.dirname(path))
+    try:
+        for folder in folders:
+            fsync_dir(folder)
+    except OSError as e:
+        raise write_error(e, folders[0]) from e
+
+
+class ShardWriter:
+    """Streams utterances into size-capped shards of one format and the manifest (one row per input).
+
+    Only the lock holder writes; pieces of a streamed item are held until its last piece arrives,
+    so a shard only ever holds whole items, and an interrupted run commits exactly those.  The
+    format only builds each shard in memory (``fmt.builder``); this class owns the manifest and
+    the commit protocol (:func:`commit_files`)."""
+
+    def __init__(self, run_dir: str, fmt: Format, file_attrs: dict, max_items: int = 1000,
+                 max_bytes: int = 256 << 20):
+        self.run_dir = run_dir
+        self.format = fmt.for_run(file_attrs)  # a format whose shard names depend on the run (Shar's field)
+        self.file_attrs = file_attrs
+        self.max_items, self.max_bytes = max_items, max_bytes
+        self.index = next_shard_index(run_dir)
+        self._shard = None  # the format's ShardBuilder of the open shard
+        self._rows: list[dict] = []
+        self._bytes = 0
+        self._streams: dict[str, list[np.ndarray]] = {}
+        self.written: set[str] = set()  # keys written by this run (a retried unit cannot add a second copy)
+        path = os.path.join(run_dir, MANIFEST)
+        try:  # unbuffered appends: a failed write leaves at most a torn last line, nothing pending
+            self._manifest = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise write_error(e, path) from e
+        self.commits = 0
+
+    @property
+    def shard_name(self) -> str:
+        return self.format.shard_name(self.index)
+
+    def add_piece(self, key: str, data: np.ndarray, first: bool, final: bool, row: dict, attrs: dict) -> None:
+        """One piece (time-first frames) of an item's output; the item is stored with its last piece."""
+        if key in self.written:
+            return
+        if first:
+            self._streams[key] = []
+        elif key not in self._streams:  # the rest of a stream whose start was dropped: cannot be whole
+            return
+        self._streams[key].append(data)
+        if final:
+            pieces = self._streams.pop(key)
+            whole = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+            shape = {"frames": int(whole.shape[0]), **({"dims": int(whole.shape[1])} if whole.ndim > 1 else {})}
+            self.add(key, whole, {**row, **shape}, attrs)
+
+    def drop_stream(self, key: str) -> None:
+        self._streams.pop(key, None)
+
+    @property
+    def open_streams(self) -> int:
+        return len(self._streams)
+
+    def add(self, key: str, data: np.ndarray, row: dict, attrs: dict | None = None) -> None:
+        """Store one utterance; its manifest row is committed together with the shard."""
+        if key in self.written:
+            return
+        if self._shard is not None and self._bytes + data.nbytes > self.max_bytes and self._rows:
+            self.commit()
+        if self._shard is None:
+            self._shard = self.format.builder(self.file_attrs)
+        row = {**row, "key": key}
+        extra = self._shard.add(key, data, row, attrs or {})
+        self._rows.append({**row, **extra, "shard": self.shard_name, "status": "ok", "error": None,
+                           "checksum": array_checksum(data)})
+        self.written.add(key)
+        self._bytes += data.nbytes
+        if len(self._rows) >= self.max_items or self._bytes >= self.max_bytes:
+            self.commit()
+
+    def add_error(self, row: dict, message: str) -> None:
+        if row["key"] in self.written:
+            return
+        self._append([{**row, "shard": None, "status": "error", "error": message}])
+
+    def _append(self, rows: list[dict]) -> None:
+        try:
+            view = memoryview("".join(json.dumps(r) + "\n" for r in rows).encode("utf-8"))
+            while view:
+                view = view[os.write(self._manifest, view):]
+            os.fsync(self._manifest)
+        except OSError as e:
+            raise write_error(e, os.path.join(self.run_dir, MANIFEST)) from e
+
+    def commit(self) -> None:
+        """Write the open shard and make it (and its rows) durable."""
+        if self._shard is None:
+            return
+        shard, self._shard = self._shard, None
+        try:
+            files = shard.files(self.shard_name)
+        finally:
+            shard.close()
+        rows = self._rows
+        commit_files(self.run_dir, files, lambda: self._append(rows))
+        self._rows, self._bytes = [], 0
+        self.index += 1
+        self.commits += 1
+
+    def abort(self) -> None:
+        """Discard what is not committed (an unrecoverable write error)."""
+        if self._shard is not None:
+            self._shard.close()
+            self._shard = None
+        for key in (r["key"] for r in self._rows):
+            self.written.discard(key)
+        self._rows = []
+        self._streams.clear()
+
+    def close(self) -> None:
+        self._streams.clear()  # unfinished streams are encoded again on resume
+        try:
+            self.commit()
+        finally:
+            if self._manifest is not None:
+                os.close(self._manifest)
+                self._manifest = None
+
