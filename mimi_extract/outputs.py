@@ -15,8 +15,7 @@ import numpy as np
 
 from .store.files import LOCK, PART_RE, PLAN_INFO
 from .store.identity import read_run_info
-from .store.manifest import committed_rows, format_of_path, read_manifest, run_dirs
-from .store.read import shard_attrs
+from .store.manifest import committed_rows, format_of_path, read_manifest, run_dirs, shard_attrs
 
 
 

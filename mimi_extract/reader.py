@@ -288,7 +288,7 @@ def read_cuts(out_dir: str):
 
     dirs = _cut_run_dirs(os.path.abspath(out_dir))
     if read_run_info(dirs[0]).get("format", "hdf5") == "shar":
-        from .formats.shar import shar_fields
+        from .store.read import shar_fields
 
         return _lhotse().CutSet.from_shar(fields=shar_fields(dirs))
     return _lhotse().CutSet(ManifestCuts(out_dir))

@@ -51,8 +51,8 @@ from .settings import Settings
 from .sources import Item, Options, discover, open_audio, seconds_to_samples
 from .store.files import PART_RE
 from .store.identity import read_run_info
-from .store.manifest import read_manifest
-from .store.read import item_attrs, load_row, shard_attrs
+from .store.manifest import read_manifest, shard_attrs
+from .store.read import item_attrs, load_row
 
 EPS32 = float(torch.finfo(torch.float32).eps)
 

@@ -50,7 +50,7 @@ def write(fmt_name: str, out: str, n: int) -> dict:
     from mimi_extract.formats import get_format
     from mimi_extract.store.files import write_atomic
     from mimi_extract.store.writer import ShardWriter
-    from mimi_extract.formats.cuts import write_cuts
+    from mimi_extract.store.directory import write_cuts
     from mimi_extract.sources import dataset_name
 
     shutil.rmtree(out, ignore_errors=True)

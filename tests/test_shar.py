@@ -22,7 +22,7 @@ from mimi_extract.audio import load  # noqa: E402
 from mimi_extract.encoder import reference_single  # noqa: E402
 from mimi_extract.formats import get_format  # noqa: E402
 from mimi_extract.store.manifest import committed_rows, run_dirs  # noqa: E402
-from mimi_extract.formats.shar import shar_fields  # noqa: E402
+from mimi_extract.store.read import shar_fields  # noqa: E402
 from mimi_extract.outputs import decode_items, info_report, status_report  # noqa: E402
 from mimi_extract.plan import Part  # noqa: E402
 from mimi_extract.runner import extract  # noqa: E402

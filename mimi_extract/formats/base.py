@@ -29,7 +29,7 @@ What a format must define
 * optionally: :meth:`Format.require` (say what to install, before a run starts),
   :meth:`Format.item_attrs` (per-item metadata, for ``verify --out``), :meth:`Format.lhotse_storage`
   (how lhotse cuts point at an item: ``cuts.py``), :meth:`Format.companions` and
-  :meth:`Format.finish_run` (files about OUT as a whole, e.g. Parquet's dataset card).
+  :meth:`Format.out_files` (files about OUT as a whole, e.g. Parquet's dataset card).
 
 A format also gets, with no code of its own: parts (``part-I-of-N`` run directories), Ray, signals,
 ``mimi_extract.read``/``open``/``read_manifest``/``read_cuts``, ``info``, ``status``, ``decode``,
@@ -172,9 +172,12 @@ class Format:
         is its own lhotse manifest, as Shar is)."""
         return None
 
-    def finish_run(self, out_dir: str, run_dir: str, info: dict) -> None:
-        """Called at the end of every run (an interrupted one too) with OUT, the run directory and
-        its ``run.json``: for files that describe OUT as a whole (Parquet's dataset card)."""
+    def out_files(self, out_dir: str, info: dict, parts: bool) -> dict[str, str]:
+        """Files that describe OUT as a whole (Parquet's dataset card), asked for at the end of every
+        run (an interrupted one too) with OUT, its ``run.json`` and whether OUT holds the parts of a
+        job array: name relative to OUT -> text.  The store writes them (atomically, under OUT's
+        lock when parts share OUT): a format never writes to OUT itself."""
+        return {}
 
     def is_shard(self, name: str) -> bool:
         return isinstance(name, str) and bool(self.shard_re.fullmatch(name))

@@ -269,37 +269,6 @@ class Shar(Format):
             return json.loads(tar.pax_headers[PAX_KEY])
 
 
-def shar_fields(run_dirs: list[str]) -> dict[str, list[str]]:
-    """``CutSet.from_shar(fields=...)`` of the committed shards of these run directories (every
-    part of an OUT), in shard order: only pairs whose rows are committed, so a kill's leftovers
-    (a cuts file whose tar was never renamed into place) are never read.  A ``--shar-extend`` OUT:
-    the input's own fields (its cuts, recordings...) of the committed shard numbers, and ours."""
-    from ..store.identity import read_run_info
-    from ..store.manifest import committed_rows
-
-    fields: dict[str, list[str]] = {"cuts": []}
-    for d in run_dirs:
-        shards = sorted({r["shard"] for r in committed_rows(d) if r.get("shard")},
-                        key=lambda s: int(s.rsplit(".", 2)[1]))
-        info = read_run_info(d) or {}
-        theirs: dict[str, dict[str, str]] = {}
-        if info.get("shar_extend"):
-            for name in sorted(os.listdir(info["input"])):
-                parts = name.split(".")
-                if len(parts) > 2 and parts[1].isdigit():
-                    theirs.setdefault(parts[1], {})[parts[0]] = os.path.join(info["input"], name)
-        for shard in shards:
-            field, number = os.path.basename(shard).split(".")[:2]
-            fields.setdefault(field, []).append(os.path.join(d, shard))
-            if info.get("shar_extend"):
-                for name, path in theirs.get(number, {}).items():
-                    fields.setdefault(name, []).append(path)
-            else:
-                fields["cuts"].append(os.path.join(d, cuts_name(shard)))
-    ours = {f for f in fields if f in FIELDS.values()}
-    if len(ours) > 1:
-        raise ValueError(f"Shar shards of several fields ({', '.join(sorted(ours))}) in one OUT")
-    return fields
 
 
 # -- --shar-extend: a new field for an existing Shar dataset ---------------------------------

@@ -12,6 +12,8 @@ import re
 MANIFEST = "manifest.jsonl"
 RUN_INFO = "run.json"
 PLAN_INFO = "plan.json"  # what the last run planned (inputs, seconds): status and info read it
+STATS = "stats.json"  # the last run's timing
+CUTS = "cuts.jsonl.gz"  # lhotse cuts pointing into the shards (not for Shar: its cuts are its own files)
 LOCK = "lock"
 QUARANTINE = "quarantine"
 PART_RE = re.compile(r"part-(\d+)-of-(\d+)$")

@@ -11,8 +11,7 @@ import shlex
 import numpy as np
 
 from .files import RUN_INFO, OutputError, write_atomic
-from .manifest import committed_rows
-from .read import shard_attrs
+from .manifest import committed_rows, shard_attrs
 
 
 def read_run_info(run_dir: str) -> dict | None:

@@ -118,3 +118,6 @@ def next_shard_index(run_dir: str) -> int:
             used.append(int(fmt.shard_re.fullmatch(r["shard"]).group(1)))
     return max(used, default=-1) + 1
 
+def shard_attrs(out_dir: str, shard: str) -> dict:
+    """The settings stored in a shard (relative to OUT)."""
+    return format_of_path(shard).attrs(os.path.join(out_dir, shard))

@@ -1,5 +1,5 @@
 """Reading OUT back: one item by key (checked against its checksum), a whole-OUT checksum scan,
-and a shard's stored settings.  ``reader.py`` is the indexed reader built on these."""
+and the Shar fields of a Shar OUT.  ``reader.py`` is the indexed reader built on these."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ import numpy as np
 
 from ..formats.base import array_checksum
 from ..formats.registry import format_of
+from ..formats.shar import FIELDS, cuts_name
 from .files import DamagedError
+from .identity import read_run_info
 from .manifest import committed_rows, format_of_path, read_manifest, run_dirs
 
 
@@ -113,11 +115,36 @@ def close_shard(shard: str, handle) -> None:
     format_of_path(shard).close_handle(handle)
 
 
-def shard_attrs(out_dir: str, shard: str) -> dict:
-    """The settings stored in a shard (relative to OUT)."""
-    return format_of_path(shard).attrs(os.path.join(out_dir, shard))
-
-
 def item_attrs(out_dir: str, row: dict) -> dict:
     """The per-item metadata stored with an ok row's array (``duration``...)."""
     return format_of_path(row["shard"]).item_attrs(os.path.join(out_dir, row["shard"]), row)
+
+
+def shar_fields(run_dirs: list[str]) -> dict[str, list[str]]:
+    """``CutSet.from_shar(fields=...)`` of the committed shards of these run directories (every
+    part of an OUT), in shard order: only pairs whose rows are committed, so a kill's leftovers
+    (a cuts file whose tar was never renamed into place) are never read.  A ``--shar-extend`` OUT:
+    the input's own fields (its cuts, recordings...) of the committed shard numbers, and ours."""
+    fields: dict[str, list[str]] = {"cuts": []}
+    for d in run_dirs:
+        shards = sorted({r["shard"] for r in committed_rows(d) if r.get("shard")},
+                        key=lambda s: int(s.rsplit(".", 2)[1]))
+        info = read_run_info(d) or {}
+        theirs: dict[str, dict[str, str]] = {}
+        if info.get("shar_extend"):
+            for name in sorted(os.listdir(info["input"])):
+                parts = name.split(".")
+                if len(parts) > 2 and parts[1].isdigit():
+                    theirs.setdefault(parts[1], {})[parts[0]] = os.path.join(info["input"], name)
+        for shard in shards:
+            field, number = os.path.basename(shard).split(".")[:2]
+            fields.setdefault(field, []).append(os.path.join(d, shard))
+            if info.get("shar_extend"):
+                for name, path in theirs.get(number, {}).items():
+                    fields.setdefault(name, []).append(path)
+            else:
+                fields["cuts"].append(os.path.join(d, cuts_name(shard)))
+    ours = {f for f in fields if f in FIELDS.values()}
+    if len(ours) > 1:
+        raise ValueError(f"Shar shards of several fields ({', '.join(sorted(ours))}) in one OUT")
+    return fields

@@ -12,8 +12,7 @@ from ..formats.base import Format
 from ..formats.registry import format_of
 from .files import MANIFEST, QUARANTINE, OutputError, fsync_dir, write_atomic
 from .identity import check_shard_settings
-from .manifest import format_files, is_tmp, read_rows
-from .read import shard_attrs
+from .manifest import format_files, is_tmp, read_rows, shard_attrs
 
 
 def _unique_path(path: str) -> str:
