@@ -20,8 +20,9 @@ from dataclasses import asdict, replace
 from . import __version__
 from .audio import SAMPLE_RATE, decoder_versions
 from .encoder import PaddedMimiEncoder, _from_pretrained, config_hash, weights_hash
-from .engines import Piece, Stats, make_engine
-from .plan import Part, Split, Stitcher, padding_fraction, part_of, plan_units, split_items
+from .engines import Stats, make_engine
+from .engines.assembly import Assembler
+from .plan import Part, Split, padding_fraction, part_of, plan_units, split_items
 from .settings import Settings
 from .sources import Discovered, Item, Options, dataset_name, discover, item_identity, plan_group
 from .formats import get_format
@@ -411,32 +412,24 @@ def _extract_with(engine, found: Discovered, source, run: RunDirectory, settings
         started = time.perf_counter()
         pieces = engine.run(units, stop, model)
         del model
-        stitcher = Stitcher()
-        said: dict[str, list[str]] = {}  # key -> decoder warnings of its (split) pieces so far
+        assembler = Assembler()  # pieces -> whole items: nothing of an item is stored before it is whole
         for piece in pieces:
-            item = piece.item
-            if piece.warnings and piece.warnings not in said.setdefault(item.key, []):
-                said[item.key].append(piece.warnings)
-            if item.piece is not None:  # a piece of a split recording: stored once every piece is in
-                whole = stitcher.add(item, piece.data, piece.first, piece.final, piece.error)
-                if whole is None:
-                    if on_progress:
-                        on_progress(0, piece.seconds, 0)
-                    continue
-                item, data, error = whole
-                piece = Piece(item, data, True, True, piece.seconds, error)
-            if piece.error is not None:
-                said.pop(item.key, None)
-                writer.drop_stream(item.key)
-                writer.add_error(row_for(item), piece.error)
+            whole = assembler.add(piece)
+            if whole is None:
+                if on_progress:
+                    on_progress(0, piece.seconds, 0)
+                continue
+            item = whole.item
+            if whole.error is not None:
+                writer.add_error(row_for(item), whole.error)
                 summary["errors"] += 1
             else:
-                warned = said.pop(item.key, None) if piece.final else None
-                row = {**row_for(item), "decoder_warnings": "; ".join(warned)} if warned else row_for(item)
-                writer.add_piece(item.key, piece.data, piece.first, piece.final, row, attrs_of(item))
-                summary["ok"] += piece.final
+                row = {**row_for(item), "decoder_warnings": whole.warnings} if whole.warnings else row_for(item)
+                shape = {"frames": int(whole.data.shape[0]), **({"dims": int(whole.data.shape[1])} if whole.data.ndim > 1 else {})}
+                writer.add(item.key, whole.data, {**row, **shape}, attrs_of(item))
+                summary["ok"] += 1
             if on_progress:
-                on_progress(int(piece.final), piece.seconds, int(piece.error is not None))
+                on_progress(1, piece.seconds, int(whole.error is not None))
         writer.close()
     except BaseException:
         if pieces is not None:

@@ -358,9 +358,9 @@ def ray_driver(args) -> dict:
                 pending.append(maker.encode.remote(submitted, per_unit))
                 submitted += 1
             for p in pieces:
-                w.add_piece(p.item.key, p.data, True, True, {"path": p.item.key, "key": p.item.key, "frames": 125,
-                                                             "dataset": dataset_name(p.item.key)},
-                            {"duration": 10.0})
+                w.add(p.item.key, p.data, {"path": p.item.key, "key": p.item.key, "dataset": dataset_name(p.item.key),
+                                           "frames": int(p.data.shape[0]), "dims": int(p.data.shape[1])},
+                      {"duration": 10.0})
                 items += 1
         w.close()
         cpu, wall = time.process_time() - t_proc, time.perf_counter() - t_wall

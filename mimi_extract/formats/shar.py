@@ -408,7 +408,6 @@ def _extend_writer_class():
                     self.written.discard(key)
             self.pending.clear()
             self.held_bytes = 0
-            self._streams.clear()
 
         def close(self) -> None:
             self.pending.clear()  # shards not complete: encoded again on resume

@@ -75,8 +75,8 @@ def commit_files(run_dir: str, files: dict[str, bytes], append_rows) -> None:
 class ShardWriter:
     """Streams utterances into size-capped shards of one format and the manifest (one row per input).
 
-    Only the lock holder writes; pieces of a streamed item are held until its last piece arrives,
-    so a shard only ever holds whole items, and an interrupted run commits exactly those.  The
+    Only the lock holder writes, and only whole items (``engines.assembly`` joins their pieces), so
+    a shard only ever holds whole items, and an interrupted run commits exactly those.  The
     format only builds each shard in memory (``fmt.builder``); this class owns the manifest and
     the commit protocol (:func:`commit_files`)."""
 
@@ -90,7 +90,6 @@ class ShardWriter:
         self._shard = None  # the format's ShardBuilder of the open shard
         self._rows: list[dict] = []
         self._bytes = 0
-        self._streams: dict[str, list[np.ndarray]] = {}
         self.written: set[str] = set()  # keys written by this run (a retried unit cannot add a second copy)
         path = os.path.join(run_dir, MANIFEST)
         try:  # unbuffered appends: a failed write leaves at most a torn last line, nothing pending
@@ -102,28 +101,6 @@ class ShardWriter:
     @property
     def shard_name(self) -> str:
         return self.format.shard_name(self.index)
-
-    def add_piece(self, key: str, data: np.ndarray, first: bool, final: bool, row: dict, attrs: dict) -> None:
-        """One piece (time-first frames) of an item's output; the item is stored with its last piece."""
-        if key in self.written:
-            return
-        if first:
-            self._streams[key] = []
-        elif key not in self._streams:  # the rest of a stream whose start was dropped: cannot be whole
-            return
-        self._streams[key].append(data)
-        if final:
-            pieces = self._streams.pop(key)
-            whole = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
-            shape = {"frames": int(whole.shape[0]), **({"dims": int(whole.shape[1])} if whole.ndim > 1 else {})}
-            self.add(key, whole, {**row, **shape}, attrs)
-
-    def drop_stream(self, key: str) -> None:
-        self._streams.pop(key, None)
-
-    @property
-    def open_streams(self) -> int:
-        return len(self._streams)
 
     def add(self, key: str, data: np.ndarray, row: dict, attrs: dict | None = None) -> None:
         """Store one utterance; its manifest row is committed together with the shard."""
@@ -179,10 +156,8 @@ class ShardWriter:
         for key in (r["key"] for r in self._rows):
             self.written.discard(key)
         self._rows = []
-        self._streams.clear()
 
     def close(self) -> None:
-        self._streams.clear()  # unfinished streams are encoded again on resume
         try:
             self.commit()
         finally:
