@@ -332,7 +332,7 @@ def _extract_with(engine, found: Discovered, source, run: RunDirectory, settings
         bad = [it for it in bad if part_of(it.key, part.count) == part.index]
     layout, warnings = None, list(found.warnings)
     if settings.shar_extend:  # a new field for the input's Shar shards, one tar each
-        from .formats.shar import plan_extend
+        from .store.shar_extend import plan_extend
 
         mine = None if part.whole else (lambda n: part_of(f"shar-shard-{n}", part.count) == part.index)
         layout, items, bad, more = plan_extend(source, found.kind, items, bad, mine, settings.format)
@@ -376,9 +376,9 @@ def _extract_with(engine, found: Discovered, source, run: RunDirectory, settings
         return units
 
     if layout is not None:  # --shar-extend: shard by shard (extend_units renumbers)
-        from .formats.shar import extend_units
+        from .store import shar_extend
 
-        units = extend_units(todo, layout, plan)
+        units = shar_extend.extend_units(todo, layout, plan)
     else:
         units = plan(todo)
     short = [u.items for u in units if not u.stream]
@@ -395,9 +395,7 @@ def _extract_with(engine, found: Discovered, source, run: RunDirectory, settings
     if stop.is_set():
         return summary
     if layout is not None:
-        from .formats.shar import extend_writer
-
-        writer = extend_writer(run.path, fmt, attrs, layout)
+        writer = run.extend_writer(fmt, attrs, layout)
     else:
         writer = run.writer(fmt, attrs, shard_size, int(shard_mb * 2**20))
     attrs_of = lambda it: {"duration": it.duration, "source_sample_rate": it.sample_rate,  # noqa: E731

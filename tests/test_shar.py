@@ -368,7 +368,7 @@ def test_shar_extend_adds_a_field_aligned_with_each_input_shard(shar_dataset, ti
     settings = Settings(model=tiny_model_dir, tap="codes", num_workers=0, format="shar", shar_extend=True, batch_size=1)
     out = str(tmp_path / "out")
     stop, armed, done = threading.Event(), threading.Event(), []
-    import mimi_extract.formats.shar as shar_format
+    import mimi_extract.store.shar_extend as shar_format
 
     class _UntilLastShard(list):
         """Units as planned; the engine's walk over them (once planning is over: ``armed``) waits at

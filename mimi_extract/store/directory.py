@@ -17,6 +17,7 @@ from .lock import RunLock, lock_run_dir
 from .manifest import committed_rows, run_dirs
 from .read import scan_checksums
 from .recover import recover
+from .shar_extend import SharExtendWriter
 from .writer import ShardWriter
 
 
@@ -86,6 +87,10 @@ class RunDirectory:
 
     def writer(self, fmt: Format, attrs: dict, max_items: int, max_bytes: int) -> ShardWriter:
         return ShardWriter(self.path, fmt, attrs, max_items, max_bytes)
+
+    def extend_writer(self, fmt: Format, attrs: dict, layout: dict[str, list[str]]) -> SharExtendWriter:
+        """``--shar-extend``: one tar per input Shar shard of ``layout`` (``shar_extend.plan_extend``)."""
+        return SharExtendWriter(self.path, fmt, attrs, layout)
 
     def finish(self, fmt: Format, stats: dict) -> None:
         """The end of every run, an interrupted one too: ``stats.json`` (this run's timing), the

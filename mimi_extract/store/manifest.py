@@ -11,7 +11,7 @@ import os
 from ..formats import registry
 from ..formats.base import Format
 from ..formats.registry import format_of
-from .files import MANIFEST, PART_RE, RUN_INFO, TMP_RE, OutputError
+from .files import MANIFEST, PART_RE, RUN_INFO, TMP_RE, OutputError, write_error
 
 
 def run_dirs(out_dir: str) -> list[str]:
@@ -55,6 +55,32 @@ def format_files(run_dir: str):
             rel = f"{fmt.folder}/{name}" if fmt.folder else name
             if fmt.is_file(rel.removesuffix(".tmp")):
                 yield rel, fmt
+
+
+class ManifestAppender:
+    """``manifest.jsonl`` of one run directory, open for appends: unbuffered, each call fsynced, so
+    a failed write leaves at most a torn last line (which :func:`read_rows` ignores), nothing pending."""
+
+    def __init__(self, run_dir: str):
+        self.path = os.path.join(run_dir, MANIFEST)
+        try:
+            self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise write_error(e, self.path) from e
+
+    def append(self, rows: list[dict]) -> None:
+        try:
+            view = memoryview("".join(json.dumps(r) + "\n" for r in rows).encode("utf-8"))
+            while view:
+                view = view[os.write(self._fd, view):]
+            os.fsync(self._fd)
+        except OSError as e:
+            raise write_error(e, self.path) from e
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 def read_rows(run_dir: str) -> list[dict]:

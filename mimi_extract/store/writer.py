@@ -11,14 +11,13 @@ and (3) leaves rows naming a missing shard: on resume both are dropped and re-en
 
 from __future__ import annotations
 
-import json
 import os
 
 import numpy as np
 
 from ..formats.base import Format, array_checksum
-from .files import MANIFEST, OutputError, fsync_dir, write_error, write_file
-from .manifest import next_shard_index
+from .files import OutputError, fsync_dir, write_error, write_file
+from .manifest import ManifestAppender, next_shard_index
 
 
 def tmp_path(run_dir: str, name: str) -> str:
@@ -91,11 +90,7 @@ class ShardWriter:
         self._rows: list[dict] = []
         self._bytes = 0
         self.written: set[str] = set()  # keys written by this run (a retried unit cannot add a second copy)
-        path = os.path.join(run_dir, MANIFEST)
-        try:  # unbuffered appends: a failed write leaves at most a torn last line, nothing pending
-            self._manifest = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        except OSError as e:
-            raise write_error(e, path) from e
+        self._manifest = ManifestAppender(run_dir)
         self.commits = 0
 
     @property
@@ -122,16 +117,7 @@ class ShardWriter:
     def add_error(self, row: dict, message: str) -> None:
         if row["key"] in self.written:
             return
-        self._append([{**row, "shard": None, "status": "error", "error": message}])
-
-    def _append(self, rows: list[dict]) -> None:
-        try:
-            view = memoryview("".join(json.dumps(r) + "\n" for r in rows).encode("utf-8"))
-            while view:
-                view = view[os.write(self._manifest, view):]
-            os.fsync(self._manifest)
-        except OSError as e:
-            raise write_error(e, os.path.join(self.run_dir, MANIFEST)) from e
+        self._manifest.append([{**row, "shard": None, "status": "error", "error": message}])
 
     def commit(self) -> None:
         """Write the open shard and make it (and its rows) durable."""
@@ -143,7 +129,7 @@ class ShardWriter:
         finally:
             shard.close()
         rows = self._rows
-        commit_files(self.run_dir, files, lambda: self._append(rows))
+        commit_files(self.run_dir, files, lambda: self._manifest.append(rows))
         self._rows, self._bytes = [], 0
         self.index += 1
         self.commits += 1
@@ -161,7 +147,5 @@ class ShardWriter:
         try:
             self.commit()
         finally:
-            if self._manifest is not None:
-                os.close(self._manifest)
-                self._manifest = None
+            self._manifest.close()
 
