@@ -24,38 +24,17 @@ from .engines import Stats, make_engine
 from .engines.assembly import Assembler
 from .plan import Part, Split, padding_fraction, part_of, plan_units, split_items
 from .settings import Settings
-from .sources import Discovered, Item, Options, dataset_name, discover, item_identity, plan_group
+from .sources import Discovered, Item, Options, discover, item_identity, plan_group
 from .formats import get_format
 from .store.directory import RunDirectory
 from .store.files import OutputError
 from .store.identity import ITEMS, check_run_info, read_run_info
-from .store.manifest import committed_rows, run_dirs
+from .store.manifest import ManifestRow, committed_rows, run_dirs
 
 
 def frame_rate(tap: str, config) -> float:
     """Frames per second of the tap (25 Hz before the downsample, 12.5 Hz after)."""
     return float(config.sampling_rate / math.prod(config.upsampling_ratios)) if tap == "encoder" else float(config.frame_rate)
-
-
-def row_for(item: Item) -> dict:
-    row = {
-        "path": item.rel,
-        "key": item.key,
-        "dataset": dataset_name(item.key),
-        "channel": item.channel if isinstance(item.channel, int) else None,
-        "sample_rate": item.sample_rate or None,
-        "duration": round(item.duration, 4),
-    }
-    if item.segment is not None:
-        row["start"], row["end"] = item.segment
-    if item.error is None:  # what a lhotse Recording needs, without probing the file again; the path
-        # absolute, so that the cuts load their audio (and verify --out re-reads it) from any directory
-        row["source"] = {"path": os.path.abspath(item.path), "frames": item.file_frames, "channels": item.file_channels}
-        if item.kind != "file":  # a member of a container: how to reach its bytes again (verify --out)
-            row["source"].update(kind=item.kind, loc=list(item.loc) if item.loc is not None else None)
-    if item.meta:  # what the input says about it (text, speaker, supervisions...): the cuts' and columns' source
-        row["meta"] = item.meta
-    return row
 
 
 def file_attrs(settings: Settings, config, identity: dict, metadata: dict | None = None) -> dict:
@@ -403,7 +382,7 @@ def _extract_with(engine, found: Discovered, source, run: RunDirectory, settings
     pieces = None
     try:
         for it in bad:
-            writer.add_error(row_for(it), it.error)
+            writer.add_error(ManifestRow.for_item(it), it.error)
         summary["errors"] += len(bad)
         if on_progress:
             on_progress(len(bad), sum(it.samples for it in bad) / SAMPLE_RATE, len(bad))
@@ -419,12 +398,10 @@ def _extract_with(engine, found: Discovered, source, run: RunDirectory, settings
                 continue
             item = whole.item
             if whole.error is not None:
-                writer.add_error(row_for(item), whole.error)
+                writer.add_error(ManifestRow.for_item(item), whole.error)
                 summary["errors"] += 1
             else:
-                row = {**row_for(item), "decoder_warnings": whole.warnings} if whole.warnings else row_for(item)
-                shape = {"frames": int(whole.data.shape[0]), **({"dims": int(whole.data.shape[1])} if whole.data.ndim > 1 else {})}
-                writer.add(item.key, whole.data, {**row, **shape}, attrs_of(item))
+                writer.add(item.key, whole.data, ManifestRow.for_item(item, whole.warnings), attrs_of(item))
                 summary["ok"] += 1
             if on_progress:
                 on_progress(1, piece.seconds, int(whole.error is not None))

@@ -259,6 +259,7 @@ def feed_processes(args, model_dir: str) -> dict:
 def write(args) -> dict:
     from mimi_extract.formats import get_format
     from mimi_extract.store.files import write_atomic
+    from mimi_extract.store.manifest import ManifestRow
     from mimi_extract.store.writer import ShardWriter
     from mimi_extract.sources import dataset_name
 
@@ -293,7 +294,7 @@ def write(args) -> dict:
                     row = {"path": key, "key": key, "dataset": dataset_name(key), "channel": None, "sample_rate": 24000,
                            "duration": frames * 0.08, "frames": frames, "dims": data.shape[1],
                            "source": {"path": f"/synthetic/{key}", "frames": frames * 1920, "channels": 1}}
-                    w.add(key, data, row, {"duration": frames * 0.08})
+                    w.add(key, data, ManifestRow(**row), {"duration": frames * 0.08})
                 w.close()
             finally:
                 os.fsync = real_fsync
@@ -320,6 +321,7 @@ def ray_driver(args) -> dict:
     from mimi_extract.engines.base import Piece
     from mimi_extract.formats import get_format
     from mimi_extract.store.files import write_atomic
+    from mimi_extract.store.manifest import ManifestRow
     from mimi_extract.store.writer import ShardWriter
     from mimi_extract.sources import Item, dataset_name
 
@@ -358,8 +360,7 @@ def ray_driver(args) -> dict:
                 pending.append(maker.encode.remote(submitted, per_unit))
                 submitted += 1
             for p in pieces:
-                w.add(p.item.key, p.data, {"path": p.item.key, "key": p.item.key, "dataset": dataset_name(p.item.key),
-                                           "frames": int(p.data.shape[0]), "dims": int(p.data.shape[1])},
+                w.add(p.item.key, p.data, ManifestRow(p.item.key, path=p.item.key, dataset=dataset_name(p.item.key)),
                       {"duration": 10.0})
                 items += 1
         w.close()

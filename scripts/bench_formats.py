@@ -49,6 +49,7 @@ def synthetic(n: int, seed: int = 0):
 def write(fmt_name: str, out: str, n: int) -> dict:
     from mimi_extract.formats import get_format
     from mimi_extract.store.files import write_atomic
+    from mimi_extract.store.manifest import ManifestRow
     from mimi_extract.store.writer import ShardWriter
     from mimi_extract.store.directory import write_cuts
     from mimi_extract.sources import dataset_name
@@ -69,7 +70,7 @@ def write(fmt_name: str, out: str, n: int) -> dict:
         row = {"path": key, "key": key, "dataset": dataset_name(key), "channel": None, "sample_rate": 24000,
                "duration": frames * 0.08, "frames": frames, "dims": 8,
                "source": {"path": f"/synthetic/{key}", "frames": frames * 1920, "channels": 1}}
-        w.add(key, data, row, {"duration": frames * 0.08})
+        w.add(key, data, ManifestRow(**row), {"duration": frames * 0.08})
     w.close()
     seconds = time.perf_counter() - started
     if out.endswith("-warmup"):

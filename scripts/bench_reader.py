@@ -21,6 +21,7 @@ import numpy as np
 def build(out: str, n: int, shard_size: int) -> list[str]:
     from mimi_extract.formats import get_format
     from mimi_extract.store.files import write_atomic
+    from mimi_extract.store.manifest import ManifestRow
     from mimi_extract.store.writer import ShardWriter
 
     os.makedirs(out, exist_ok=True)
@@ -33,9 +34,9 @@ def build(out: str, n: int, shard_size: int) -> list[str]:
     for i in range(n):
         key, frames = f"spk{i % 97}/utt{i}.wav", 20 + i % 60
         w.add(key, rng.integers(0, 2048, (frames, 8), dtype=np.int16),
-              {"path": key, "key": key, "dataset": key.replace("/", "%2F"), "channel": None, "sample_rate": 24000,
-               "duration": frames * 0.08, "frames": frames, "dims": 8,
-               "source": {"path": f"/corpus/{key}", "frames": frames * 1920, "channels": 1}})
+              ManifestRow(key, path=key, dataset=key.replace("/", "%2F"), channel=None, sample_rate=24000,
+                          duration=frames * 0.08, frames=frames, dims=8,
+                          source={"path": f"/corpus/{key}", "frames": frames * 1920, "channels": 1}))
         keys.append(key)
     w.close()
     return keys

@@ -7,9 +7,13 @@ from __future__ import annotations
 import glob
 import json
 import os
+from dataclasses import dataclass, replace
+
+import numpy as np
 
 from ..formats import registry
-from ..formats.base import Format
+from ..formats.base import Format, array_checksum
+from ..sources import Item, dataset_name
 from ..formats.registry import format_of
 from .files import MANIFEST, PART_RE, RUN_INFO, TMP_RE, OutputError, write_error
 
@@ -57,6 +61,75 @@ def format_files(run_dir: str):
                 yield rel, fmt
 
 
+@dataclass(frozen=True)
+class ManifestRow:
+    """One row of ``manifest.jsonl`` as a writer makes it: the input item (``path``, ``key``...), then,
+    once it is stored, its shape and where it is (``shard``, ``status``, ``checksum``, and the
+    format's ``stored`` fields), or why it is not (``error``).  Rows read back stay the plain dicts
+    of their JSON (:func:`read_rows`): readers take what an OUT holds, an older version's included."""
+
+    key: str
+    path: str | None = None
+    dataset: str | None = None
+    channel: int | None = None
+    sample_rate: int | None = None
+    duration: float | None = None
+    start: float | None = None  # a segment of its source (seconds); absent for a whole file
+    end: float | None = None
+    source: dict | None = None  # how to reach its audio again: lhotse recordings, verify --out
+    meta: dict | None = None  # what the input says about it (text, speaker...)
+    decoder_warnings: str | None = None
+    frames: int | None = None  # ok rows: the stored array's shape
+    dims: int | None = None
+    stored: dict | None = None  # where the format put it in its shard (``ShardBuilder.add``'s fields)
+    shard: str | None = None
+    status: str | None = None  # "ok" or "error" once written
+    error: str | None = None
+    checksum: str | None = None
+
+    @classmethod
+    def for_item(cls, item: Item, decoder_warnings: str | None = None) -> ManifestRow:
+        source = None
+        if item.error is None:  # what a lhotse Recording needs, without probing the file again; the path
+            # absolute, so that the cuts load their audio (and verify --out re-reads it) from any directory
+            source = {"path": os.path.abspath(item.path), "frames": item.file_frames, "channels": item.file_channels}
+            if item.kind != "file":  # a member of a container: how to reach its bytes again (verify --out)
+                source.update(kind=item.kind, loc=list(item.loc) if item.loc is not None else None)
+        start, end = item.segment if item.segment is not None else (None, None)
+        return cls(key=item.key, path=item.rel, dataset=dataset_name(item.key),
+                   channel=item.channel if isinstance(item.channel, int) else None,
+                   sample_rate=item.sample_rate or None, duration=round(item.duration, 4), start=start, end=end,
+                   source=source, meta=item.meta or None, decoder_warnings=decoder_warnings)
+
+    def shaped(self, data: np.ndarray) -> ManifestRow:
+        """With the shape of its array (time first)."""
+        return replace(self, frames=int(data.shape[0]), dims=int(data.shape[1]) if data.ndim > 1 else None)
+
+    def ok(self, data: np.ndarray, shard: str, stored: dict) -> ManifestRow:
+        return replace(self.shaped(data), stored=stored or None, shard=shard, status="ok", error=None,
+                       checksum=array_checksum(data))
+
+    def failed(self, message: str, shard: str | None = None) -> ManifestRow:
+        """An error row; ``shard``: the shard holding its placeholder (``--shar-extend``)."""
+        return replace(self, shard=shard, status="error", error=message)
+
+    def as_dict(self) -> dict:
+        """Its JSON: the input's fields always (``null`` when unknown), the others when they apply."""
+        row = {"path": self.path, "key": self.key, "dataset": self.dataset, "channel": self.channel,
+               "sample_rate": self.sample_rate, "duration": self.duration}
+        if self.start is not None:
+            row["start"], row["end"] = self.start, self.end
+        optional = {"source": self.source, "meta": self.meta, "decoder_warnings": self.decoder_warnings,
+                    "frames": self.frames, "dims": self.dims}
+        row.update({k: v for k, v in optional.items() if v is not None})
+        row.update(self.stored or {})
+        if self.status is not None:
+            row.update(shard=self.shard, status=self.status, error=self.error)
+            if self.checksum is not None:
+                row["checksum"] = self.checksum
+        return row
+
+
 class ManifestAppender:
     """``manifest.jsonl`` of one run directory, open for appends: unbuffered, each call fsynced, so
     a failed write leaves at most a torn last line (which :func:`read_rows` ignores), nothing pending."""
@@ -68,9 +141,9 @@ class ManifestAppender:
         except OSError as e:
             raise write_error(e, self.path) from e
 
-    def append(self, rows: list[dict]) -> None:
+    def append(self, rows: list[ManifestRow]) -> None:
         try:
-            view = memoryview("".join(json.dumps(r) + "\n" for r in rows).encode("utf-8"))
+            view = memoryview("".join(json.dumps(r.as_dict()) + "\n" for r in rows).encode("utf-8"))
             while view:
                 view = view[os.write(self._fd, view):]
             os.fsync(self._fd)

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..formats.base import Format, array_checksum
+from ..formats.base import Format
 from ..formats.shar import FOLDER, SharShard
 from .files import OutputError
-from .manifest import ManifestAppender
+from .manifest import ManifestAppender, ManifestRow
 from .writer import commit_files
 
 _INPUT_CUTS = re.compile(r"cuts\.(\d+)\.jsonl(?:\.gz)?")
@@ -80,6 +81,15 @@ def extend_units(todo: list, layout: dict[str, list[str]], plan) -> list:
     return units
 
 
+@dataclass(frozen=True)
+class _Held:
+    """A finished item waiting for the rest of its shard: its array, or its error."""
+
+    row: ManifestRow
+    data: np.ndarray | None
+    error: str | None = None
+
+
 class SharExtendWriter:
     """``--shar-extend``: one ``<field>.NNNNNN.tar`` per input Shar shard, named by its number,
     holding that shard's cuts in its order (an array, or lhotse's placeholder pair for a cut that
@@ -97,26 +107,26 @@ class SharExtendWriter:
         self.format = fmt.for_run(self.file_attrs)
         self.layout = layout
         self.shard_of = {key: n for n, ids in layout.items() for key in ids}
-        self.pending: dict[str, dict[str, tuple]] = {}
+        self.pending: dict[str, dict[str, _Held]] = {}
         self.written: set[str] = set()  # keys held or written by this run (a retried unit cannot add a second copy)
         self.held_bytes = self.peak_held_bytes = 0
         self._manifest = ManifestAppender(run_dir)
 
-    def add(self, key: str, data: np.ndarray, row: dict, attrs: dict | None = None) -> None:
+    def add(self, key: str, data: np.ndarray, row: ManifestRow, attrs: dict | None = None) -> None:
         if key in self.written or key not in self.shard_of:
             return
         self.written.add(key)
         self.held_bytes += data.nbytes
         self.peak_held_bytes = max(self.peak_held_bytes, self.held_bytes)
-        self._hold(key, ("ok", data, {**row, "key": key}))
+        self._hold(key, _Held(replace(row, key=key).shaped(data), data))
 
-    def add_error(self, row: dict, message: str) -> None:
-        if row["key"] in self.written or row["key"] not in self.shard_of:
+    def add_error(self, row: ManifestRow, message: str) -> None:
+        if row.key in self.written or row.key not in self.shard_of:
             return
-        self.written.add(row["key"])
-        self._hold(row["key"], ("error", None, {**row, "status": "error", "error": message}))
+        self.written.add(row.key)
+        self._hold(row.key, _Held(row, None, message))
 
-    def _hold(self, key: str, entry: tuple) -> None:
+    def _hold(self, key: str, entry: _Held) -> None:
         n = self.shard_of[key]
         held = self.pending.setdefault(n, {})
         held[key] = entry
@@ -129,15 +139,13 @@ class SharExtendWriter:
         shard = SharShard(self.file_attrs)
         rows = []
         for key in self.layout[n]:
-            status, data, row = held[key]
-            if status == "ok":
-                extra = shard.add(key, data, row, {})
-                rows.append({**row, **extra, "shard": name, "status": "ok", "error": None,
-                             "checksum": array_checksum(data)})
-                self.held_bytes -= data.nbytes
+            entry = held[key]
+            if entry.error is None:
+                rows.append(entry.row.ok(entry.data, name, shard.add(key, entry.data, entry.row.as_dict(), {})))
+                self.held_bytes -= entry.data.nbytes
             else:
                 shard.add_placeholder(key)
-                rows.append({**row, "shard": name})
+                rows.append(entry.row.failed(entry.error, name))
         files = shard.files(name)
         shard.close()
         commit_files(self.run_dir, files, lambda: self._manifest.append(rows))

@@ -12,12 +12,13 @@ and (3) leaves rows naming a missing shard: on resume both are dropped and re-en
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import numpy as np
 
-from ..formats.base import Format, array_checksum
+from ..formats.base import Format
 from .files import OutputError, fsync_dir, write_error, write_file
-from .manifest import ManifestAppender, next_shard_index
+from .manifest import ManifestAppender, ManifestRow, next_shard_index
 
 
 def tmp_path(run_dir: str, name: str) -> str:
@@ -87,7 +88,7 @@ class ShardWriter:
         self.max_items, self.max_bytes = max_items, max_bytes
         self.index = next_shard_index(run_dir)
         self._shard = None  # the format's ShardBuilder of the open shard
-        self._rows: list[dict] = []
+        self._rows: list[ManifestRow] = []
         self._bytes = 0
         self.written: set[str] = set()  # keys written by this run (a retried unit cannot add a second copy)
         self._manifest = ManifestAppender(run_dir)
@@ -97,7 +98,7 @@ class ShardWriter:
     def shard_name(self) -> str:
         return self.format.shard_name(self.index)
 
-    def add(self, key: str, data: np.ndarray, row: dict, attrs: dict | None = None) -> None:
+    def add(self, key: str, data: np.ndarray, row: ManifestRow, attrs: dict | None = None) -> None:
         """Store one utterance; its manifest row is committed together with the shard."""
         if key in self.written:
             return
@@ -105,19 +106,18 @@ class ShardWriter:
             self.commit()
         if self._shard is None:
             self._shard = self.format.builder(self.file_attrs)
-        row = {**row, "key": key}
-        extra = self._shard.add(key, data, row, attrs or {})
-        self._rows.append({**row, **extra, "shard": self.shard_name, "status": "ok", "error": None,
-                           "checksum": array_checksum(data)})
+        row = replace(row, key=key).shaped(data)
+        stored = self._shard.add(key, data, row.as_dict(), attrs or {})
+        self._rows.append(row.ok(data, self.shard_name, stored))
         self.written.add(key)
         self._bytes += data.nbytes
         if len(self._rows) >= self.max_items or self._bytes >= self.max_bytes:
             self.commit()
 
-    def add_error(self, row: dict, message: str) -> None:
-        if row["key"] in self.written:
+    def add_error(self, row: ManifestRow, message: str) -> None:
+        if row.key in self.written:
             return
-        self._manifest.append([{**row, "shard": None, "status": "error", "error": message}])
+        self._manifest.append([row.failed(message)])
 
     def commit(self) -> None:
         """Write the open shard and make it (and its rows) durable."""
@@ -139,7 +139,7 @@ class ShardWriter:
         if self._shard is not None:
             self._shard.close()
             self._shard = None
-        for key in (r["key"] for r in self._rows):
+        for key in (r.key for r in self._rows):
             self.written.discard(key)
         self._rows = []
 
