@@ -11,8 +11,8 @@ import time
 
 from ..formats.base import Format
 from ..formats.cuts import FIELDS, cut_dict
-from .files import CUTS, LOCK, PLAN_INFO, RUN_INFO, STATS, write_atomic, write_file
-from .identity import check_run_info, read_run_info
+from .files import CUTS, LOCK, PLAN_INFO, STATS, write_atomic, write_file
+from .identity import check_run_info, read_run_info, write_run_info
 from .lock import RunLock, lock_run_dir
 from .manifest import committed_rows, run_dirs
 from .read import scan_checksums
@@ -62,8 +62,7 @@ class RunDirectory:
                  for row in committed_rows(self.path) if row.get("status") == "ok" and row.get("shard")
                  and (row.get("source") or {}).get("path") in rewritten}
         _, notes = recover(self.path, attrs, stale, fmt=fmt)
-        write_atomic(os.path.join(self.path, RUN_INFO), json.dumps(
-            {**self.info(), "input_identity": info["input_identity"]}, indent=2, sort_keys=True))
+        write_run_info(self.path, {**self.info(), "input_identity": info["input_identity"]})
         return [f"--reencode-changed: {len(rewritten)} rewritten input shard(s) ("
                 + ", ".join(os.path.basename(p) for p in rewritten[:5]) + (", ..." if len(rewritten) > 5 else "")
                 + "): their items are encoded again"] + notes

@@ -29,6 +29,11 @@ class LockedError(OutputError):
     """Another process holds the run directory."""
 
 
+class LayoutError(OutputError, ValueError):
+    """OUT is in a layout this version does not read (a newer ``run.json`` schema): a ValueError too,
+    so that every command that reads OUT reports it as the clean error it is."""
+
+
 class DamagedError(OutputError):
     """A stored array is not what was written: its bytes fail a checksum (the manifest row's crc32,
     HDF5's fletcher32, a Parquet page checksum) or its shard cannot be read."""

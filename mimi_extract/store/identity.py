@@ -10,16 +10,34 @@ import shlex
 
 import numpy as np
 
-from .files import RUN_INFO, OutputError, write_atomic
+from .files import RUN_INFO, LayoutError, OutputError, write_atomic
 from .manifest import committed_rows, shard_attrs
 
 
+# run.json's layout: a reader refuses a newer one (it cannot know what the new keys mean) instead of
+# misreading it; a run.json without the key was written before it existed, in layout 1
+SCHEMA_KEY = "schema_version"
+SCHEMA_VERSION = 1
+
+
 def read_run_info(run_dir: str) -> dict | None:
+    """A run directory's ``run.json`` (None when it has none), in a layout this version reads."""
     path = os.path.join(run_dir, RUN_INFO)
     if not os.path.exists(path):
         return None
     with open(path, encoding="utf-8") as f:
-        return json.load(f)
+        info = json.load(f)
+    version = info.get(SCHEMA_KEY, 1) if isinstance(info, dict) else None
+    if not isinstance(version, int) or version > SCHEMA_VERSION:
+        raise LayoutError(f"{path} has {SCHEMA_KEY} {version!r}; this mimi-extract reads up to {SCHEMA_VERSION}: "
+                          "it was written by a newer mimi-extract; upgrade it to read or resume this OUT")
+    return info
+
+
+def write_run_info(run_dir: str, info: dict) -> None:
+    """``run.json``, atomically, in this version's layout."""
+    write_atomic(os.path.join(run_dir, RUN_INFO), json.dumps({**info, SCHEMA_KEY: SCHEMA_VERSION}, indent=2,
+                                                             sort_keys=True))
 
 
 _EXPLAIN = {
@@ -133,7 +151,7 @@ def check_run_info(run_dir: str, info: dict, siblings: list[str] = (), expected_
                 except Exception:  # noqa: BLE001 -- damaged: recover() quarantines it
                     continue
                 check_shard_settings(run_dir, shard, attrs, expected_attrs)
-        write_atomic(os.path.join(run_dir, RUN_INFO), json.dumps(info, indent=2, sort_keys=True))
+        write_run_info(run_dir, info)
         return
     other_division = ("input_identity",) if ("part_shards" in old) != ("part_shards" in info) else ()  # (said once)
     changes = _differences(old, info, ("tool_version",) + other_division)
@@ -142,8 +160,7 @@ def check_run_info(run_dir: str, info: dict, siblings: list[str] = (), expected_
         raise OutputError(f"{run_dir} holds a run with other settings ({changes}); resume with the original "
                           + (f"settings ({items})" if items else "settings") + " or use a new OUT directory")
     if write and ITEMS in info and ITEMS not in old:  # written before items were recorded: pinned from now on
-        write_atomic(os.path.join(run_dir, RUN_INFO),
-                      json.dumps({**read_run_info(run_dir), ITEMS: info[ITEMS]}, indent=2, sort_keys=True))
+        write_run_info(run_dir, {**read_run_info(run_dir), ITEMS: info[ITEMS]})
 
 
 def _with_format(info: dict | None) -> dict | None:
