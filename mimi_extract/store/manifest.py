@@ -8,14 +8,17 @@ import glob
 import json
 import os
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..formats import registry
 from ..formats.base import Format, array_checksum
-from ..sources import Item, dataset_name
 from ..formats.registry import format_of
 from .files import MANIFEST, PART_RE, RUN_INFO, TMP_RE, OutputError, write_error
+
+if TYPE_CHECKING:  # (sources import the audio stack: readers of OUT must stay light)
+    from ..sources import Item
 
 
 def run_dirs(out_dir: str) -> list[str]:
@@ -89,6 +92,8 @@ class ManifestRow:
 
     @classmethod
     def for_item(cls, item: Item, decoder_warnings: str | None = None) -> ManifestRow:
+        from ..sources import dataset_name  # (the runner has them loaded)
+
         source = None
         if item.error is None:  # what a lhotse Recording needs, without probing the file again; the path
             # absolute, so that the cuts load their audio (and verify --out re-reads it) from any directory
