@@ -11,7 +11,7 @@ def __getattr__(name):  # lazy: `import mimi_extract` stays cheap (the CLI's Ctr
 
         return getattr(reader, name)
     if name == "read_manifest":
-        from .formats import common
+        from .store import manifest
 
-        return common.read_manifest
+        return manifest.read_manifest
     raise AttributeError(name)

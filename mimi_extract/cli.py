@@ -259,7 +259,7 @@ def _run(input_path, out_dir, settings: "Settings", shard_size, shard_mb, limit,
     from .hub import offline_problem
     from .plan import parse_part
     from .runner import NoInputError, extract
-    from .formats.common import OutputError
+    from .store.files import OutputError
 
     try:
         part = parse_part(part)
@@ -613,7 +613,8 @@ def verify(
             checks, problems = verify_outputs(out, sample, seed, dev, model and _model_path(model), rtol, atol,
                                               chunk_seconds=chunk_seconds)
             title = f"{out}: stored vs single-item (fp32, transformers)"
-            from .formats.common import read_run_info, run_dirs
+            from .store.identity import read_run_info
+            from .store.manifest import run_dirs
 
             info = read_run_info(run_dirs(out)[0]) or {}
             shown = (info.get("tap", "codes"),) if info.get("tap") != "codes" else ()
@@ -651,7 +652,8 @@ def verify(
 
 
 def _verify_checksums(out: str) -> None:
-    from .formats.common import OutputError, scan_checksums
+    from .store.files import OutputError
+    from .store.read import scan_checksums
 
     if not os.path.isdir(out):
         _fail(f"{out} does not exist")
@@ -805,7 +807,7 @@ def report(out_dir: Annotated[str, typer.Argument(metavar="OUT")],
       mimi-extract report codes/ --png codes.png --card
       mimi-extract report codes/ --json | jq '.codebooks.per_codebook[].perplexity'
     """
-    from .formats.common import OutputError
+    from .store.files import OutputError
     from .report import corpus_report, summary_lines, write_card, write_png
 
     from rich.progress import Progress, TextColumn, TimeElapsedColumn

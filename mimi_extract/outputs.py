@@ -13,7 +13,9 @@ from collections import Counter
 
 import numpy as np
 
-from .formats.common import _PART_RE, LOCK, PLAN_INFO, committed_rows, format_of_path, read_manifest, read_run_info, run_dirs, shard_attrs
+from .store.files import LOCK, PART_RE, PLAN_INFO
+from .store.identity import read_run_info
+from .store.manifest import committed_rows, format_of_path, read_manifest, run_dirs, shard_attrs
 
 
 
@@ -99,7 +101,7 @@ def status_report(out_dir: str) -> dict:
     counts = set()
     starting = starting_runs(out_dir)
     for name in starting:
-        if (m := _PART_RE.search(name)):
+        if (m := PART_RE.search(name)):
             counts.add((int(m.group(1)), int(m.group(2))))
     dirs = [d for d in run_dirs(out_dir) if os.path.exists(os.path.join(d, "run.json"))] if starting else _require(out_dir)
     for d in dirs:
@@ -112,7 +114,7 @@ def status_report(out_dir: str) -> dict:
         inputs = plan.get("inputs")  # (never fewer than the items stored: see info_report's "unplanned")
         runs[name] = {"inputs": None if inputs is None else max(inputs, len(ok) + errors), "ok": len(ok),
                       "errors": errors, "updated": plan.get("updated")}
-        if (m := _PART_RE.search(d)):
+        if (m := PART_RE.search(d)):
             counts.add((int(m.group(1)), int(m.group(2))))
     missing = []
     if counts:
@@ -124,7 +126,7 @@ def status_report(out_dir: str) -> dict:
     errors = sum(p["errors"] for p in runs.values())
     complete = not starting and not missing and remaining == 0 and all(p["inputs"] is not None for p in runs.values())
     count = next(iter(counts))[1] if counts else 1
-    names = {int(m.group(1)) if (m := _PART_RE.search(name)) else 0: name for name in runs}
+    names = {int(m.group(1)) if (m := PART_RE.search(name)) else 0: name for name in runs}
     todo = [i for i in range(count) if i not in names or not _run_done(runs[names[i]])]
     # parts of whole input shards: part I took shards I, I+N, I+2N... of the list every part records
     shards = next((info["part_shards"] for d in dirs

@@ -12,9 +12,8 @@ import os
 import re
 from dataclasses import dataclass, replace
 
-import numpy as np
-
 from .sources import Item
+from .sources.base import SplitPiece
 
 
 @dataclass(frozen=True)
@@ -156,54 +155,12 @@ def split_items(items: list[Item], lanes: int, warmup: int, hop: int, max_overhe
             continue
         bounds = split_bounds(it.samples, 0, warm, hop, cuts)
         for i, (begin, first, end) in enumerate(bounds):
-            out.append(replace(it, piece=(i, len(bounds), begin, first, end), samples=end - begin))
+            out.append(replace(it, piece=SplitPiece(i, len(bounds), begin, first, end), samples=end - begin))
         split.items += 1
         split.pieces += len(bounds)
         split.warmup_seconds += sum(first - begin for begin, first, _ in bounds) / rate
         split.seconds += it.samples / rate
     return out, split
-
-
-class Stitcher:
-    """Collects a split recording's pieces, as the engines deliver them (any order, interleaved),
-    into the item's one array: ``add`` returns ``(item, array, None)`` once every piece is in,
-    ``(item, None, error)`` at the first piece that fails (later ones are ignored), else None.
-    Nothing of an item reaches OUT before it is whole, so a kill mid-item loses no committed data
-    and a resume encodes the item again."""
-
-    def __init__(self):
-        self._parts: dict[str, dict[int, list]] = {}
-        self._failed: set[str] = set()
-        self._ends: dict[str, int] = {}
-
-    def add(self, item: Item, data, first: bool, final: bool, error: str | None):
-        key, (index, count) = item.key, item.piece[:2]
-        if key in self._failed:
-            return None
-        if error is not None:
-            self._failed.add(key)
-            self._parts.pop(key, None)
-            self._ends.pop(key, None)
-            return replace(item, piece=None), None, error
-        if index == count - 1:
-            self._ends[key] = item.piece[4]  # the last piece ends where the recording does
-        parts = self._parts.setdefault(key, {})
-        if first:  # a piece (re)starts: a piece re-handed after its worker died starts over
-            parts[index] = []
-        chunks = parts.setdefault(index, [])
-        chunks.append(data)
-        if final:
-            chunks.append(None)  # the piece is complete
-        if len(parts) == count and all(c and c[-1] is None for c in parts.values()):
-            del self._parts[key]
-            arrays = [a for i in range(count) for a in parts[i][:-1]]
-            whole = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
-            return replace(item, piece=None, samples=self._ends.pop(key)), whole, None
-        return None
-
-    @property
-    def open_items(self) -> int:
-        return len(self._parts)
 
 
 def padding_fraction(batches: list[list[Item]]) -> float:

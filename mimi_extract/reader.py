@@ -27,8 +27,10 @@ from collections import OrderedDict
 
 import numpy as np
 
-from .formats.common import (MANIFEST, RUN_INFO, close_shard, committed_rows, load_row, open_shard, read_run_info,
-                             run_dirs, unreadable_error)
+from .store.files import MANIFEST, RUN_INFO
+from .store.identity import read_run_info
+from .store.manifest import committed_rows, run_dirs
+from .store.read import close_shard, load_row, open_shard, unreadable_error
 
 _OPEN_SHARDS = 64  # shard files a reader keeps open (file descriptors are a bounded resource)
 
@@ -269,7 +271,7 @@ class ManifestCuts:
 
     def __len__(self) -> int:
         if self._len is None:
-            from .formats.common import format_of
+            from .formats.registry import format_of
 
             self._len = sum(1 for d in self.dirs for r in _stream_committed(d)
                             if r.get("status") == "ok" and r.get("source")
@@ -286,7 +288,7 @@ def read_cuts(out_dir: str):
 
     dirs = _cut_run_dirs(os.path.abspath(out_dir))
     if read_run_info(dirs[0]).get("format", "hdf5") == "shar":
-        from .formats.shar import shar_fields
+        from .store.read import shar_fields
 
         return _lhotse().CutSet.from_shar(fields=shar_fields(dirs))
     return _lhotse().CutSet(ManifestCuts(out_dir))

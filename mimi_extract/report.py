@@ -9,7 +9,7 @@ dataset card.
 One pass over the arrays through the readers' own code: the committed rows of every part (as
 :class:`~mimi_extract.reader.Reader` reads them: the rows resume trusts, the last ok row of a key
 counts), each shard opened once and its items loaded with
-:func:`~mimi_extract.formats.common.load_row` (checksums verified, so a damaged item is reported,
+:func:`~mimi_extract.store.read.load_row` (checksums verified, so a damaged item is reported,
 not counted).  The code histograms are one ``numpy.bincount`` per shard over the shard's
 concatenated codes, computed in worker processes a few shards at a time; the manifests are
 streamed (twice: a key index first, then the rows shard by shard), so memory is a few shards and
@@ -26,8 +26,11 @@ from collections import Counter
 
 import numpy as np
 
-from .formats.common import (MANIFEST, DamagedError, OutputError, RunLock, _write_atomic, close_shard, load_row,
-                             open_shard, read_run_info, run_dirs, valid_shard_name)
+from .store.files import MANIFEST, DamagedError, OutputError, write_atomic
+from .store.identity import read_run_info
+from .store.lock import RunLock
+from .store.manifest import run_dirs, valid_shard_name
+from .store.read import close_shard, load_row, open_shard
 from .outputs import _reason, _require
 from .reader import _stream_committed
 
@@ -500,7 +503,7 @@ def write_card(out_dir: str, report: dict) -> str:
             text = text[:start] + section + text[end + len(CARD_END):].lstrip("\n")
         else:
             text = text.rstrip("\n") + "\n\n" + section
-        _write_atomic(path, text)
+        write_atomic(path, text)
     finally:
         lock.release()
     return path

@@ -20,39 +20,21 @@ from dataclasses import asdict, replace
 from . import __version__
 from .audio import SAMPLE_RATE, decoder_versions
 from .encoder import PaddedMimiEncoder, _from_pretrained, config_hash, weights_hash
-from .engines import Piece, Stats, make_engine
-from .plan import Part, Split, Stitcher, padding_fraction, part_of, plan_units, split_items
+from .engines import Stats, make_engine
+from .engines.assembly import Assembler
+from .plan import Part, Split, padding_fraction, part_of, plan_units, split_items
 from .settings import Settings
-from .sources import Discovered, Item, Options, dataset_name, discover, item_identity, plan_group
+from .sources import Discovered, Item, Options, discover, item_identity, plan_group
 from .formats import get_format
-from .formats.common import (ITEMS, PLAN_INFO, RUN_INFO, OutputError, ShardWriter, _write_atomic, check_run_info, committed_rows,
-                             lock_run_dir, read_run_info, recover, run_dirs, scan_checksums)
+from .store.directory import RunDirectory
+from .store.files import OutputError
+from .store.identity import ITEMS, check_run_info, read_run_info
+from .store.manifest import ManifestRow, committed_rows, run_dirs
 
 
 def frame_rate(tap: str, config) -> float:
     """Frames per second of the tap (25 Hz before the downsample, 12.5 Hz after)."""
     return float(config.sampling_rate / math.prod(config.upsampling_ratios)) if tap == "encoder" else float(config.frame_rate)
-
-
-def row_for(item: Item) -> dict:
-    row = {
-        "path": item.rel,
-        "key": item.key,
-        "dataset": dataset_name(item.key),
-        "channel": item.channel if isinstance(item.channel, int) else None,
-        "sample_rate": item.sample_rate or None,
-        "duration": round(item.duration, 4),
-    }
-    if item.segment is not None:
-        row["start"], row["end"] = item.segment
-    if item.error is None:  # what a lhotse Recording needs, without probing the file again; the path
-        # absolute, so that the cuts load their audio (and verify --out re-reads it) from any directory
-        row["source"] = {"path": os.path.abspath(item.path), "frames": item.file_frames, "channels": item.file_channels}
-        if item.kind != "file":  # a member of a container: how to reach its bytes again (verify --out)
-            row["source"].update(kind=item.kind, loc=list(item.loc) if item.loc is not None else None)
-    if item.meta:  # what the input says about it (text, speaker, supervisions...): the cuts' and columns' source
-        row["meta"] = item.meta
-    return row
 
 
 def file_attrs(settings: Settings, config, identity: dict, metadata: dict | None = None) -> dict:
@@ -108,27 +90,6 @@ def run_info(settings: Settings, identity: dict, input_root: str, kind: str, par
             "tool_version": __version__}
 
 
-def out_dir_of(run_dir: str, part: Part) -> str:
-    return run_dir if part.whole else os.path.dirname(run_dir)
-
-
-def damaged_shards(run_dir: str) -> dict[str, str]:
-    """{shard: why} for the shards of a run directory holding an item that fails its checksums."""
-    found: dict[str, list[str]] = {}
-    for d in scan_checksums(run_dir, run_dir)["damaged"]:
-        found.setdefault(d["shard"], []).append(d["key"])
-    return {shard: f"{len(keys)} items fail their checksums: {keys[0]!r}" + (", ..." if len(keys) > 1 else "")
-            for shard, keys in found.items()}
-
-
-def run_dir_for(out_dir: str, part: Part):
-    """(run directory, its lock): OUT itself for a whole run, ``OUT/part-I-of-N`` for a part; the
-    layout is decided under OUT's lock (``writer.lock_run_dir``), so the two layouts never mix."""
-    if part.whole:
-        return lock_run_dir(out_dir)
-    return lock_run_dir(out_dir, part.dirname, part.count)
-
-
 def divided_by_key(run_dir: str) -> bool:
     """Whether a part of this job array already ran with its items divided by key (its run.json has
     no ``part_shards``: an input with fewer shards than parts, not sharded at all, or an OUT begun
@@ -157,7 +118,7 @@ def rewritten_since(run_dir: str, info: dict, part: Part) -> list[str]:
     """``--reencode-changed``: the input shards rewritten in place (re-downloaded: same paths, other
     size or mtime) since the run directory's ``run.json``, when nothing else of the input changed
     (else none: ``check_run_info`` refuses as usual).  Parts divided by key each record every shard,
-    so one part cannot move on alone: refused."""
+    so one part cannot move on alone: refused.  ``RunDirectory.check_identity`` re-encodes them."""
     old = read_run_info(run_dir)
     if old is None or old.get("input_identity") == info.get("input_identity"):
         return []
@@ -166,22 +127,6 @@ def rewritten_since(run_dir: str, info: dict, part: Part) -> list[str]:
         raise OutputError("--reencode-changed: this job array's parts divide their items by key, and each records "
                           "every input shard; re-encode into a new OUT (or use parts of whole shards)")
     return rewritten
-
-
-def requeue_rewritten_shards(run_dir: str, info: dict, attrs: dict, fmt, rewritten: list[str]) -> list[str]:
-    """Once ``check_run_info`` accepted everything but the ``rewritten`` shards: the output shards
-    holding their items are quarantined (``recover``: their items, and the others they hold, are
-    encoded again), then ``run.json`` takes the new identity -- in that order, so a kill between the
-    two leaves the change still to be seen."""
-    stale = {row["shard"]: f"holds items of the rewritten input shard {os.path.basename(row['source']['path'])}"
-             for row in committed_rows(run_dir)
-             if row.get("status") == "ok" and row.get("shard") and (row.get("source") or {}).get("path") in rewritten}
-    _, notes = recover(run_dir, attrs, stale, fmt=fmt)
-    _write_atomic(os.path.join(run_dir, RUN_INFO), json.dumps(
-        {**read_run_info(run_dir), "input_identity": info["input_identity"]}, indent=2, sort_keys=True))
-    return [f"--reencode-changed: {len(rewritten)} rewritten input shard(s) ("
-            + ", ".join(os.path.basename(p) for p in rewritten[:5]) + (", ..." if len(rewritten) > 5 else "")
-            + "): their items are encoded again"] + notes
 
 
 def load_identity(settings: Settings):
@@ -305,7 +250,7 @@ def extract(source: str, out_dir: str, settings: Settings, shard_size: int = 100
     options (``--input-format``, ``--audio-ext``, ``--id-column``...).  ``reencode_damaged``: first
     read every stored item of the run directory and check its checksums; shards holding a damaged
     one are quarantined and their items encoded again.  ``reencode_changed``: see
-    :func:`requeue_rewritten_shards`.  Returns counts."""
+    ``RunDirectory.check_identity``.  Returns counts."""
     stop = stop or threading.Event()
     on_phase = on_phase or (lambda text: None)
     # the input first: finding it checks it and its options (a wrong column or sidecar field is one
@@ -323,45 +268,32 @@ def extract(source: str, out_dir: str, settings: Settings, shard_size: int = 100
         raise NoInputError(no_input_message(source))
     refuse_other_run(out_dir, part, settings, found, options, reencode_changed)
     fresh = not os.path.exists(out_dir)
-    run_dir, lock = run_dir_for(out_dir, part)
+    run = RunDirectory.open(out_dir, *(() if part.whole else (part.dirname, part.count)))
     started = False
     try:
         with _Signals(stop, on_signal) as signals:
-            summary = _extract_locked(found, source, run_dir, settings, shard_size, shard_mb, part, on_plan,
+            summary = _extract_locked(found, source, run, settings, shard_size, shard_mb, part, on_plan,
                                       on_progress, stop, on_phase, options, reencode_damaged, reencode_changed)
             started = True
             summary["interrupted"] = signals.received if stop.is_set() else None
             return summary
     finally:
-        lock.release()
-        if not started and fresh:  # a run that never started leaves no OUT behind (only its lock was there)
-            _remove_if_only_lock(run_dir, out_dir)
+        run.close(remove_if_unused=not started and fresh)  # a run that never started leaves no OUT behind
 
 
-def _remove_if_only_lock(run_dir: str, out_dir: str) -> None:
-    try:
-        if os.listdir(run_dir) == ["lock"]:
-            os.remove(os.path.join(run_dir, "lock"))
-            for d in dict.fromkeys((run_dir, out_dir)):
-                if not os.listdir(d):
-                    os.rmdir(d)
-    except OSError:
-        pass
-
-
-def _extract_locked(found, source, run_dir, settings, shard_size, shard_mb, part, on_plan, on_progress,
+def _extract_locked(found, source, run, settings, shard_size, shard_mb, part, on_plan, on_progress,
                     stop, on_phase, options=None, reencode_damaged=False, reencode_changed=False) -> dict:
     on_phase(f"starting {len(settings.devices)} encoder worker(s) on {', '.join(sorted(set(settings.devices)))}"
              if settings.engine == "local" else f"starting the {settings.engine} engine")
     engine = make_engine(settings)  # first: worker processes load the weights while we check them
     try:
-        return _extract_with(engine, found, source, run_dir, settings, shard_size, shard_mb, part, on_plan,
+        return _extract_with(engine, found, source, run, settings, shard_size, shard_mb, part, on_plan,
                              on_progress, stop, on_phase, options, reencode_damaged, reencode_changed)
     finally:
         engine.close()
 
 
-def _extract_with(engine, found: Discovered, source, run_dir, settings, shard_size, shard_mb, part, on_plan,
+def _extract_with(engine, found: Discovered, source, run: RunDirectory, settings, shard_size, shard_mb, part, on_plan,
                   on_progress, stop, on_phase=lambda text: None, options=None, reencode_damaged=False,
                   reencode_changed=False) -> dict:
     get_format(settings.format).require()  # its library installed, before anything is encoded
@@ -379,30 +311,23 @@ def _extract_with(engine, found: Discovered, source, run_dir, settings, shard_si
         bad = [it for it in bad if part_of(it.key, part.count) == part.index]
     layout, warnings = None, list(found.warnings)
     if settings.shar_extend:  # a new field for the input's Shar shards, one tar each
-        from .formats.shar import plan_extend
+        from .store.shar_extend import plan_extend
 
         mine = None if part.whole else (lambda n: part_of(f"shar-shard-{n}", part.count) == part.index)
         layout, items, bad, more = plan_extend(source, found.kind, items, bad, mine, settings.format)
         warnings += more
-    siblings = [d for d in run_dirs(os.path.dirname(run_dir)) if d != run_dir] if not part.whole else []
     attrs = file_attrs(settings, config, identity, found.metadata)
     info = run_info(settings, identity, found.root, found.kind, part, found.identity, found.metadata, options,
                     found.part_shards)
-    rewritten = rewritten_since(run_dir, info, part) if reencode_changed else []
-    # (rewritten shards: everything else is checked as usual, against the identity recorded)
-    check_run_info(run_dir, {**info, "input_identity": read_run_info(run_dir)["input_identity"]} if rewritten else info,
-                   siblings, attrs)
-    requeued = requeue_rewritten_shards(run_dir, info, attrs, fmt, rewritten) if rewritten else []
+    requeued = run.check_identity(info, attrs, fmt, rewritten_since(run.path, info, part) if reencode_changed else [])
     damaged = None
     if reencode_damaged:
         on_phase("reading every stored item to check its checksums (--reencode-damaged)")
-        damaged = damaged_shards(run_dir)
-    done, notes = recover(run_dir, attrs, damaged, fmt=get_format(settings.format))
+        damaged = run.damaged_shards()
+    done, notes = run.recover(attrs, fmt, damaged)
     notes = requeued + notes
     refuse_changed_inputs(items, done)
-    _write_atomic(os.path.join(run_dir, PLAN_INFO), json.dumps(
-        {"inputs": len(items) + len(bad), "seconds": sum(it.duration for it in items),
-         "updated": time.strftime("%Y-%m-%d %H:%M:%S %z"), "part": str(part)}))
+    run.write_plan(len(items) + len(bad), sum(it.duration for it in items), str(part))
 
     todo = [it for it in items if it.key not in done]
     skipped = len(items) - len(todo) + sum(it.key in done for it in bad)  # this run's inputs already stored
@@ -430,14 +355,14 @@ def _extract_with(engine, found: Discovered, source, run_dir, settings, shard_si
         return units
 
     if layout is not None:  # --shar-extend: shard by shard (extend_units renumbers)
-        from .formats.shar import extend_units
+        from .store import shar_extend
 
-        units = extend_units(todo, layout, plan)
+        units = shar_extend.extend_units(todo, layout, plan)
     else:
         units = plan(todo)
     short = [u.items for u in units if not u.stream]
     summary = {
-        "run_dir": run_dir, "inputs": len(items) + len(bad), "skipped": skipped, "todo": count,
+        "run_dir": run.path, "inputs": len(items) + len(bad), "skipped": skipped, "todo": count,
         "unreadable": len(bad), "units": len(units), "streamed": streamed,
         "seconds": sum(it.samples for it in todo) / SAMPLE_RATE, "padding": padding_fraction(short),
         "ok": 0, "errors": 0, "notes": notes, "warnings": warnings, "frame_rate": frame_rate(settings.tap, config),
@@ -449,49 +374,37 @@ def _extract_with(engine, found: Discovered, source, run_dir, settings, shard_si
     if stop.is_set():
         return summary
     if layout is not None:
-        from .formats.shar import extend_writer
-
-        writer = extend_writer(run_dir, fmt, attrs, layout)
+        writer = run.extend_writer(fmt, attrs, layout)
     else:
-        writer = ShardWriter(run_dir, fmt, attrs, shard_size, int(shard_mb * 2**20))
+        writer = run.writer(fmt, attrs, shard_size, int(shard_mb * 2**20))
     attrs_of = lambda it: {"duration": it.duration, "source_sample_rate": it.sample_rate,  # noqa: E731
                            **({"start": it.segment[0], "end": it.segment[1]} if it.segment else {})}
     pieces = None
     try:
         for it in bad:
-            writer.add_error(row_for(it), it.error)
+            writer.add_error(ManifestRow.for_item(it), it.error)
         summary["errors"] += len(bad)
         if on_progress:
             on_progress(len(bad), sum(it.samples for it in bad) / SAMPLE_RATE, len(bad))
         started = time.perf_counter()
         pieces = engine.run(units, stop, model)
         del model
-        stitcher = Stitcher()
-        said: dict[str, list[str]] = {}  # key -> decoder warnings of its (split) pieces so far
+        assembler = Assembler()  # pieces -> whole items: nothing of an item is stored before it is whole
         for piece in pieces:
-            item = piece.item
-            if piece.warnings and piece.warnings not in said.setdefault(item.key, []):
-                said[item.key].append(piece.warnings)
-            if item.piece is not None:  # a piece of a split recording: stored once every piece is in
-                whole = stitcher.add(item, piece.data, piece.first, piece.final, piece.error)
-                if whole is None:
-                    if on_progress:
-                        on_progress(0, piece.seconds, 0)
-                    continue
-                item, data, error = whole
-                piece = Piece(item, data, True, True, piece.seconds, error)
-            if piece.error is not None:
-                said.pop(item.key, None)
-                writer.drop_stream(item.key)
-                writer.add_error(row_for(item), piece.error)
+            whole = assembler.add(piece)
+            if whole is None:
+                if on_progress:
+                    on_progress(0, piece.seconds, 0)
+                continue
+            item = whole.item
+            if whole.error is not None:
+                writer.add_error(ManifestRow.for_item(item), whole.error)
                 summary["errors"] += 1
             else:
-                warned = said.pop(item.key, None) if piece.final else None
-                row = {**row_for(item), "decoder_warnings": "; ".join(warned)} if warned else row_for(item)
-                writer.add_piece(item.key, piece.data, piece.first, piece.final, row, attrs_of(item))
-                summary["ok"] += piece.final
+                writer.add(item.key, whole.data, ManifestRow.for_item(item, whole.warnings), attrs_of(item))
+                summary["ok"] += 1
             if on_progress:
-                on_progress(int(piece.final), piece.seconds, int(piece.error is not None))
+                on_progress(1, piece.seconds, int(whole.error is not None))
         writer.close()
     except BaseException:
         if pieces is not None:
@@ -505,14 +418,10 @@ def _extract_with(engine, found: Discovered, source, run_dir, settings, shard_si
     summary["engine_notes"] = getattr(engine, "notes", [])
     summary["held_peak_bytes"] = getattr(writer, "peak_held_bytes", None)  # --shar-extend: outputs held at once
     summary["stats"] = stats = engine.stats
-    _write_atomic(os.path.join(run_dir, "stats.json"), json.dumps({  # this run's timing, for bench and users
+    run.finish(fmt, {  # this run's timing, for bench and users
         "wall": stats.wall, "busy": stats.busy, "wait_input": stats.wait_input, "wait_output": stats.wait_output,
         "idle_fraction": stats.idle_fraction, "steps": stats.steps, "padding": stats.padding_fraction,
         "elapsed": time.perf_counter() - started, "workers": len(settings.devices), "seconds": summary["seconds"], "ok": summary["ok"],
-        "interrupted": stop.is_set()}, indent=2))
-    from .formats.cuts import write_cuts
-
-    write_cuts(run_dir)  # interrupted too: the cuts of what is committed
-    get_format(settings.format).finish_run(out_dir_of(run_dir, part), run_dir, read_run_info(run_dir))
+        "interrupted": stop.is_set()})  # interrupted too: the cuts of what is committed
     return summary
 

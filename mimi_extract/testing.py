@@ -84,7 +84,8 @@ def check_consistency(out_dir: str, expected_keys=None, killed: bool = False) ->
     With ``expected_keys``, exactly those keys have ok rows."""
     import glob
 
-    from .formats.common import _format_files, load_row, read_manifest, run_dirs
+    from .store.manifest import format_files, read_manifest, run_dirs
+    from .store.read import load_row
 
     rows = [r for r in read_manifest(out_dir) if r.get("status") == "ok"]
     keys = [r["key"] for r in rows]
@@ -96,7 +97,7 @@ def check_consistency(out_dir: str, expected_keys=None, killed: bool = False) ->
     for r in rows:
         by_shard.setdefault(r["shard"], []).append(r)
     for d in run_dirs(out_dir):
-        for name, fmt in sorted(_format_files(d)):
+        for name, fmt in sorted(format_files(d)):
             if name.endswith(".tmp") or not fmt.is_shard(name):
                 continue
             shard = os.path.relpath(os.path.join(d, name), out_dir)
@@ -119,7 +120,8 @@ def restamp_checksum(out_dir: str, key: str) -> None:
     import json
 
     from .formats.base import array_checksum
-    from .formats.common import _write_atomic, format_of_path, read_rows, run_dirs
+    from .store.files import write_atomic
+    from .store.manifest import format_of_path, read_rows, run_dirs
 
     for d in run_dirs(out_dir):
         rows = read_rows(d)
@@ -127,4 +129,4 @@ def restamp_checksum(out_dir: str, key: str) -> None:
         for r in hit:
             r["checksum"] = array_checksum(format_of_path(r["shard"]).load(os.path.join(d, r["shard"]), r))
         if hit:
-            _write_atomic(os.path.join(d, "manifest.jsonl"), "".join(json.dumps(r) + "\n" for r in rows))
+            write_atomic(os.path.join(d, "manifest.jsonl"), "".join(json.dumps(r) + "\n" for r in rows))

@@ -49,7 +49,10 @@ from .engines import DeviceRunner
 from .plan import plan_units
 from .settings import Settings
 from .sources import Item, Options, discover, open_audio, seconds_to_samples
-from .formats.common import _PART_RE, item_attrs, load_row, read_manifest, read_run_info, shard_attrs
+from .store.files import PART_RE
+from .store.identity import read_run_info
+from .store.manifest import read_manifest, shard_attrs
+from .store.read import item_attrs, load_row
 
 EPS32 = float(torch.finfo(torch.float32).eps)
 
@@ -281,7 +284,7 @@ def verify_outputs(out_dir: str, sample: int | None = 20, seed: int = 0, device:
     infos = {}
     for row in rows:
         top = row["shard"].split("/")[0]  # a part's folder, or a shard (or a format's folder) of a whole run
-        run_dir = os.path.join(out_dir, top) if _PART_RE.fullmatch(top) else out_dir
+        run_dir = os.path.join(out_dir, top) if PART_RE.fullmatch(top) else out_dir
         infos.setdefault(run_dir, read_run_info(run_dir))
     missing = sorted(d for d, i in infos.items() if i is None)
     if missing:  # the settings the items were made with (channel, causal_16k...) are not all in the shards

@@ -258,7 +258,9 @@ def feed_processes(args, model_dir: str) -> dict:
 
 def write(args) -> dict:
     from mimi_extract.formats import get_format
-    from mimi_extract.formats.common import ShardWriter, _write_atomic
+    from mimi_extract.store.files import write_atomic
+    from mimi_extract.store.manifest import ManifestRow
+    from mimi_extract.store.writer import ShardWriter
     from mimi_extract.sources import dataset_name
 
     info = {"model": "synthetic", "num_quantizers": 8, "framing": "transformers", "channel": "mix",
@@ -274,7 +276,7 @@ def write(args) -> dict:
             out = os.path.join(args.workdir, f"out-write-{fmt}-{tap}")
             shutil.rmtree(out, ignore_errors=True)
             os.makedirs(out)
-            _write_atomic(os.path.join(out, "run.json"), json.dumps({**info, "tap": tap, "format": fmt}))
+            write_atomic(os.path.join(out, "run.json"), json.dumps({**info, "tap": tap, "format": fmt}))
             attrs = {"tap": tap, "frame_rate": 12.5, "sample_rate": 24000, "num_quantizers": 8,
                      "layout": "[frames, num_quantizers]" if tap == "codes" else "[frames, dims]"}
             w = ShardWriter(out, get_format(fmt), attrs, max_items=1000)
@@ -292,7 +294,7 @@ def write(args) -> dict:
                     row = {"path": key, "key": key, "dataset": dataset_name(key), "channel": None, "sample_rate": 24000,
                            "duration": frames * 0.08, "frames": frames, "dims": data.shape[1],
                            "source": {"path": f"/synthetic/{key}", "frames": frames * 1920, "channels": 1}}
-                    w.add(key, data, row, {"duration": frames * 0.08})
+                    w.add(key, data, ManifestRow(**row), {"duration": frames * 0.08})
                 w.close()
             finally:
                 os.fsync = real_fsync
@@ -318,7 +320,9 @@ def ray_driver(args) -> dict:
 
     from mimi_extract.engines.base import Piece
     from mimi_extract.formats import get_format
-    from mimi_extract.formats.common import ShardWriter, _write_atomic
+    from mimi_extract.store.files import write_atomic
+    from mimi_extract.store.manifest import ManifestRow
+    from mimi_extract.store.writer import ShardWriter
     from mimi_extract.sources import Item, dataset_name
 
     ray.init(address="local", include_dashboard=False, log_to_driver=False, num_cpus=2)
@@ -339,7 +343,7 @@ def ray_driver(args) -> dict:
         out = os.path.join(args.workdir, "out-ray")
         shutil.rmtree(out, ignore_errors=True)
         os.makedirs(out)
-        _write_atomic(os.path.join(out, "run.json"), json.dumps({"tap": "codes", "format": "hdf5"}))
+        write_atomic(os.path.join(out, "run.json"), json.dumps({"tap": "codes", "format": "hdf5"}))
         w = ShardWriter(out, get_format("hdf5"), {"tap": "codes", "frame_rate": 12.5, "sample_rate": 24000,
                                                   "num_quantizers": 8, "layout": "[frames, num_quantizers]"})
         units, per_unit = args.ray_units, 30
@@ -356,9 +360,8 @@ def ray_driver(args) -> dict:
                 pending.append(maker.encode.remote(submitted, per_unit))
                 submitted += 1
             for p in pieces:
-                w.add_piece(p.item.key, p.data, True, True, {"path": p.item.key, "key": p.item.key, "frames": 125,
-                                                             "dataset": dataset_name(p.item.key)},
-                            {"duration": 10.0})
+                w.add(p.item.key, p.data, ManifestRow(p.item.key, path=p.item.key, dataset=dataset_name(p.item.key)),
+                      {"duration": 10.0})
                 items += 1
         w.close()
         cpu, wall = time.process_time() - t_proc, time.perf_counter() - t_wall

@@ -48,13 +48,15 @@ def synthetic(n: int, seed: int = 0):
 
 def write(fmt_name: str, out: str, n: int) -> dict:
     from mimi_extract.formats import get_format
-    from mimi_extract.formats.common import ShardWriter, _write_atomic
-    from mimi_extract.formats.cuts import write_cuts
+    from mimi_extract.store.files import write_atomic
+    from mimi_extract.store.manifest import ManifestRow
+    from mimi_extract.store.writer import ShardWriter
+    from mimi_extract.store.directory import write_cuts
     from mimi_extract.sources import dataset_name
 
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)
-    _write_atomic(os.path.join(out, "run.json"), json.dumps({**INFO, "format": fmt_name}))
+    write_atomic(os.path.join(out, "run.json"), json.dumps({**INFO, "format": fmt_name}))
     attrs = {"tap": "codes", "frame_rate": 12.5, "sample_rate": 24000, "num_quantizers": 8,
              "layout": "[frames, num_quantizers]"}
     items = list(synthetic(n))
@@ -68,16 +70,16 @@ def write(fmt_name: str, out: str, n: int) -> dict:
         row = {"path": key, "key": key, "dataset": dataset_name(key), "channel": None, "sample_rate": 24000,
                "duration": frames * 0.08, "frames": frames, "dims": 8,
                "source": {"path": f"/synthetic/{key}", "frames": frames * 1920, "channels": 1}}
-        w.add(key, data, row, {"duration": frames * 0.08})
+        w.add(key, data, ManifestRow(**row), {"duration": frames * 0.08})
     w.close()
     seconds = time.perf_counter() - started
     if out.endswith("-warmup"):
         shutil.rmtree(out)
         return {}
     write_cuts(out)
-    from mimi_extract.formats.common import _format_files
+    from mimi_extract.store.manifest import format_files
 
-    shards = [name for name, _ in _format_files(out)]  # every format's files (Shar: shar/cuts.* + shar/<field>.*)
+    shards = [name for name, _ in format_files(out)]  # every format's files (Shar: shar/cuts.* + shar/<field>.*)
     return {"items": n, "write_s": seconds, "items_per_s": n / seconds, "array_mib_per_s": nbytes / 2**20 / seconds,
             "array_mib": nbytes / 2**20, "disk_mib": sum(os.path.getsize(os.path.join(out, f)) for f in shards) / 2**20,
             "shards": len(shards)}

@@ -20,21 +20,23 @@ import numpy as np
 
 def build(out: str, n: int, shard_size: int) -> list[str]:
     from mimi_extract.formats import get_format
-    from mimi_extract.formats.common import ShardWriter, _write_atomic
+    from mimi_extract.store.files import write_atomic
+    from mimi_extract.store.manifest import ManifestRow
+    from mimi_extract.store.writer import ShardWriter
 
     os.makedirs(out, exist_ok=True)
     info = {"model": "tiny", "tap": "codes", "num_quantizers": 8, "framing": "transformers", "channel": "mix",
             "dtype": "fp32", "feature_dtype": "float32", "input": "/corpus", "input_kind": "directory", "part": "whole"}
-    _write_atomic(os.path.join(out, "run.json"), json.dumps(info))
+    write_atomic(os.path.join(out, "run.json"), json.dumps(info))
     w = ShardWriter(out, get_format("hdf5"), {"tap": "codes", "layout": "[frames, num_quantizers]"}, max_items=shard_size)
     rng = np.random.default_rng(0)
     keys = []
     for i in range(n):
         key, frames = f"spk{i % 97}/utt{i}.wav", 20 + i % 60
         w.add(key, rng.integers(0, 2048, (frames, 8), dtype=np.int16),
-              {"path": key, "key": key, "dataset": key.replace("/", "%2F"), "channel": None, "sample_rate": 24000,
-               "duration": frames * 0.08, "frames": frames, "dims": 8,
-               "source": {"path": f"/corpus/{key}", "frames": frames * 1920, "channels": 1}})
+              ManifestRow(key, path=key, dataset=key.replace("/", "%2F"), channel=None, sample_rate=24000,
+                          duration=frames * 0.08, frames=frames, dims=8,
+                          source={"path": f"/corpus/{key}", "frames": frames * 1920, "channels": 1}))
         keys.append(key)
     w.close()
     return keys
@@ -48,7 +50,8 @@ def main() -> None:
     ap.add_argument("--old-reads", type=int, default=3)
     args = ap.parse_args()
     import mimi_extract
-    from mimi_extract.formats.common import load_row, read_manifest
+    from mimi_extract.store.manifest import read_manifest
+    from mimi_extract.store.read import load_row
 
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "out")

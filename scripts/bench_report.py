@@ -20,13 +20,15 @@ import numpy as np
 
 def build(out: str, n: int, shard_size: int, fmt: str) -> None:
     from mimi_extract.formats import get_format
-    from mimi_extract.formats.common import ShardWriter, _write_atomic
+    from mimi_extract.store.files import write_atomic
+    from mimi_extract.store.manifest import ManifestRow
+    from mimi_extract.store.writer import ShardWriter
 
     os.makedirs(out, exist_ok=True)
     info = {"model": "kyutai/mimi", "weights": "sha256:0123456789abcdef", "tap": "codes", "num_quantizers": 8,
             "framing": "transformers", "channel": "mix", "dtype": "fp32", "feature_dtype": "float32",
             "format": fmt, "input": "/corpus", "input_kind": "directory", "part": "whole"}
-    _write_atomic(os.path.join(out, "run.json"), json.dumps(info))
+    write_atomic(os.path.join(out, "run.json"), json.dumps(info))
     attrs = {"tap": "codes", "layout": "[frames, num_quantizers]", "num_quantizers": 8, "model": "kyutai/mimi"}
     w = ShardWriter(out, get_format(fmt), attrs, max_items=shard_size)
     rng = np.random.default_rng(0)
@@ -34,13 +36,13 @@ def build(out: str, n: int, shard_size: int, fmt: str) -> None:
         key = f"spk{i % 97}/utt{i}.wav"
         row = {"path": key, "key": key, "dataset": key.replace("/", "%2F"), "channel": None, "sample_rate": 24000}
         if i % 100 == 99:
-            w.add_error({**row, "duration": 0.0}, ["cannot decode 'x.wav'", "0 samples", "file is empty"][i % 3])
+            w.add_error(ManifestRow(**row, duration=0.0), ["cannot decode 'x.wav'", "0 samples", "file is empty"][i % 3])
             continue
         frames = 20 + (i * 7919) % 200
         # Zipf-like code use, as a trained codebook's: a few codes common, many rare
         codes = np.minimum(rng.zipf(1.3, (frames, 8)) - 1, 2047).astype(np.int16)
-        w.add(key, codes, {**row, "duration": frames * 0.08, "frames": frames, "dims": 8,
-                           "source": {"path": f"/corpus/{key}", "frames": frames * 1920, "channels": 1}},
+        w.add(key, codes, ManifestRow(**row, duration=frames * 0.08, frames=frames, dims=8,
+                                      source={"path": f"/corpus/{key}", "frames": frames * 1920, "channels": 1}),
               {"duration": frames * 0.08})
     w.close()
 

@@ -13,7 +13,7 @@ from mimi_extract.runner import extract
 from mimi_extract.settings import Settings
 from mimi_extract.sources import discover
 from mimi_extract.testing import check_consistency
-from mimi_extract.formats.common import read_manifest
+from mimi_extract.store.manifest import read_manifest
 
 
 def _settings(model_dir):

@@ -15,6 +15,8 @@ from mimi_extract import read, read_manifest
 from mimi_extract.formats import get_format, names
 from mimi_extract.runner import extract
 from mimi_extract.settings import Settings
+from mimi_extract.store.files import DamagedError
+from mimi_extract.store.read import read as store_read
 from mimi_extract.testing import check_consistency
 from test_cli import check_outputs
 
@@ -250,10 +252,10 @@ def test_a_flipped_byte_is_found_read_refuses_and_resume_repairs(both, corpus, t
     else:
         damaged = _flip_parquet_page(out, victim["shard"])
         assert victim["key"] in damaged
-    with pytest.raises(mimi_extract.formats.common.DamagedError) as e:
+    with pytest.raises(DamagedError) as e:
         read(out, victim["key"])
     assert out in str(e.value) and repr(victim["key"]) in str(e.value) and victim["shard"] in str(e.value)
-    with pytest.raises(mimi_extract.formats.common.DamagedError):
+    with pytest.raises(DamagedError):
         mimi_extract.open(out)[victim["key"]]
     result = cli("verify", "--out", out, "--checksums")
     assert result.exit_code == 1 and f"{len(damaged)} damaged; FAIL" in result.text, result.output
@@ -277,7 +279,7 @@ def test_an_array_edited_in_place_fails_the_manifest_checksum(both, tmp_path):
     row = next(r for r in read_manifest(out) if r["status"] == "ok")
     with h5py.File(os.path.join(out, row["shard"]), "r+") as f:
         f[row["dataset"]][0, 0] = f[row["dataset"]][0, 0] + 1
-    with pytest.raises(mimi_extract.formats.common.DamagedError, match="fails its checksum"):
+    with pytest.raises(DamagedError, match="fails its checksum"):
         read(out, row["key"])
     result = cli("verify", "--out", out, "--checksums")
     assert result.exit_code == 1 and "checksum mismatch (crc32)" in result.text and "1 damaged" in result.text
@@ -315,8 +317,8 @@ def test_a_damaged_footer_or_superblock_is_a_damaged_error_naming_out_shard_and_
     path = os.path.join(out, victim["shard"])
     _flip(path, os.path.getsize(path) - 2 if fmt == "parquet" else 1)
     for reader in (lambda k: read(out, k), lambda k: mimi_extract.open(out)[k],
-                   lambda k: mimi_extract.formats.common.read(out, k)):
-        with pytest.raises(mimi_extract.formats.common.DamagedError) as e:
+                   lambda k: store_read(out, k)):
+        with pytest.raises(DamagedError) as e:
             reader(victim["key"])
         assert out in str(e.value) and repr(victim["key"]) in str(e.value) and victim["shard"] in str(e.value)
     result = cli("verify", "--out", out, "--checksums")

@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from mimi_extract.formats.common import RunLock
+from mimi_extract.store.files import OutputError
+from mimi_extract.store.lock import RunLock
 from mimi_extract.plan import Part
 from mimi_extract.runner import extract
 from mimi_extract.settings import Settings
@@ -195,6 +196,29 @@ def test_older_run_json_without_items_refuses_disjoint_keys_then_pins(inputs, ti
         assert json.load(f)["items"] == {"--id-column": "id"}
     result = cli("codes", inputs["pq"], out, "--model", tiny_model_dir, *ONE_WORKER)
     assert result.exit_code == 2 and "--id-column: 'id' -> not given" in result.text
+
+
+def test_run_json_schema_version_missing_resumes_newer_is_refused(inputs, tiny_model_dir, tmp_path):
+    """run.json records its layout (``schema_version``).  One written before the key existed is layout
+    1: it is read and resumed; a layout newer than this version reads is refused in one clear line
+    (a resume, info), OUT untouched."""
+    out = str(tmp_path / "out")
+    extract(inputs["loose"], out, settings(tiny_model_dir), limit=2)
+    with open(os.path.join(out, "run.json")) as f:
+        assert json.load(f)["schema_version"] == 1
+    edit_run_json(out, lambda info: {k: v for k, v in info.items() if k != "schema_version"})  # an older OUT
+    assert json.loads(cli("info", out, "--json").stdout)["ok"] == 2
+    summary = extract(inputs["loose"], out, settings(tiny_model_dir))
+    assert (summary["skipped"], summary["ok"], summary["errors"]) == (2, len(NAMES) - 2, 0)
+    check_consistency(out)
+    edit_run_json(out, lambda info: {**info, "schema_version": 2})  # a newer mimi-extract's
+    before = snapshot(out)
+    with pytest.raises(OutputError, match="schema_version 2; this mimi-extract reads up to 1: it was written by a newer"):
+        extract(inputs["loose"], out, settings(tiny_model_dir))
+    assert snapshot(out) == before
+    for result in (cli("codes", inputs["loose"], out, "--model", tiny_model_dir, *ONE_WORKER), cli("info", out)):
+        assert result.exit_code != 0 and "written by a newer mimi-extract" in result.text
+    assert snapshot(out) == before
 
 
 def test_info_counts_each_key_once_and_never_more_ok_than_inputs(inputs, tiny_model_dir, tmp_path):

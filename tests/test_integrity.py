@@ -20,7 +20,9 @@ from mimi_extract import read_manifest
 from mimi_extract.runner import extract
 from mimi_extract.settings import Settings
 from mimi_extract.testing import check_consistency, random_model, tiny_config
-from mimi_extract.formats.common import LockedError, RunLock, valid_shard_name
+from mimi_extract.store.files import LockedError
+from mimi_extract.store.lock import RunLock
+from mimi_extract.store.manifest import valid_shard_name
 
 
 @pytest.fixture(scope="module")

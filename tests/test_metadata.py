@@ -20,7 +20,8 @@ from mimi_extract import read, read_cuts, read_manifest  # noqa: E402
 from mimi_extract.runner import extract  # noqa: E402
 from mimi_extract.settings import Settings  # noqa: E402
 from mimi_extract.sources import Options, discover  # noqa: E402
-from mimi_extract.formats.common import OutputError, read_run_info  # noqa: E402
+from mimi_extract.store.files import OutputError  # noqa: E402
+from mimi_extract.store.identity import read_run_info
 
 # sample -> its sidecar: the first has no speaker (a column null there), one has an int field
 SIDECARS = {"u0": {"text": "hello world", "language": "en", "score": 1},

@@ -26,7 +26,8 @@ from mimi_extract.audio import load  # noqa: E402
 from mimi_extract.encoder import PaddedMimiEncoder, encode_chunked, frames_of, moshi_stream_mask, prepare, reference_single  # noqa: E402
 from mimi_extract.testing import tiny_config  # noqa: E402
 from mimi_extract.verify import classify_codes  # noqa: E402
-from mimi_extract.formats.common import read_manifest, read_run_info  # noqa: E402
+from mimi_extract.store.identity import read_run_info  # noqa: E402
+from mimi_extract.store.manifest import read_manifest
 
 WINDOW = 10  # encoder steps (25 Hz): the boundary is at 0.4 s
 FRAME = 1920

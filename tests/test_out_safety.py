@@ -17,10 +17,12 @@ import pytest
 from conftest import write_noise
 from mimi_extract import read, read_manifest
 from mimi_extract import runner
-from mimi_extract.formats import common as writer
 from mimi_extract.plan import Part
 from mimi_extract.runner import extract
 from mimi_extract.settings import Settings
+from mimi_extract.store.files import OutputError
+from mimi_extract.store.lock import RunLock
+from mimi_extract.store.manifest import committed_rows
 from mimi_extract.testing import check_consistency
 
 
@@ -53,7 +55,7 @@ def test_whole_and_part_runs_never_both_complete(small, tiny_model_dir, tmp_path
     def run(name, **kw):
         try:
             results[name] = extract(small, out, settings(tiny_model_dir), **kw)["ok"]
-        except writer.OutputError as e:
+        except OutputError as e:
             results[name] = e
 
     whole = threading.Thread(target=run, args=("whole",))
@@ -68,7 +70,7 @@ def test_whole_and_part_runs_never_both_complete(small, tiny_model_dir, tmp_path
     # refused by the lock ("in use by"), or, when the whole run wrote run.json while the part run's
     # own pre-lock identity check slept, by the layout ("holds a whole run"): never both complete
     refusal = str(results["part"])
-    assert isinstance(results["part"], writer.OutputError) and (
+    assert isinstance(results["part"], OutputError) and (
         "in use by" in refusal or "holds a whole run (not split into parts)" in refusal), results
     assert not os.path.exists(os.path.join(out, Part(0, 2).dirname))
     check_consistency(out)
@@ -97,7 +99,7 @@ def test_parts_of_one_array_starting_together_all_run(small, tiny_model_dir, tmp
 def _tampered_resume(out, small, model_dir, row):
     with open(os.path.join(out, "manifest.jsonl"), "a") as f:
         f.write(json.dumps(row) + "\n")
-    with pytest.raises(writer.OutputError) as e:
+    with pytest.raises(OutputError) as e:
         extract(small, out, settings(model_dir))
     return str(e.value)
 
@@ -117,8 +119,8 @@ def test_manifest_rows_never_name_paths(small, tiny_model_dir, tmp_path):
         message = _tampered_resume(out, small, tiny_model_dir,
                                    {"key": "z", "status": "ok", "shard": shard, "dataset": "x", "frames": 1})
         assert "line 9" in message and repr(shard) in message and "'z'" in message, message
-        for reader in (read_manifest, lambda o: read(o, "z"), lambda o: writer.committed_rows(o)):
-            with pytest.raises(writer.OutputError, match="not a shard name"):
+        for reader in (read_manifest, lambda o: read(o, "z"), lambda o: committed_rows(o)):
+            with pytest.raises(OutputError, match="not a shard name"):
                 reader(out)
         assert victim.read_text() == "mine" and absolute.read_text() == "mine too"
         assert not os.path.exists(os.path.join(out, "quarantine"))
@@ -155,8 +157,8 @@ def test_disk_full_on_the_lock_file_names_it(tmp_path):
                 f.write(b"\0" * (1 << 20))
         except OSError as e:
             assert e.errno == errno.ENOSPC
-        with pytest.raises(writer.OutputError) as e:
-            writer.RunLock(str(out))
+        with pytest.raises(OutputError) as e:
+            RunLock(str(out))
         assert str(e.value) == f"no space left on device while writing {out}/lock", str(e.value)
     finally:
         subprocess.run(["umount", str(mount)])
@@ -168,7 +170,7 @@ def test_resume_checks_every_shards_settings(small, tiny_model_dir, tmp_path):
     out = str(tmp_path / "out")
     extract(small, out, settings(tiny_model_dir), limit=4, shard_size=2)
     os.remove(os.path.join(out, "run.json"))
-    with pytest.raises(writer.OutputError) as e:
+    with pytest.raises(OutputError) as e:
         extract(small, out, settings(tiny_model_dir, num_quantizers=4), shard_size=2)
     assert "shard-00000.h5 was made with other settings" in str(e.value) and "num_quantizers: 8 -> 4" in str(e.value)
     extract(small, out, settings(tiny_model_dir), limit=4, shard_size=2)  # the same settings: resumes
@@ -176,7 +178,7 @@ def test_resume_checks_every_shards_settings(small, tiny_model_dir, tmp_path):
         with h5py.File(os.path.join(out, "shard-00001.h5"), "r+") as f:
             old = f.attrs[attr]
             f.attrs[attr] = value
-        with pytest.raises(writer.OutputError) as e:
+        with pytest.raises(OutputError) as e:
             extract(small, out, settings(tiny_model_dir), shard_size=2)
         assert "shard-00001.h5 was made with other settings" in str(e.value) and f"{attr}: " in str(e.value)
         with h5py.File(os.path.join(out, "shard-00001.h5"), "r+") as f:

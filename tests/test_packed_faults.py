@@ -147,7 +147,7 @@ def test_packed_parts_union_equals_a_whole_run(kind, many_packed, packed_referen
     settings = Settings(model=tiny_model_dir, tap="codes", num_workers=1)
     counts = [extract(many_packed[kind], out, settings, part=Part(i, 2))["ok"] for i in range(2)]
     assert sum(counts) == 120 and all(counts)
-    from mimi_extract.formats.common import read_run_info
+    from mimi_extract.store.identity import read_run_info
 
     infos = [read_run_info(os.path.join(out, Part(i, 2).dirname)) for i in range(2)]
     if kind == "shar":  # three shards: whole shards (0 and 2, then 1), each part's identity only its own files

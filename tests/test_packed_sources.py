@@ -19,7 +19,8 @@ from mimi_extract.settings import Settings
 from mimi_extract.sources import Options, discover, open_audio
 from mimi_extract.testing import check_consistency
 from mimi_extract.verify import verify_outputs, verify_source
-from mimi_extract.formats.common import OutputError, read_run_info
+from mimi_extract.store.files import OutputError
+from mimi_extract.store.identity import read_run_info
 from conftest import cli
 
 # name -> (seconds, rate, channels); flac and wav, three rates, one stereo file

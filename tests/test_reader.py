@@ -10,7 +10,10 @@ import pytest
 import mimi_extract
 from mimi_extract.reader import Reader, cached_reader
 from mimi_extract.formats import get_format
-from mimi_extract.formats.common import ShardWriter, _write_atomic, load_row, read_manifest
+from mimi_extract.store.files import write_atomic
+from mimi_extract.store.manifest import ManifestRow, read_manifest
+from mimi_extract.store.read import load_row
+from mimi_extract.store.writer import ShardWriter
 
 INFO = {"model": "tiny", "tap": "codes", "num_quantizers": 8, "framing": "transformers", "channel": "mix",
         "dtype": "fp32", "feature_dtype": "float32", "input": "/corpus", "input_kind": "directory"}
@@ -19,7 +22,7 @@ INFO = {"model": "tiny", "tap": "codes", "num_quantizers": 8, "framing": "transf
 def make_out(run_dir, keys, seed=0, shard_size=3, part="whole"):
     """A run directory written by the real ShardWriter (no encoding): codes [frames, 8] per key."""
     os.makedirs(run_dir, exist_ok=True)
-    _write_atomic(os.path.join(run_dir, "run.json"), json.dumps({**INFO, "part": part}))
+    write_atomic(os.path.join(run_dir, "run.json"), json.dumps({**INFO, "part": part}))
     w = ShardWriter(str(run_dir), get_format("hdf5"), {"tap": "codes", "layout": "[frames, num_quantizers]"}, max_items=shard_size)
     rng = np.random.default_rng(seed)
     arrays = {}
@@ -28,10 +31,10 @@ def make_out(run_dir, keys, seed=0, shard_size=3, part="whole"):
         data = rng.integers(0, 2048, (frames, 8), dtype=np.int16)
         row = {"path": key, "key": key, "dataset": key.replace("/", "|"), "channel": None, "sample_rate": 24000,
                "duration": frames * 0.08, "source": {"path": f"/corpus/{key}", "frames": frames * 1920, "channels": 1}}
-        w.add(key, data, {**row, "frames": frames, "dims": 8})
+        w.add(key, data, ManifestRow(**row, frames=frames, dims=8))
         arrays[key] = data
-    w.add_error({"path": "bad.wav", "key": f"bad-{part}.wav", "dataset": "bad.wav", "channel": None,
-                 "sample_rate": None, "duration": 0.0}, "cannot decode")
+    w.add_error(ManifestRow(path="bad.wav", key=f"bad-{part}.wav", dataset="bad.wav", channel=None,
+                            sample_rate=None, duration=0.0), "cannot decode")
     w.close()
     return arrays
 
@@ -66,8 +69,8 @@ def test_read_reuses_its_index_until_the_manifest_changes(tmp_path):
     # a resumed run appends rows and a shard: the next read sees them
     w = ShardWriter(str(out), get_format("hdf5"), {"tap": "codes", "layout": "[frames, num_quantizers]"})
     new = np.arange(16, dtype=np.int16).reshape(2, 8)
-    w.add("new.wav", new, {"path": "new.wav", "key": "new.wav", "dataset": "new.wav", "frames": 2, "dims": 8,
-                           "channel": None, "sample_rate": 24000, "duration": 0.16})
+    w.add("new.wav", new, ManifestRow(path="new.wav", key="new.wav", dataset="new.wav", frames=2, dims=8,
+                                      channel=None, sample_rate=24000, duration=0.16))
     w.close()
     assert (mimi_extract.read(out, "new.wav") == new).all()
     assert cached_reader(str(out)) is not first

@@ -21,8 +21,8 @@ from mimi_extract import read, read_cuts, read_manifest  # noqa: E402
 from mimi_extract.audio import load  # noqa: E402
 from mimi_extract.encoder import reference_single  # noqa: E402
 from mimi_extract.formats import get_format  # noqa: E402
-from mimi_extract.formats.common import committed_rows, run_dirs  # noqa: E402
-from mimi_extract.formats.shar import shar_fields  # noqa: E402
+from mimi_extract.store.manifest import committed_rows, run_dirs  # noqa: E402
+from mimi_extract.store.read import shar_fields  # noqa: E402
 from mimi_extract.outputs import decode_items, info_report, status_report  # noqa: E402
 from mimi_extract.plan import Part  # noqa: E402
 from mimi_extract.runner import extract  # noqa: E402
@@ -283,8 +283,8 @@ def test_commit_renames_into_shar_from_the_run_dir_and_survives_a_full_disk(shar
     that ends equal to an uninterrupted run."""
     import errno
 
-    from mimi_extract.formats import common
-    from mimi_extract.formats.common import OutputError
+    from mimi_extract.store import writer
+    from mimi_extract.store.files import OutputError
 
     settings = Settings(model=tiny_model_dir, tap="codes", num_workers=0, format="shar")
     source = str(shar_input / "list.jsonl")
@@ -307,11 +307,11 @@ def test_commit_renames_into_shar_from_the_run_dir_and_survives_a_full_disk(shar
         budget["left"] -= len(data)
         return real_write(fd, data)
 
-    monkeypatch.setattr(common.os, "replace", replace)
-    monkeypatch.setattr(common.os, "write", write)
+    monkeypatch.setattr(writer.os, "replace", replace)
+    monkeypatch.setattr(writer.os, "write", write)
     with pytest.raises(OutputError, match="no space left on device while writing"):
         extract(source, out, settings, shard_size=2)
-    monkeypatch.setattr(common.os, "write", real_write)
+    monkeypatch.setattr(writer.os, "write", real_write)
     pairs = [(s, d) for s, d in renames if d.startswith("shar/")]
     assert pairs and all(s == d.replace("/", "__") + ".tmp" and "/" not in s for s, d in pairs), renames
     assert [d.split(".")[0] for _, d in pairs[:2]] == ["shar/cuts", "shar/mimi_codes"]
@@ -368,7 +368,7 @@ def test_shar_extend_adds_a_field_aligned_with_each_input_shard(shar_dataset, ti
     settings = Settings(model=tiny_model_dir, tap="codes", num_workers=0, format="shar", shar_extend=True, batch_size=1)
     out = str(tmp_path / "out")
     stop, armed, done = threading.Event(), threading.Event(), []
-    import mimi_extract.formats.shar as shar_format
+    import mimi_extract.store.shar_extend as shar_format
 
     class _UntilLastShard(list):
         """Units as planned; the engine's walk over them (once planning is over: ``armed``) waits at
@@ -458,7 +458,7 @@ def test_bit_rot_in_a_shar_tar_is_found_and_reencoded(many, tiny_model_dir, shar
     """A flipped byte inside a stored array (the tar's structure intact, so a plain resume's check
     passes): read raises DamagedError, verify --out --checksums lists it, --reencode-damaged redoes
     its shard (cuts file and tar quarantined together)."""
-    from mimi_extract.formats.common import DamagedError
+    from mimi_extract.store.files import DamagedError
 
     out = str(tmp_path / "out")
     shutil.copytree(shar_reference[0], out)
@@ -555,7 +555,7 @@ def test_a_flipped_byte_anywhere_in_a_shar_shard_is_found_or_harmless_to_lhotse(
     ``from_shar`` still sees exactly the same cuts and arrays (a gzip header's mtime, tar padding).
     Before the ``.json`` member and cut line checksums, 4,382 of the 10,624 flips of one shard
     were unnoticed and changed (or broke) what lhotse reads."""
-    from mimi_extract.formats.common import scan_checksums
+    from mimi_extract.store.read import scan_checksums
 
     out = str(tmp_path / "out")
     shutil.copytree(shar_reference[0], out)

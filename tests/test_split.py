@@ -89,29 +89,33 @@ def test_short_warmup_leaks(tiny_model):
     assert exact <= 1 and short > 1000 and equal < 1, (exact, short, equal)
 
 
-def test_stitcher_orders_pieces_and_restarts_a_rehanded_one():
+def test_assembler_orders_pieces_and_restarts_a_rehanded_one():
     """Pieces arrive interleaved and out of order; a piece re-handed after its worker died starts
     again from its first chunk (the partial one is dropped); the first error ends the item once."""
     import numpy as np
 
-    from mimi_extract.plan import Stitcher
+    from mimi_extract.engines import Piece
+    from mimi_extract.engines.assembly import Assembler
     from mimi_extract.sources import Item
+    from mimi_extract.sources.base import SplitPiece
 
     item = Item("/a.wav", "a.wav", "a.wav", sample_rate=24_000, frames=100, samples=100)
-    piece = lambda i: Item(**{**item.__dict__, "piece": (i, 3, 0, 0, 40 * (i + 1) if i < 2 else 100)})  # noqa: E731
+    piece = lambda i: Item(**{**item.__dict__, "piece": SplitPiece(i, 3, 0, 0, 40 * (i + 1) if i < 2 else 100)})  # noqa: E731
     arr = lambda *v: np.array(v)  # noqa: E731
-    s = Stitcher()
-    assert s.add(piece(2), arr(5), True, False, None) is None
-    assert s.add(piece(0), arr(1), True, False, None) is None
-    assert s.add(piece(1), arr(9), True, False, None) is None  # its worker dies after this chunk
-    assert s.add(piece(2), arr(6), False, True, None) is None
-    assert s.add(piece(0), arr(2), False, True, None) is None
-    assert s.add(piece(1), arr(3), True, False, None) is None  # re-handed: starts over
-    whole_item, whole, error = s.add(piece(1), arr(4), False, True, None)
+    s = Assembler()
+    add = lambda it, data, first, final, error: s.add(Piece(it, data, first, final, 1.0, error))  # noqa: E731
+    assert add(piece(2), arr(5), True, False, None) is None
+    assert add(piece(0), arr(1), True, False, None) is None
+    assert add(piece(1), arr(9), True, False, None) is None  # its worker dies after this chunk
+    assert add(piece(2), arr(6), False, True, None) is None
+    assert add(piece(0), arr(2), False, True, None) is None
+    assert add(piece(1), arr(3), True, False, None) is None  # re-handed: starts over
+    done = add(piece(1), arr(4), False, True, None)
+    whole_item, whole, error = done.item, done.data, done.error
     assert whole.tolist() == [1, 2, 3, 4, 5, 6] and error is None
     assert whole_item.piece is None and whole_item.samples == 100 and s.open_items == 0
-    assert s.add(piece(0), arr(1), True, False, "cannot decode")[2] == "cannot decode"
-    assert s.add(piece(1), arr(1), True, True, "again") is None and s.open_items == 0
+    assert add(piece(0), arr(1), True, False, "cannot decode").error == "cannot decode"
+    assert add(piece(1), arr(1), True, True, "again") is None and s.open_items == 0
 
 
 def test_split_items_cuts_fair_shares_and_keeps_short_recordings_whole():
@@ -126,11 +130,11 @@ def test_split_items_cuts_fair_shares_and_keeps_short_recordings_whole():
               for i in range(4)]
     out, split = split_items([long, *shorts], 3, warm, hop)  # total 601 frames: fair share ~200
     pieces = [it for it in out if it.piece]
-    assert [p.piece[3] // FRAME for p in pieces] == [0, 201] and pieces[-1].piece[4] == long.samples
+    assert [p.piece.first // FRAME for p in pieces] == [0, 201] and pieces[-1].piece.end == long.samples
     assert split.items == 1 and split.pieces == 2 and all(it.piece is None for it in out if it.key != "l.wav")
     # 2 lanes: a fair share is ~301 frames, the rest (100) is less than a piece may be (67 frames
     # with this warm-up is fine, 134 with twice it): the cut moves back to leave the least piece
     pieces = [it.piece for it in split_items([long, *shorts], 2, 2 * warm, hop)[0] if it.piece]
-    assert [p[3] // FRAME for p in pieces] == [0, 401 - 134]
+    assert [p.first // FRAME for p in pieces] == [0, 401 - 134]
     assert split_items([long, *shorts], 1, warm, hop)[1].items == 0  # one lane: nothing to balance
     assert split_items([long], 9, 300 * FRAME, hop)[1].items == 0  # warm-up too long for any piece

@@ -16,7 +16,8 @@ from conftest import cli, cli_process, tolerance, write_noise
 from mimi_extract.audio import load
 from mimi_extract.encoder import reference_single
 from mimi_extract.testing import check_consistency
-from mimi_extract.formats.common import read_manifest, read
+from mimi_extract.store.manifest import read_manifest
+from mimi_extract.store.read import read
 
 RATES = {"long24.wav": (24_000, 40 * 24_000 + 777), "long16.wav": (16_000, 30 * 16_000 + 123),
          "long44.flac": (44_100, 20 * 44_100 + 5)}

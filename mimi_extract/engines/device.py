@@ -104,8 +104,7 @@ class DeviceRunner:
         framing = self.settings.framing_rule
         if item.piece is None:
             return AudioReader(open_audio(item), item.channel, framing, item.start, item.frames)
-        _, count, begin, _, end = item.piece
-        last = item.piece[0] == count - 1
+        begin, end, last = item.piece.begin, item.piece.end, item.piece.last
         name = item.loc[-1] if item.loc and isinstance(item.loc[-1], str) else item.path
         if item.sample_rate == SAMPLE_RATE and framing.delay(SAMPLE_RATE) == 0 and seek_is_exact(name):
             # samples are the source's, and a seek lands on exactly them: seek
@@ -243,7 +242,7 @@ class DeviceRunner:
     def _forward(self, step: _Step):
         s = self.settings
         audio = step.audio.to(self.encoder.model.device, DTYPES[s.dtype], non_blocking=True)
-        offsets = [(r, it.piece[2]) for r, it in enumerate(step.items) if it.piece and it.piece[2] and step.fresh[r]]
+        offsets = [(r, it.piece.begin) for r, it in enumerate(step.items) if it.piece and it.piece.begin and step.fresh[r]]
         if bool(step.fresh.all()) and bool(step.final.all()) and not offsets:
             return self.encoder(audio, step.lengths, self.taps, s.num_quantizers)
         if self.state is None:
@@ -299,7 +298,7 @@ class DeviceRunner:
         key = (item.uid, tap)
         if fresh:
             per_frame = self.encoder.step if tap == "encoder" else self.encoder.hop
-            self.warmup[key] = (item.piece[3] - item.piece[2]) // per_frame
+            self.warmup[key] = (item.piece.first - item.piece.begin) // per_frame
         drop = min(self.warmup.get(key, 0), frames.shape[0])
         if drop:
             self.warmup[key] -= drop

@@ -22,6 +22,7 @@ from dataclasses import asdict, replace
 
 from ..plan import WorkUnit
 from ..settings import Settings
+from .assembly import Assembler
 from .base import Piece, Stats
 from .device import DeviceRunner
 
@@ -48,27 +49,14 @@ class RayEncoder:
         return os.getpid()
 
     def encode(self, unit: WorkUnit) -> tuple[list[Piece], Stats]:
-        merged: dict[str, Piece] = {}
+        assembler = Assembler(join_pieces=False)  # whole pieces back: a split recording's others are elsewhere
         pieces: list[Piece] = []
         todo = iter([unit])
         self.runner.stats = Stats()
 
         def collect(piece: Piece):
-            if piece.error is not None:
-                merged.pop(piece.item.uid, None)
-                pieces.append(piece)
-                return
-            held = merged.get(piece.item.uid)
-            if held is None or piece.first:
-                merged[piece.item.uid] = held = Piece(piece.item, [], True, False, 0.0)
-            held.data.append(piece.data)
-            held.seconds += piece.seconds
-            if piece.final:
-                import numpy as np
-
-                held.data = np.concatenate(held.data) if len(held.data) > 1 else held.data[0]
-                held.final, held.warnings = True, piece.warnings
-                pieces.append(merged.pop(piece.item.uid))
+            if (whole := assembler.add(piece)) is not None:
+                pieces.append(whole)
 
         self.runner.run(lambda block=True: next(todo, None), collect, threading.Event())
         return pieces, self.runner.stats

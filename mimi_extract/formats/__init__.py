@@ -1,5 +1,6 @@
-"""Output formats: one small interface (``base.py``), one shared commit protocol and run-directory
-logic (``common.py``), one module per format, and a registry keyed by name.
+"""Output formats: one small interface (``base.py``), one module per format, and a registry keyed by
+name.  The run directory they are written into (lock, manifest, commit protocol, resume) is
+``mimi_extract.store``.
 
     from mimi_extract.formats import get_format, names
     fmt = get_format("hdf5")          # ValueError naming the choices if unknown

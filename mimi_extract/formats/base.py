@@ -3,7 +3,7 @@ r"""The output-format interface: what a format implements, and what the shared c
 A *format* decides how the arrays of one shard are laid out in bytes (HDF5 datasets, Parquet rows,
 a Shar tar...).  Everything else -- the lock, ``run.json`` identity, the manifest, the commit
 protocol, resume with damaged-shard quarantine, the per-item checksums, the key index of the
-readers -- is format-agnostic and lives in :mod:`mimi_extract.formats.common`, written once.
+readers -- is format-agnostic and lives in :mod:`mimi_extract.store`, written once.
 
 Adding a format means one module that defines a :class:`Format` subclass and registers it with
 :func:`mimi_extract.formats.register` (see ``formats/__init__.py``); ``--format NAME`` then offers it.
@@ -29,7 +29,7 @@ What a format must define
 * optionally: :meth:`Format.require` (say what to install, before a run starts),
   :meth:`Format.item_attrs` (per-item metadata, for ``verify --out``), :meth:`Format.lhotse_storage`
   (how lhotse cuts point at an item: ``cuts.py``), :meth:`Format.companions` and
-  :meth:`Format.finish_run` (files about OUT as a whole, e.g. Parquet's dataset card).
+  :meth:`Format.out_files` (files about OUT as a whole, e.g. Parquet's dataset card).
 
 A format also gets, with no code of its own: parts (``part-I-of-N`` run directories), Ray, signals,
 ``mimi_extract.read``/``open``/``read_manifest``/``read_cuts``, ``info``, ``status``, ``decode``,
@@ -69,7 +69,7 @@ What the shared code guarantees a format
   calls damaged (or one no row names) is moved to ``quarantine/`` with its companions and its
   items are encoded again;
 * every ok row carries ``checksum`` (crc32 of the time-first array's little-endian bytes, see
-  :func:`array_checksum`), checked by every read (``common.load_row``), so a format only has to
+  :func:`array_checksum`), checked by every read (``store.read.load_row``), so a format only has to
   store the bytes; any exception from ``load`` becomes a ``DamagedError`` naming OUT, key, shard;
 * ``load`` only ever receives rows whose ``shard`` matched ``shard_re``.
 """
@@ -172,9 +172,12 @@ class Format:
         is its own lhotse manifest, as Shar is)."""
         return None
 
-    def finish_run(self, out_dir: str, run_dir: str, info: dict) -> None:
-        """Called at the end of every run (an interrupted one too) with OUT, the run directory and
-        its ``run.json``: for files that describe OUT as a whole (Parquet's dataset card)."""
+    def out_files(self, out_dir: str, info: dict, parts: bool) -> dict[str, str]:
+        """Files that describe OUT as a whole (Parquet's dataset card), asked for at the end of every
+        run (an interrupted one too) with OUT, its ``run.json`` and whether OUT holds the parts of a
+        job array: name relative to OUT -> text.  The store writes them (atomically, under OUT's
+        lock when parts share OUT): a format never writes to OUT itself."""
+        return {}
 
     def is_shard(self, name: str) -> bool:
         return isinstance(name, str) and bool(self.shard_re.fullmatch(name))

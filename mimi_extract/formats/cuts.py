@@ -1,5 +1,5 @@
-"""The lhotse cuts of an OUT: ``cuts.jsonl.gz`` next to the manifest (lhotse manifests as *inputs* are a source
-kind: ``sources/lhotse.py``).
+"""The lhotse cuts of an OUT: what ``cuts.jsonl.gz`` next to the manifest holds (``store/directory.py``
+writes it; lhotse manifests as *inputs* are a source kind: ``sources/lhotse.py``).
 
 Output: one ``MonoCut`` per ok item whose custom field (``mimi_codes``, ``mimi_latent`` or
 ``mimi_encoder``) is a ``TemporalArray`` pointing *into* our shard (absolute path), so lhotse
@@ -19,13 +19,10 @@ through lhotse in the tests), so extraction needs no lhotse import.
 
 from __future__ import annotations
 
-import gzip
-import json
 import os
 
-from .common import _write_file, committed_rows, format_of, read_run_info
+from .registry import format_of
 
-CUTS = "cuts.jsonl.gz"
 FIELDS = {"codes": "mimi_codes", "latent": "mimi_latent", "encoder": "mimi_encoder"}
 # a lhotse supervision's fields, and the names an input row may give them under (the first present wins)
 SUPERVISION_FIELDS = {"text": ("text", "transcript", "transcription", "sentence"), "speaker": ("speaker", "speaker_id"),
@@ -87,32 +84,6 @@ def cut_dict(row: dict, run_dir: str, field: str, frame_shift: float, array: dic
         "custom": {field: {"array": array, "temporal_dim": 0, "frame_shift": frame_shift, "start": start}, **custom},
         "type": kind,
     }
-
-
-def cut_dicts(run_dir: str) -> list[dict]:
-    """One cut per committed ok row of a run directory (lhotse's serialisation of a MonoCut/MultiCut)."""
-    info = read_run_info(run_dir)
-    if info is None:
-        return []
-    tap = info["tap"]
-    frame_shift = 0.04 if tap == "encoder" else 0.08
-    cuts = (cut_dict(r, run_dir, FIELDS[tap], frame_shift)
-            for r in committed_rows(run_dir) if r.get("status") == "ok" and r.get("source"))
-    return [c for c in cuts if c is not None]
-
-
-def write_cuts(run_dir: str) -> str | None:
-    """(Re)write ``run_dir/cuts.jsonl.gz`` from the manifest's committed ok rows, atomically.  Every
-    run ends with it, an interrupted one too; after a kill -9 it lags the manifest until the next
-    run of that directory (``read_cuts`` never does: it reads the manifest)."""
-    info = read_run_info(run_dir)
-    if info is None or info.get("format") == "shar":  # Shar's cuts are its shar/cuts.* files
-        return None
-    lines = [json.dumps(c, ensure_ascii=False) for c in cut_dicts(run_dir)]
-    path = os.path.join(run_dir, CUTS)
-    _write_file(path + ".tmp", gzip.compress(("\n".join(lines) + ("\n" if lines else "")).encode("utf-8"), 6))
-    os.replace(path + ".tmp", path)
-    return path
 
 
 _REGISTERED = False

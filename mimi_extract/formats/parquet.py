@@ -242,23 +242,14 @@ class Parquet(Format):
         that ``cuts.register_lhotse_readers`` adds to lhotse's registry (``read_cuts`` calls it); the key is ``INDEX/KEY`` (the row, checked against the key stored there)."""
         return LHOTSE_STORAGE, f"{row['index']}/{row['key']}"
 
-    def finish_run(self, out_dir: str, run_dir: str, info: dict) -> None:
-        """Write OUT's dataset card (``OUT/README.md``), unless the user wrote their own (one
-        without our marker).  Parts of a job array write it under ``OUT/lock``, one at a time."""
-        from .common import RunLock, _write_atomic
-
+    def out_files(self, out_dir: str, info: dict, parts: bool) -> dict[str, str]:
+        """OUT's dataset card (``README.md``), unless the user wrote their own (one without our marker)."""
         path = os.path.join(out_dir, "README.md")
-        parts = os.path.abspath(run_dir) != os.path.abspath(out_dir)
-        lock = RunLock(out_dir, wait=30.0, what="dataset card") if parts else None
-        try:
-            if os.path.exists(path):
-                with open(path, encoding="utf-8", errors="replace") as f:
-                    if CARD_MARK not in f.read():
-                        return
-            _write_atomic(path, dataset_card(out_dir, info, parts))
-        finally:
-            if lock is not None:
-                lock.release()
+        if os.path.exists(path):
+            with open(path, encoding="utf-8", errors="replace") as f:
+                if CARD_MARK not in f.read():
+                    return {}
+        return {"README.md": dataset_card(out_dir, info, parts)}
 
     def item_attrs(self, path: str, row: dict) -> dict:
         _, pq = _pa()

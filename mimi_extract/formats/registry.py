@@ -1,6 +1,6 @@
 """Format name -> :class:`~mimi_extract.formats.base.Format`, in the manner of lhotse's
 ``features/io.py`` (``register_writer`` / ``get_writer``).  Kept apart from ``__init__`` so that
-``common`` can ask for every registered format without an import cycle."""
+the run directory (``store/``) can ask for every registered format without an import cycle."""
 
 from __future__ import annotations
 
@@ -30,3 +30,11 @@ def formats() -> list[Format]:
 
 def names() -> list[str]:
     return list(_FORMATS)
+
+
+def format_of(name: str) -> Format | None:
+    """The format whose committed shard name ``name`` is (relative to its run directory)."""
+    for fmt in _FORMATS.values():
+        if fmt.is_shard(name):
+            return fmt
+    return None

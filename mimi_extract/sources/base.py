@@ -51,6 +51,23 @@ class Entry:
     meta: dict | None = None  # what the input says about it, kept for the outputs (see :class:`Keep`)
 
 
+@dataclass(frozen=True)
+class SplitPiece:
+    """Piece ``index`` of ``count`` of a split recording (see ``plan.split_items``), in encoder-input
+    samples of the recording: decoding starts at ``begin``, the warm-up before ``first`` (its frames
+    belong to the piece before: they are encoded, then dropped), and the piece ends at ``end``."""
+
+    index: int
+    count: int
+    begin: int
+    first: int
+    end: int
+
+    @property
+    def last(self) -> bool:
+        return self.index == self.count - 1
+
+
 @dataclass
 class Item:
     """One utterance to encode: a file, a segment of it, or one channel of either."""
@@ -70,9 +87,9 @@ class Item:
     where: str | None = None  # the input row it came from, for messages ("line 12")
     kind: str = "file"  # see Entry
     loc: tuple | None = None
-    # one piece of a split recording (see plan.split_items): (index, count, begin, first, end), in
-    # encoder-input samples; ``samples`` is then the piece's own stream length (end - begin)
-    piece: tuple[int, int, int, int, int] | None = None
+    # one piece of a split recording (see plan.split_items); ``samples`` is then the piece's own
+    # stream length (end - begin)
+    piece: SplitPiece | None = None
     # what the input says about the item (sidecar/list/Parquet fields, a lhotse cut's custom fields
     # and ``supervisions``: lhotse dicts, times relative to the item's start), JSON-able and small:
     # it rides with the item to the manifest row, the cuts and the Parquet columns (see :class:`Keep`)
@@ -81,7 +98,7 @@ class Item:
     @property
     def uid(self) -> str:
         """What the engines track a unit of work by: the key, or the key and the piece."""
-        return self.key if self.piece is None else f"{self.key}\x00piece{self.piece[0]}"
+        return self.key if self.piece is None else f"{self.key}\x00piece{self.piece.index}"
 
     @property
     def duration(self) -> float:

@@ -1,0 +1,91 @@
+"""The run directory's names, errors and durable writes: every byte this tool puts in OUT goes
+through :func:`write_file` (write + fsync, no partial file on failure) or :func:`write_atomic`
+(a ``.tmp`` renamed into place), and every write error (ENOSPC, EIO, EDQUOT) becomes an
+:class:`OutputError` naming the file."""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+
+MANIFEST = "manifest.jsonl"
+RUN_INFO = "run.json"
+PLAN_INFO = "plan.json"  # what the last run planned (inputs, seconds): status and info read it
+STATS = "stats.json"  # the last run's timing
+CUTS = "cuts.jsonl.gz"  # lhotse cuts pointing into the shards (not for Shar: its cuts are its own files)
+LOCK = "lock"
+QUARANTINE = "quarantine"
+PART_RE = re.compile(r"part-(\d+)-of-(\d+)$")
+# the run directory's own temporary names (a format's are its file names + ".tmp"; a user's own *.tmp files are theirs)
+TMP_RE = re.compile(r"(manifest\.jsonl|run\.json|plan\.json|stats\.json|cuts\.jsonl\.gz|README\.md)\.tmp$")
+
+
+class OutputError(Exception):
+    """Writing to OUT failed (disk full, I/O error, permissions) or OUT is unusable."""
+
+
+class LockedError(OutputError):
+    """Another process holds the run directory."""
+
+
+class LayoutError(OutputError, ValueError):
+    """OUT is in a layout this version does not read (a newer ``run.json`` schema): a ValueError too,
+    so that every command that reads OUT reports it as the clean error it is."""
+
+
+class DamagedError(OutputError):
+    """A stored array is not what was written: its bytes fail a checksum (the manifest row's crc32,
+    HDF5's fletcher32, a Parquet page checksum) or its shard cannot be read."""
+
+
+def write_error(e: OSError, path: str) -> OutputError:
+    reason = "no space left on device" if e.errno == errno.ENOSPC else (
+        "disk quota exceeded" if e.errno == errno.EDQUOT else (e.strerror or str(e)).lower())
+    return OutputError(f"{reason} while writing {path}")
+
+
+def fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_file(path: str, data: bytes) -> None:
+    """Write ``data`` to ``path`` and fsync, with a clean error (and no partial file) on failure."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view[: 1 << 26]):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        try:
+            os.remove(path)
+        except OSError:
+            pass
+        raise write_error(e, path) from e
+
+
+def write_atomic(path: str, text: str) -> None:
+    write_file(path + ".tmp", text.encode("utf-8"))
+    try:
+        os.replace(path + ".tmp", path)
+        fsync_dir(os.path.dirname(path) or ".")
+    except OSError as e:
+        raise write_error(e, path) from e
+
+
+def ensure_dir(path: str) -> None:
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise OutputError(f"OUT {path!r} exists and is not a directory")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise OutputError(f"cannot create OUT directory {path!r}: {e.strerror or e}") from e
+

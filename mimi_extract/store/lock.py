@@ -1,0 +1,119 @@
+"""The run directory's lock (``flock``, released by the OS however the process ends) and the
+decision, under OUT's lock, between one whole run and the parts of a job array."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import glob
+import json
+import os
+import socket
+import sys
+import time
+
+from .files import LOCK, RUN_INFO, LockedError, OutputError, ensure_dir, write_error
+
+
+class RunLock:
+    """Exclusive lock on a run directory for the life of the process (``flock``: released by the
+    OS however the process ends).  A second run fails at once, naming the holder.
+
+    ``wait``: seconds to keep trying while another process holds it only briefly (a part run
+    deciding the layout of OUT); ``refuse`` (a function of the holder's text) says when not to wait."""
+
+    def __init__(self, run_dir: str, wait: float = 0.0, what: str = "run", refuse=None):
+        self.path = os.path.join(run_dir, LOCK)
+        try:
+            self.file = open(self.path, "a+", encoding="utf-8")
+        except OSError as e:
+            raise _lock_error(e, self.path, "create") from e
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                self.file.seek(0)
+                holder = self.file.read().strip()
+                try:
+                    h = json.loads(holder)
+                except ValueError:
+                    h = None
+                if time.monotonic() < deadline and not (refuse and isinstance(h, dict) and refuse(h)):
+                    time.sleep(0.02)
+                    continue
+                self.file.close()
+                try:
+                    who = f"pid {h['pid']} on {h['host']}, started {h['started']} ({h['command']})"
+                except (KeyError, TypeError):
+                    who = "another process"
+                raise LockedError(f"{run_dir} is in use by {who}; wait for it to finish or use another OUT") from None
+            except OSError as e:
+                self.file.close()
+                raise OutputError(f"cannot lock {self.path}: {e.strerror or e} (does this file system support "
+                                  "locks? use a local OUT or one --part per machine)") from e
+        info = {"pid": os.getpid(), "host": socket.gethostname(), "what": what,
+                "started": time.strftime("%Y-%m-%d %H:%M:%S %z"), "command": " ".join(sys.argv)}
+        try:  # unbuffered: a failed write leaves nothing pending that close() would try (and fail) again
+            fd = self.file.fileno()
+            os.ftruncate(fd, 0)
+            data = (json.dumps(info) + "\n").encode("utf-8")
+            while data:
+                data = data[os.write(fd, data):]
+        except OSError as e:
+            self.release()
+            raise write_error(e, self.path) from e
+
+    def release(self) -> None:
+        if not self.file.closed:
+            fcntl.flock(self.file, fcntl.LOCK_UN)
+            self.file.close()
+
+
+def _lock_error(e: OSError, path: str, doing: str) -> OutputError:
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return write_error(e, path)
+    return OutputError(f"cannot {doing} the lock file {path}: {e.strerror or e}")
+
+
+def lock_run_dir(out_dir: str, part_dirname: str | None = None, part_count: int | None = None):
+    """Decide OUT's layout and lock the run directory; returns (run_dir, lock).
+
+    OUT holds either one whole run (its files in OUT itself) or the parts of one job array
+    (``part-I-of-N`` folders), never both: their union would hold keys twice.  The decision is made
+    under ``OUT/lock``, taken by both kinds of run before either writes anything:
+
+    * a whole run takes ``OUT/lock`` exclusively and keeps it for its whole life, so it checks that
+      no part folder exists, and nothing can create one until it ends;
+    * a part run takes ``OUT/lock`` just long enough to check that no whole run holds or has used
+      OUT (``run.json``) and that no part of another N exists, creates its part folder, lets
+      ``OUT/lock`` go and takes its own folder's lock for its life.  Parts of one array starting
+      together wait for each other (milliseconds each); a whole run holding OUT is refused at once.
+
+    A whole run that was killed before writing ``run.json`` leaves nothing that claims the layout."""
+    ensure_dir(out_dir)
+    if part_dirname is None:
+        lock = RunLock(out_dir, what="whole run")
+        parts = [d for d in glob.glob(os.path.join(out_dir, "part-*-of-*")) if os.path.isdir(d)]
+        if parts:
+            lock.release()
+            raise OutputError(f"{out_dir} holds parts of a job array ({os.path.basename(sorted(parts)[0])}, ...); "
+                              "run with the same --part I/N, or use another OUT")
+        return out_dir, lock
+    layout = RunLock(out_dir, wait=30.0, what=f"layout check of {part_dirname}",
+                     refuse=lambda h: h.get("what", "whole run") == "whole run")
+    try:
+        if os.path.exists(os.path.join(out_dir, RUN_INFO)):
+            raise OutputError(f"{out_dir} holds a whole run (not split into parts); use another OUT for --part")
+        parts = [d for d in glob.glob(os.path.join(out_dir, "part-*-of-*")) if os.path.isdir(d)]
+        other = sorted({d.rsplit("-of-", 1)[1] for d in parts} - {str(part_count)})
+        if other:
+            raise OutputError(f"{out_dir} holds parts of N={other[0]}, not N={part_count}; use the same N or another OUT")
+        run_dir = os.path.join(out_dir, part_dirname)
+        ensure_dir(run_dir)
+        lock = RunLock(run_dir, what=part_dirname)
+    finally:
+        layout.release()
+    return run_dir, lock
+

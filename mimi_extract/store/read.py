@@ -1,0 +1,150 @@
+"""Reading OUT back: one item by key (checked against its checksum), a whole-OUT checksum scan,
+and the Shar fields of a Shar OUT.  ``reader.py`` is the indexed reader built on these."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from ..formats.base import array_checksum
+from ..formats.registry import format_of
+from ..formats.shar import FIELDS, cuts_name
+from .files import DamagedError
+from .identity import read_run_info
+from .manifest import committed_rows, format_of_path, read_manifest, run_dirs
+
+
+def read(out_dir: str, key: str) -> np.ndarray:
+    """Load one utterance's output by key, time first: features ``[frames, dim]``, codes
+    ``[frames, num_quantizers]`` (``.T`` gives transformers' ``[num_quantizers, frames]``).
+    ``mimi_extract.read`` is the indexed version (``reader.py``); this one scans the manifests."""
+    rows = [r for r in read_manifest(out_dir) if r.get("key") == key and r.get("status") == "ok"]
+    if not rows:
+        raise KeyError(f"{key!r} has no ok row in the manifest of {out_dir}")
+    return load_row(out_dir, rows[-1])
+
+
+def load_row(out_dir: str, row: dict, shard=None) -> np.ndarray:
+    """The array of one ok manifest row (``shard`` relative to OUT, as ``read_manifest`` gives it),
+    time first, checked against the row's checksum.  ``shard``: a handle of that shard from its
+    format's ``open`` (readers keep a few open).  Raises :class:`DamagedError` naming OUT, the key
+    and the shard when the bytes are not what was written."""
+    fmt = format_of_path(row["shard"])
+    try:
+        data = fmt.load(os.path.join(out_dir, row["shard"]), row, shard)
+    except Exception as e:  # fletcher32 / page checksum failures, truncated shards, a row pointing nowhere
+        raise unreadable_error(out_dir, row, e) from e
+    want = row.get("checksum")
+    if want is not None and array_checksum(data) != want:
+        raise DamagedError(f"{row['key']!r} in {out_dir}: the stored array in {row['shard']} fails its checksum "
+                           f"({array_checksum(data)}, the manifest says {want}): the file was damaged after it "
+                           f"was written; {_DAMAGED_HINT}")
+    return data
+
+
+def unreadable_error(out_dir: str, row: dict, e: Exception) -> DamagedError:
+    """The :class:`DamagedError` of an item whose shard cannot be opened or read (a damaged
+    Parquet footer, HDF5 superblock or tar header raises the library's own error, which names
+    neither OUT nor the item)."""
+    return DamagedError(f"{row['key']!r} in {out_dir}: cannot read it from its shard {row['shard']} "
+                        f"({type(e).__name__}: {e}); {_DAMAGED_HINT}")
+
+
+_DAMAGED_HINT = ("`mimi-extract verify --out OUT --checksums` lists every damaged item; resuming the run with "
+                 "--reencode-damaged encodes them again")
+
+
+def scan_checksums(out_dir: str, run_dir: str | None = None, on_item=None) -> dict:
+    """Read every committed ok item of OUT (or of one run directory of it) and check it against its
+    checksums, without re-encoding.  Returns ``{"checked": n, "unchecked": n (rows written before
+    checksums existed: read, but only the format's own checks apply), "damaged": [{"key", "shard"
+    (relative to OUT), "problem"}]}``.  Each shard is opened once and read in order.  Each shard
+    also gets its format's ``check`` (what resume runs: a Shar tar's headers and ``.json`` members,
+    its cuts file): a shard that fails it lists all its items, which resume would encode again."""
+    out_dir = os.path.abspath(out_dir)
+    dirs = [os.path.abspath(run_dir)] if run_dir else run_dirs(out_dir)
+    report = {"checked": 0, "unchecked": 0, "damaged": []}
+    for d in dirs:
+        prefix = os.path.relpath(d, out_dir)
+        by_shard: dict[str, list[dict]] = {}
+        in_shard: dict[str, list[dict]] = {}  # every row of a shard (a --shar-extend placeholder too)
+        for row in committed_rows(d):
+            if row.get("shard"):
+                in_shard.setdefault(row["shard"], []).append(dict(row))
+            if row.get("status") == "ok" and row.get("shard"):
+                row["shard"] = row["shard"] if prefix == "." else f"{prefix}/{row['shard']}"
+                by_shard.setdefault(row["shard"], []).append(row)
+        for shard, rows in sorted(by_shard.items()):
+            name = rows[0]["shard"] if prefix == "." else rows[0]["shard"][len(prefix) + 1:]
+            problem = format_of(name).check(os.path.join(d, name), in_shard[name])
+            try:
+                handle = open_shard(out_dir, shard)
+            except Exception as e:  # noqa: BLE001 -- every item of it is unreadable
+                report["checked"] += sum(1 for r in rows if r.get("checksum"))
+                report["unchecked"] += sum(1 for r in rows if not r.get("checksum"))
+                report["damaged"] += [{"key": r["key"], "shard": shard,
+                                       "problem": f"shard unreadable ({type(e).__name__}: {e})"} for r in rows]
+                continue
+            try:
+                for row in rows:
+                    report["checked" if row.get("checksum") else "unchecked"] += 1
+                    try:
+                        load_row(out_dir, row, handle)
+                    except DamagedError as e:
+                        cause = e.__cause__
+                        report["damaged"].append({"key": row["key"], "shard": shard, "problem": (
+                            f"unreadable ({type(cause).__name__}: {cause})" if cause else "checksum mismatch (crc32)")})
+                    if on_item:
+                        on_item(row["key"])
+            finally:
+                close_shard(shard, handle)
+            if problem is not None:
+                listed = {x["key"] for x in report["damaged"] if x["shard"] == shard}
+                report["damaged"] += [{"key": r["key"], "shard": shard, "problem": f"its shard fails its check: {problem}"}
+                                      for r in rows if r["key"] not in listed]
+    return report
+
+
+def open_shard(out_dir: str, shard: str):
+    """A handle on a shard (relative to OUT) for :func:`load_row`; close it with :func:`close_shard`."""
+    return format_of_path(shard).open(os.path.join(out_dir, shard))
+
+
+def close_shard(shard: str, handle) -> None:
+    format_of_path(shard).close_handle(handle)
+
+
+def item_attrs(out_dir: str, row: dict) -> dict:
+    """The per-item metadata stored with an ok row's array (``duration``...)."""
+    return format_of_path(row["shard"]).item_attrs(os.path.join(out_dir, row["shard"]), row)
+
+
+def shar_fields(run_dirs: list[str]) -> dict[str, list[str]]:
+    """``CutSet.from_shar(fields=...)`` of the committed shards of these run directories (every
+    part of an OUT), in shard order: only pairs whose rows are committed, so a kill's leftovers
+    (a cuts file whose tar was never renamed into place) are never read.  A ``--shar-extend`` OUT:
+    the input's own fields (its cuts, recordings...) of the committed shard numbers, and ours."""
+    fields: dict[str, list[str]] = {"cuts": []}
+    for d in run_dirs:
+        shards = sorted({r["shard"] for r in committed_rows(d) if r.get("shard")},
+                        key=lambda s: int(s.rsplit(".", 2)[1]))
+        info = read_run_info(d) or {}
+        theirs: dict[str, dict[str, str]] = {}
+        if info.get("shar_extend"):
+            for name in sorted(os.listdir(info["input"])):
+                parts = name.split(".")
+                if len(parts) > 2 and parts[1].isdigit():
+                    theirs.setdefault(parts[1], {})[parts[0]] = os.path.join(info["input"], name)
+        for shard in shards:
+            field, number = os.path.basename(shard).split(".")[:2]
+            fields.setdefault(field, []).append(os.path.join(d, shard))
+            if info.get("shar_extend"):
+                for name, path in theirs.get(number, {}).items():
+                    fields.setdefault(name, []).append(path)
+            else:
+                fields["cuts"].append(os.path.join(d, cuts_name(shard)))
+    ours = {f for f in fields if f in FIELDS.values()}
+    if len(ours) > 1:
+        raise ValueError(f"Shar shards of several fields ({', '.join(sorted(ours))}) in one OUT")
+    return fields
