@@ -5,9 +5,8 @@ hold a path or an error message is printed as plain text (never as rich markup),
 ``[bold]x.wav`` is shown as it is and ``[/x]`` cannot crash the program.
 
 Heavy modules (torch, transformers: seconds to import) are imported inside the commands that
-encode, so ``--help``, ``--version``, ``info``, ``status`` and ``cuts`` answer in well under a second.
-The choices below repeat the names ``audio`` and ``settings`` define (importing those loads
-torch); a test checks that they agree.
+encode, so ``--help``, ``--version``, ``info``, ``status`` and ``cuts`` answer in well under a second;
+the choices offered come from the torch-free ``choices``.
 
 Exit codes (also in ``--help``): 0 done; 1 ``--strict`` and some input failed, or ``verify`` found
 a difference; 2 usage error, or OUT or the model unusable; 3 no input found; 4 every input
@@ -30,17 +29,11 @@ from rich.table import Table
 from rich.text import Text
 
 from . import __version__, _limits
+from .choices import (CHANNEL_MODES, DTYPES, ENGINES, FEATURE_DTYPES, FRAMINGS, KEY_MODES, RESAMPLERS,
+                      SIDECAR_DURATION_MODES)
 
 if TYPE_CHECKING:
     from .settings import Settings
-
-CHANNEL_MODES = ("mix", "first", "each")  # audio.CHANNEL_MODES
-FRAMINGS = ("transformers", "moshi", "moshi-stream", "muvap")  # audio.FRAMINGS
-DTYPES = ("fp32", "bf16", "fp16")  # settings.DTYPES
-ENGINES = ("local", "ray")  # settings.ENGINES
-RESAMPLERS = ("torchaudio", "causal")
-SIDECAR_DURATIONS = ("auto", "segment", "ignore")  # sources.SIDECAR_DURATION_MODES
-KEY_MODES = ("path", "stem")  # sources.KEY_MODES
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NO_INPUT, EXIT_ALL_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
 EXIT_ADDRESS_SPACE = _limits.EXIT_ADDRESS_SPACE
@@ -66,14 +59,14 @@ def say(*parts: str | tuple[str, str], out: Console | None = None) -> None:
 
 
 def _choices(name: str, values) -> type[Enum]:
-    """A str Enum of the values a module defines, so the CLI's choices cannot drift from them."""
+    """A str Enum of the values a module defines (``choices``), so the CLI's choices cannot drift from them."""
     return Enum(name, {v: v for v in values}, type=str)
 
 
 Tap = _choices("Tap", ("encoder", "latent"))  # codes have their own command
 Channel = _choices("Channel", CHANNEL_MODES)
 DType = _choices("DType", DTYPES)
-FeatureDType = _choices("FeatureDType", ("float32", "float16"))
+FeatureDType = _choices("FeatureDType", FEATURE_DTYPES)
 FramingOpt = _choices("FramingOpt", FRAMINGS)
 EngineOpt = _choices("EngineOpt", ENGINES)
 Resampler = _choices("Resampler", RESAMPLERS)
@@ -132,7 +125,7 @@ AudioColumnOpt = Annotated[Optional[str], typer.Option(rich_help_panel=_INPUTS, 
 SortBufferOpt = Annotated[float, typer.Option(min=1, rich_help_panel=_INPUTS, help="Compressed tar (.tar.gz/.tgz, no random access): items are length-sorted within groups of this many MiB of the stream, not globally; each encoder process holds at most two groups in memory. Smaller groups pad more (measured: see the README).")]
 IdColumnOpt = Annotated[Optional[str], typer.Option(rich_help_panel=_INPUTS, help="Parquet: the id column \\[default: key = <file>/<row>].")]
 KeepFieldsOpt = Annotated[Optional[str], typer.Option("--keep-fields", "--keep-columns", rich_help_panel=_INPUTS, help="Input metadata carried into the outputs (Parquet columns, the cuts' supervisions and custom fields): the fields of tar sidecars and list rows, the columns of Parquet input, a lhotse cut's custom fields. 'a,b' those; 'all' nested values too (as JSON); 'none' nothing (nor a lhotse cut's supervisions) \\[default: every string, number or boolean field]. text/speaker/language/gender become a lhotse supervision over the item. Recorded in run.json.")]
-SidecarDurationChoice = _choices("SidecarDurationChoice", SIDECAR_DURATIONS)
+SidecarDurationChoice = _choices("SidecarDurationChoice", SIDECAR_DURATION_MODES)
 KeyChoice = _choices("KeyChoice", KEY_MODES)
 SidecarDurationOpt = Annotated[SidecarDurationChoice, typer.Option(rich_help_panel=_INPUTS, help="A 'duration' with no start/end/offset in a tar sidecar, list row or NeMo manifest: auto = the file's length as the corpus wrote it (rounded, as Emilia's) when within 10 ms of it, so the whole file is encoded, else a segment from 0; segment = always a segment from 0; ignore = not read. Any segment ending past the file's end by <= 10 ms is clamped to the end. Recorded in run.json (items) unless auto.")]
 KeyOpt = Annotated[KeyChoice, typer.Option("--key", rich_help_panel=_INPUTS, help="Keys of items without an id: path = as named (<shard>/<sample>, the list's or directory's relative path); stem = the file or member name up to its first dot (e.g. to join a corpus TSV by utterance id; duplicates become error rows). Recorded in run.json (items) unless path.")]
@@ -206,7 +199,8 @@ def _format_settings(output_format: str, shar_extend: bool) -> dict:
 
 def _settings(model, device, dtype, batch_size, max_batch_seconds, num_workers, channel, causal_16k,
               cpu_workers=None, **kw) -> "Settings":
-    from .settings import Settings, resolve_devices
+    from .engines.device import resolve_devices
+    from .settings import Settings
 
     model = _model_path(model)
     try:
@@ -601,7 +595,7 @@ def verify(
             _fail("--checksums checks what an OUT holds: give --out OUT (and no INPUT)")
         _verify_checksums(out)
         return
-    from .settings import resolve_devices
+    from .engines.device import resolve_devices
     from .verify import verify_outputs, verify_source
 
     out_console = Console(width=max(Console().width, 120), highlight=False)
@@ -901,7 +895,7 @@ def decode(
       mimi-extract decode codes/ --all -o listen/
     """
     from .outputs import decode_items
-    from .settings import resolve_devices
+    from .engines.device import resolve_devices
 
     if not keys and not all_items:
         _fail("name KEYs to decode, or --all")

@@ -1,16 +1,18 @@
-"""What a run computes and how: one picklable object shared by the runner, engines and workers."""
+"""What a run computes and how: one picklable object shared by the runner, engines and workers.
+
+Torch-free (plain values; ``engines.device`` turns them into torch devices and dtypes), so the CLI
+builds it and a spawned worker unpickles it before the seconds of torch imports."""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+from .choices import SAMPLE_RATE
 
-from .audio import Framing, SAMPLE_RATE
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-ENGINES = ("local", "ray")
+if TYPE_CHECKING:
+    from .audio import Framing
 
 
 @dataclass
@@ -41,6 +43,8 @@ class Settings:
 
     @property
     def framing_rule(self) -> Framing:
+        from .audio import Framing  # (audio imports torch: only once something is computed)
+
         return Framing(self.framing, self.causal_16k, self.frames_per_call)
 
     def chunk_samples(self, hop: int = 1920) -> int:
@@ -80,35 +84,6 @@ def cpu_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
-
-
-def resolve_devices(spec: str, cpu_workers: int | None = None) -> tuple[str, ...]:
-    """``auto`` -> every CUDA device (or the CPU); else a comma-separated list such as
-    ``cuda:0,cuda:1``.  ``cpu`` becomes ``cpu_workers`` single-device workers (default: one per
-    core pair measured best on CPU, see README: two 1-thread workers beat one 2-thread one)."""
-    spec = spec.strip()
-    if spec == "auto":
-        n = torch.cuda.device_count()
-        devices: tuple[str, ...] = tuple(f"cuda:{i}" for i in range(n)) or ("cpu",)
-    else:
-        devices = tuple(d.strip() for d in spec.split(",") if d.strip())
-        if not devices:
-            raise ValueError(f"--device {spec!r} names no device; use auto, cpu, cuda, cuda:N or a list")
-    for d in devices:
-        try:
-            dev = torch.device(d)
-        except RuntimeError:
-            raise ValueError(f"--device: {d!r} is not a device name (use cpu, cuda or cuda:N)") from None
-        if dev.type not in ("cpu", "cuda"):
-            raise ValueError(f"--device {d!r}: only cpu and cuda devices are supported")
-        if dev.type == "cuda":
-            if not torch.cuda.is_available():
-                raise ValueError(f"device {d!r} requested but CUDA is not available")
-            if dev.index is not None and dev.index >= torch.cuda.device_count():
-                raise ValueError(f"device {d!r}: this machine has {torch.cuda.device_count()} GPU(s)")
-    if devices == ("cpu",):
-        devices = ("cpu",) * (cpu_workers or default_cpu_workers())
-    return devices
 
 
 def default_cpu_workers() -> int:

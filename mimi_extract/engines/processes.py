@@ -10,7 +10,7 @@ import threading
 import time
 import traceback
 from collections import deque
-from dataclasses import asdict, replace
+from dataclasses import replace
 
 import torch
 
@@ -69,7 +69,7 @@ class ProcessEngine:
         self.out_q = ctx.Queue(maxsize=8 * len(self.settings.devices) + 8)
         self.inboxes = [ctx.Queue() for _ in self.settings.devices]
         self.mp_stop = ctx.Event()
-        self.procs = [ctx.Process(target=worker_main, args=(os.getpid(), asdict(self.settings), WORKER_MAIN, dev, wid, self.out_q,
+        self.procs = [ctx.Process(target=worker_main, args=(os.getpid(), self.settings, WORKER_MAIN, dev, wid, self.out_q,
                                                             self.inboxes[wid], self.out_q, self.mp_stop), daemon=True)
                       for wid, dev in enumerate(self.settings.devices)]
         for p in self.procs:

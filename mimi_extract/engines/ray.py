@@ -18,7 +18,7 @@ import collections
 import logging
 import os
 import threading
-from dataclasses import asdict, replace
+from dataclasses import replace
 
 from ..plan import WorkUnit
 from ..settings import Settings
@@ -36,12 +36,12 @@ MAX_ATTEMPTS = 3
 class RayEncoder:
     """A Ray actor: one device's model and runner; ``encode(unit)`` returns the unit's pieces."""
 
-    def __init__(self, settings: dict, device: str, threads: int | None):
+    def __init__(self, settings: Settings, device: str, threads: int | None):
         import torch
 
         if threads:
             torch.set_num_threads(threads)
-        self.settings = Settings(**settings)
+        self.settings = settings
         self.runner = DeviceRunner(self.settings, device)
 
     def pid(self) -> int:
@@ -138,7 +138,7 @@ class RayEngine:
         from ray.exceptions import RayActorError, RayTaskError
 
         remote = ray.remote(max_restarts=0, max_task_retries=0, **self.options)(RayEncoder)
-        settings = asdict(self.plan_settings)
+        settings = self.plan_settings
         queue = collections.deque(units)
         attempts: collections.Counter = collections.Counter()
         pending: dict = {}  # ref -> (slot, generation, unit)

@@ -21,6 +21,7 @@ from decimal import ROUND_HALF_UP, Decimal
 
 
 from ..audio import DECODED_EXTENSIONS, Framing, open_decoder
+from ..choices import KEY_MODES, SIDECAR_DURATION_MODES
 
 # what a directory walk picks up: every extension a decoder reads, but not video containers
 AUDIO_EXTENSIONS = tuple(e for e in DECODED_EXTENSIONS if e not in (".mp4", ".mkv", ".3gp", ".asf", ".snd", ".au"))
@@ -181,7 +182,6 @@ def printable(text: str) -> str:
     return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-SIDECAR_DURATION_MODES = ("auto", "segment", "ignore")
 # A ``duration`` alone (no start, end or offset) within this many seconds of the file's own length
 # is that length, as the corpus wrote it, not a request to cut: Emilia's sidecars round to 3
 # decimals (0.5 ms; 6.096 for a 6.09571 s file), other corpora to 2 (5 ms), and a decoder's count
@@ -379,9 +379,6 @@ class Options:
         if getattr(self, "_keep", None) is None or self._keep_spec != self.keep_fields:
             self._keep, self._keep_spec = Keep.parse(self.keep_fields), self.keep_fields
         return self._keep
-
-
-KEY_MODES = ("path", "stem")
 
 
 def key_stem(name: str) -> str:
