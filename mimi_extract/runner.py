@@ -407,7 +407,7 @@ def _extract_with(engine, found: Discovered, source, run_dir, settings, shard_si
     todo = [it for it in items if it.key not in done]
     skipped = len(items) - len(todo) + sum(it.key in done for it in bad)  # this run's inputs already stored
     bad = [it for it in bad if it.key not in done]
-    planned = getattr(engine, "plan_settings", settings)  # a Ray cluster's actors decide the unit sizes
+    planned = engine.plan_settings  # a Ray cluster's actors decide the unit sizes
     count, streamed = len(todo), sum(it.samples > planned.chunk_samples() for it in todo)
     split = Split()
     if settings.split and layout is None:  # (--shar-extend plans shard by shard: whole items)
@@ -442,7 +442,7 @@ def _extract_with(engine, found: Discovered, source, run_dir, settings, shard_si
         "seconds": sum(it.samples for it in todo) / SAMPLE_RATE, "padding": padding_fraction(short),
         "ok": 0, "errors": 0, "notes": notes, "warnings": warnings, "frame_rate": frame_rate(settings.tap, config),
         "devices": planned.devices, "stats": Stats(), "engine_notes": [],
-        "engine": engine.describe() if hasattr(engine, "describe") else None, "split": split,
+        "engine": engine.describe(), "split": split,
     }
     if on_plan:
         on_plan(summary)
@@ -502,7 +502,7 @@ def _extract_with(engine, found: Discovered, source, run_dir, settings, shard_si
         except OutputError:
             pass
         raise
-    summary["engine_notes"] = getattr(engine, "notes", [])
+    summary["engine_notes"] = engine.notes
     summary["held_peak_bytes"] = getattr(writer, "peak_held_bytes", None)  # --shar-extend: outputs held at once
     summary["stats"] = stats = engine.stats
     _write_atomic(os.path.join(run_dir, "stats.json"), json.dumps({  # this run's timing, for bench and users

@@ -22,7 +22,7 @@ from dataclasses import replace
 
 from ..plan import WorkUnit
 from ..settings import Settings
-from .base import Piece, Stats
+from .base import Engine, Piece, Stats
 from .device import DeviceRunner
 
 # read by Ray at import: keep a CLI's terminal clean (the user's environment wins)
@@ -74,7 +74,7 @@ class RayEncoder:
         return pieces, self.runner.stats
 
 
-class RayEngine:
+class RayEngine(Engine):
     """Work units on a Ray cluster; see the module docstring."""
 
     def __init__(self, settings: Settings):
@@ -82,10 +82,8 @@ class RayEngine:
             import ray
         except ImportError as e:
             raise RuntimeError(f"--engine ray needs Ray: pip install 'mimi-extract[ray]' ({e})") from None
+        super().__init__(settings)
         self.ray = ray
-        self.settings = settings
-        self.stats = Stats()
-        self.notes: list[str] = []
         self.started_here = not ray.is_initialized()
         self.reaper = None
         if self.started_here:
@@ -118,7 +116,6 @@ class RayEngine:
             self.threads = max(1, cpus // self.actors)
             self.device = "cpu"
             self.options = dict(num_cpus=self.threads)
-        # what one actor runs on decides the units' size (a CPU head can drive a GPU cluster)
         self.plan_settings = replace(settings, devices=(self.device,) * self.actors)
 
     def describe(self) -> str:
