@@ -21,7 +21,7 @@ import os
 import sys
 import time
 from enum import Enum
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
@@ -31,9 +31,6 @@ from rich.text import Text
 from . import __version__, _limits
 from .choices import (CHANNEL_MODES, DTYPES, ENGINES, FEATURE_DTYPES, FRAMINGS, KEY_MODES, RESAMPLERS,
                       SIDECAR_DURATION_MODES)
-
-if TYPE_CHECKING:
-    from .settings import Settings
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NO_INPUT, EXIT_ALL_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
 EXIT_ADDRESS_SPACE = _limits.EXIT_ADDRESS_SPACE
@@ -145,24 +142,6 @@ class _OneInput(typer.core.TyperCommand):
             raise
 
 
-def _input_options(recordings=None, input_format=None, audio_ext=None, id_field=None, audio_column=None, id_column=None,
-                   sort_buffer_mb=256.0, keep_fields=None, sidecar_duration="auto", key="path"):
-    from .sources import REGISTRY, Options
-
-    if input_format and input_format not in REGISTRY:
-        _fail(f"--input-format {input_format!r}: choose from {', '.join(sorted(REGISTRY))}")
-    exts = tuple(e.strip().lstrip(".") for e in audio_ext.split(",") if e.strip()) if audio_ext else None
-    options = Options(recordings=recordings, input_format=input_format, audio_ext=exts, id_field=id_field,
-                      audio_column=audio_column, id_column=id_column, sort_buffer_mb=sort_buffer_mb,
-                      keep_fields=keep_fields, sidecar_duration=getattr(sidecar_duration, "value", sidecar_duration),
-                      key=getattr(key, "value", key))
-    try:
-        options.keep  # noqa: B018 -- a reserved name is a usage error, before OUT is touched
-    except ValueError as e:
-        _fail(e)
-    return options
-
-
 def _hours(seconds: float) -> str:
     return f"{seconds / 3600:.2f} h" if seconds >= 3600 else f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.1f} s"
 
@@ -175,45 +154,6 @@ def _fail(message: str | Exception, code: int = EXIT_USAGE):
         message, code = (limit, EXIT_ADDRESS_SPACE) if limit else (str(message), code)
     say(("error: ", "bold red"), str(message))
     raise typer.Exit(code)
-
-
-def _causal(resampler, causal_16k: bool | None) -> bool:
-    """--resampler, unless the old --causal-16k/--no-causal-16k flag was given."""
-    return causal_16k if causal_16k is not None else resampler is Resampler["causal"]
-
-
-def _model_path(model: str) -> str:
-    """A local model directory as an absolute, resolved path (stored in run.json: ``verify --out``
-    and ``decode`` then find it from any directory); a hub id as typed."""
-    return os.path.realpath(model) if os.path.isdir(model) else model
-
-
-def _format_settings(output_format: str, shar_extend: bool) -> dict:
-    """--format, and --shar-extend (a lhotse Shar field: the shar format, implied)."""
-    if not shar_extend:
-        return {"format": output_format}
-    if output_format not in ("hdf5", "shar"):  # hdf5: the default, not chosen
-        _fail(f"--shar-extend adds a lhotse Shar field: it writes --format shar, not {output_format}")
-    return {"shar_extend": True, "format": "shar"}
-
-
-def _settings(model, device, dtype, batch_size, max_batch_seconds, num_workers, channel, causal_16k,
-              cpu_workers=None, **kw) -> "Settings":
-    from .engines.device import resolve_devices
-    from .settings import Settings
-
-    model = _model_path(model)
-    try:
-        devices = resolve_devices(device, cpu_workers)
-    except (ValueError, RuntimeError) as e:
-        _fail(e)
-    if kw.get("frames_per_call", 1) != 1 and kw.get("framing") != "moshi-stream":
-        _fail("--frames-per-call is for --framing moshi-stream (moshi's streaming encode) only")
-    if dtype is not DType["fp32"] and not all(d.startswith("cuda") for d in devices):
-        _fail(f"--dtype {dtype.value} needs GPUs (devices: {', '.join(sorted(set(devices)))}); use fp32 on CPU")
-    return Settings(model=model, devices=devices, dtype=dtype.value, batch_size=batch_size,
-                    max_batch_seconds=max_batch_seconds, num_workers=num_workers, channel=channel.value,
-                    causal_16k=causal_16k, **kw)
 
 
 def _clock(seconds: float) -> str:
@@ -245,23 +185,20 @@ class _PlainProgress:
             f"{speed:.1f}x real time, ETA {eta}, {state['errors']} errors")
 
 
-def _run(input_path, out_dir, settings: "Settings", shard_size, shard_mb, limit, strict, part, recordings,
-         progress_seconds: float | None = None, options=None, reencode_damaged: bool = False,
-         reencode_changed: bool = False) -> None:
+def _run(input_path: str, out_dir: str, strict: bool, progress_seconds: float | None, **values) -> None:
+    """Build the run's request from the command line's ``values`` (usage errors: exit 2), run it with
+    a progress display, and print the outcome."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from .hub import offline_problem
-    from .plan import parse_part
-    from .runner import NoInputError, extract
-    from .formats.common import OutputError
+    from .request import build_request
 
     try:
-        part = parse_part(part)
-    except ValueError as e:
+        request = build_request(input_path, out_dir, **values)
+    except (ValueError, RuntimeError) as e:
         _fail(e)
-    problem = offline_problem(settings.model)  # before OUT is touched: a run that cannot start leaves nothing
-    if problem:
-        _fail(problem)
+    from .formats.common import OutputError
+    from .runner import NoInputError, run_request
+
     if progress_seconds is None:
         try:
             progress_seconds = float(os.environ.get(PROGRESS_ENV, 30))
@@ -318,9 +255,7 @@ def _run(input_path, out_dir, settings: "Settings", shard_size, shard_mb, limit,
             "(press Ctrl-C again to stop at once)...")
 
     try:
-        summary = extract(input_path, out_dir, settings, shard_size, shard_mb, limit, part, recordings,
-                          on_plan, on_progress, on_signal, on_phase=on_phase, options=options,
-                          reencode_damaged=reencode_damaged, reencode_changed=reencode_changed)
+        summary = run_request(request, on_plan=on_plan, on_progress=on_progress, on_signal=on_signal, on_phase=on_phase)
     except KeyboardInterrupt:
         progress.stop()
         say(("interrupted", "yellow"), " before encoding started; run the same command again to resume.")
@@ -347,7 +282,7 @@ def _run(input_path, out_dir, settings: "Settings", shard_size, shard_mb, limit,
     if summary["errors"]:
         say(f"error rows: mimi-extract info {out_dir}  (or grep '\"status\": \"error\"' {where}/manifest.jsonl)")
     if summary["inputs"] == 0:
-        say(("error: ", "bold red"), f"no input found in {input_path}" + (f" (part {part})" if not part.whole else "")
+        say(("error: ", "bold red"), f"no input found in {input_path}" + (f" (part {request.part})" if not request.part.whole else "")
             + ": a directory is searched for audio files (wav, flac, mp3, ogg, ...); a list or lhotse manifest "
             "names them")
         raise typer.Exit(EXIT_NO_INPUT)
@@ -417,16 +352,15 @@ def features(
       mimi-extract features corpus/ feats/ --model ./mimi-local --device cpu
       mimi-extract features vad.jsonl feats/ --framing muvap    # 25 Hz encoder features, as MuVAP
     """
-    if tap is None:
-        tap = Tap["encoder"] if framing is FramingOpt["muvap"] else Tap["latent"]
-    settings = _settings(model, device, dtype, batch_size, max_batch_seconds, num_workers, channel,
-                         _causal(resampler, causal_16k), cpu_workers, tap=tap.value, feature_dtype=feature_dtype.value, chunk_seconds=chunk_seconds,
-                         framing=framing.value, frames_per_call=frames_per_call, engine=engine.value, ray_address=ray_address,
-                         ray_cpu_actors=ray_cpu_actors, split=split, **_format_settings(output_format.value, shar_extend))
-    _run(input_path, out_dir, settings, shard_size, shard_mb, limit, strict, part, recordings, progress_seconds,
-         _input_options(recordings, input_format, audio_ext, id_field, audio_column, id_column,
-                         sort_buffer_mb, keep_fields, sidecar_duration, key), reencode_damaged,
-         reencode_changed=reencode_changed)
+    _run(input_path, out_dir, strict, progress_seconds, tap=tap, feature_dtype=feature_dtype, model=model,
+         device=device, cpu_workers=cpu_workers, dtype=dtype, batch_size=batch_size, max_batch_seconds=max_batch_seconds,
+         chunk_seconds=chunk_seconds, num_workers=num_workers, channel=channel, resampler=resampler, causal_16k=causal_16k,
+         framing=framing, frames_per_call=frames_per_call, shard_size=shard_size, shard_mb=shard_mb, limit=limit,
+         part=part, engine=engine, ray_address=ray_address, ray_cpu_actors=ray_cpu_actors, recordings=recordings,
+         split=split, input_format=input_format, audio_ext=audio_ext, id_field=id_field, audio_column=audio_column,
+         id_column=id_column, shar_extend=shar_extend, output_format=output_format, reencode_damaged=reencode_damaged,
+         reencode_changed=reencode_changed, sort_buffer_mb=sort_buffer_mb, keep_fields=keep_fields,
+         sidecar_duration=sidecar_duration, key=key)
 
 
 features.__doc__ += _RUN_HELP
@@ -484,14 +418,15 @@ def codes(
       mimi-extract codes corpus/ codes/ --part slurm            # one task of sbatch --array=0-15
       mimi-extract codes corpus/ codes/ --engine ray --ray-address auto
     """
-    settings = _settings(model, device, dtype, batch_size, max_batch_seconds, num_workers, channel,
-                         _causal(resampler, causal_16k), cpu_workers, tap="codes", num_quantizers=num_quantizers, chunk_seconds=chunk_seconds,
-                         framing=framing.value, frames_per_call=frames_per_call, engine=engine.value, ray_address=ray_address,
-                         ray_cpu_actors=ray_cpu_actors, split=split, **_format_settings(output_format.value, shar_extend))
-    _run(input_path, out_dir, settings, shard_size, shard_mb, limit, strict, part, recordings, progress_seconds,
-         _input_options(recordings, input_format, audio_ext, id_field, audio_column, id_column,
-                         sort_buffer_mb, keep_fields, sidecar_duration, key), reencode_damaged,
-         reencode_changed=reencode_changed)
+    _run(input_path, out_dir, strict, progress_seconds, tap="codes", num_quantizers=num_quantizers, model=model,
+         device=device, cpu_workers=cpu_workers, dtype=dtype, batch_size=batch_size, max_batch_seconds=max_batch_seconds,
+         chunk_seconds=chunk_seconds, num_workers=num_workers, channel=channel, resampler=resampler, causal_16k=causal_16k,
+         framing=framing, frames_per_call=frames_per_call, shard_size=shard_size, shard_mb=shard_mb, limit=limit,
+         part=part, engine=engine, ray_address=ray_address, ray_cpu_actors=ray_cpu_actors, recordings=recordings,
+         split=split, input_format=input_format, audio_ext=audio_ext, id_field=id_field, audio_column=audio_column,
+         id_column=id_column, shar_extend=shar_extend, output_format=output_format, reencode_damaged=reencode_damaged,
+         reencode_changed=reencode_changed, sort_buffer_mb=sort_buffer_mb, keep_fields=keep_fields,
+         sidecar_duration=sidecar_duration, key=key)
 
 
 codes.__doc__ += _RUN_HELP
@@ -596,6 +531,7 @@ def verify(
         _verify_checksums(out)
         return
     from .engines.device import resolve_devices
+    from .request import engine_check_settings, input_options, model_path
     from .verify import verify_outputs, verify_source
 
     out_console = Console(width=max(Console().width, 120), highlight=False)
@@ -604,7 +540,7 @@ def verify(
     try:
         if out is not None:
             dev = resolve_devices(device)[0]
-            checks, problems = verify_outputs(out, sample, seed, dev, model and _model_path(model), rtol, atol,
+            checks, problems = verify_outputs(out, sample, seed, dev, model and model_path(model), rtol, atol,
                                               chunk_seconds=chunk_seconds)
             title = f"{out}: stored vs single-item (fp32, transformers)"
             from .formats.common import read_run_info, run_dirs
@@ -612,14 +548,15 @@ def verify(
             info = read_run_info(run_dirs(out)[0]) or {}
             shown = (info.get("tap", "codes"),) if info.get("tap") != "codes" else ()
         else:
-            settings = _settings(model or "kyutai/mimi", device, dtype, batch_size, max_batch_seconds, 0, channel,
-                                 _causal(resampler, causal_16k), tap="codes", num_quantizers=num_quantizers, chunk_seconds=chunk_seconds,
-                                 framing=framing.value, frames_per_call=frames_per_call)
-            settings.devices = settings.devices[:1]
-            settings.num_workers = 1
-            checks, problems = verify_source(input_path, settings, limit, rtol, atol, options=_input_options(
-                None, input_format, audio_ext, id_field, audio_column, id_column, sort_buffer_mb,
-                sidecar_duration=sidecar_duration, key=key)), []
+            settings = engine_check_settings(dict(
+                model=model or "kyutai/mimi", device=device, dtype=dtype.value, batch_size=batch_size,
+                max_batch_seconds=max_batch_seconds, channel=channel.value, resampler=resampler.value,
+                causal_16k=causal_16k, tap="codes", num_quantizers=num_quantizers, chunk_seconds=chunk_seconds,
+                framing=framing.value, frames_per_call=frames_per_call))
+            checks, problems = verify_source(input_path, settings, limit, rtol, atol, options=input_options(dict(
+                input_format=input_format, audio_ext=audio_ext, id_field=id_field, audio_column=audio_column,
+                id_column=id_column, sort_buffer_mb=sort_buffer_mb, sidecar_duration=sidecar_duration.value,
+                key=key.value))), []
             title = f"engine ({settings.dtype}) vs single-item (fp32, transformers)"
             shown = ("encoder", "latent")
     except (ValueError, FileNotFoundError, RuntimeError, OSError, KeyError) as e:
@@ -894,13 +831,14 @@ def decode(
       mimi-extract decode codes/ sub/utt1.wav -o utt1.wav
       mimi-extract decode codes/ --all -o listen/
     """
-    from .outputs import decode_items
     from .engines.device import resolve_devices
+    from .outputs import decode_items
+    from .request import model_path
 
     if not keys and not all_items:
         _fail("name KEYs to decode, or --all")
     try:
-        written = decode_items(out_dir, keys or None, output, model and _model_path(model), resolve_devices(device)[0],
+        written = decode_items(out_dir, keys or None, output, model and model_path(model), resolve_devices(device)[0],
                                on_item=lambda key, path: say(f"{key} -> {path}"))
     except (KeyError, ValueError, FileNotFoundError, RuntimeError, OSError) as e:
         _fail(e if not isinstance(e, KeyError) else e.args[0])

@@ -1,4 +1,5 @@
-"""What a run computes and how: one picklable object shared by the runner, engines and workers.
+"""What a run computes and how (:class:`Settings`: one picklable object shared by the runner,
+engines and workers), and which part of a job array it is (:class:`Part`, ``--part``).
 
 Torch-free (plain values; ``engines.device`` turns them into torch devices and dtypes), so the CLI
 builds it and a spawned worker unpickles it before the seconds of torch imports."""
@@ -6,6 +7,7 @@ builds it and a spawned worker unpickles it before the seconds of torch imports.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -77,6 +79,52 @@ class Settings:
     @property
     def rows(self) -> int:
         return self.batch_size or default_batch_size(self.devices)
+
+
+@dataclass(frozen=True)
+class Part:
+    """Part ``index`` of ``count`` (0-based): the items whose key hashes to it."""
+
+    index: int = 0
+    count: int = 1
+
+    @property
+    def whole(self) -> bool:
+        return self.count == 1
+
+    @property
+    def dirname(self) -> str:
+        width = len(str(self.count - 1))
+        return f"part-{self.index:0{width}d}-of-{self.count}"
+
+    def __str__(self) -> str:
+        return f"{self.index}/{self.count}"
+
+
+def parse_part(spec: str | None, environ=os.environ) -> Part:
+    """``I/N`` (0-based), or ``slurm`` (from SLURM_ARRAY_TASK_ID/COUNT/MIN), or None (everything)."""
+    if spec is None:
+        return Part()
+    if spec == "slurm":
+        try:
+            task, count = int(environ["SLURM_ARRAY_TASK_ID"]), int(environ["SLURM_ARRAY_TASK_COUNT"])
+        except KeyError as e:
+            raise ValueError(f"--part slurm: {e.args[0]} is not set (run inside a Slurm job array, "
+                             "sbatch --array=0-N)") from None
+        except ValueError:
+            raise ValueError("--part slurm: SLURM_ARRAY_TASK_ID/COUNT are not integers") from None
+        index = task - int(environ.get("SLURM_ARRAY_TASK_MIN", 0))
+        if not 0 <= index < count:
+            raise ValueError(f"--part slurm: task {task} is not one of {count} contiguous tasks from "
+                             f"SLURM_ARRAY_TASK_MIN; use an array without gaps or steps (sbatch --array=0-{count - 1})")
+        spec = f"{index}/{count}"
+    m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", spec)
+    if not m:
+        raise ValueError(f"--part {spec!r}: expected I/N (0-based, e.g. 0/4) or 'slurm'")
+    index, count = int(m.group(1)), int(m.group(2))
+    if count < 1 or not 0 <= index < count:
+        raise ValueError(f"--part {spec}: need 0 <= I < N")
+    return Part(index, count)
 
 
 def cpu_cores() -> int:
