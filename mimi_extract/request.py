@@ -40,9 +40,9 @@ _REQUEST_FIELDS = ("shard_size", "shard_mb", "limit", "reencode_damaged", "reenc
 def build_request(source: str, out_dir: str, **values) -> RunRequest:
     """The request that a command line (``codes``, ``features``) asks: ``values`` are its options by
     parameter name, each of the request's, the :class:`Settings`' or the :class:`Options`' fields
-    (enum members stand for their values; see :func:`run_settings` for the few that are spelled
-    otherwise).  Raises ValueError for a usage error or a model that cannot be loaded here."""
-    values = {name: getattr(value, "value", value) for name, value in values.items()}
+    (enum members stand for their values; :func:`run_settings` names the few spelled otherwise).
+    Raises ValueError for a usage error or a model that cannot be loaded here."""
+    values = _plain(values)
     options = input_options(values)
     asked = {name: values.pop(name) for name in _REQUEST_FIELDS if name in values}
     part = parse_part(values.pop("part", None))
@@ -59,7 +59,7 @@ def input_options(values: dict) -> Options:
     """The :class:`Options` among the command line's ``values``, taken out of them: each value named
     as a field of Options; ``audio_ext`` is comma-separated.  A reserved ``--keep-fields`` name is a
     ValueError here, before OUT is touched."""
-    given = {f.name: values.pop(f.name) for f in fields(Options) if f.name in values}
+    given = _plain({f.name: values.pop(f.name) for f in fields(Options) if f.name in values})
     if "audio_ext" in given:
         ext = given["audio_ext"]
         given["audio_ext"] = tuple(e.strip().lstrip(".") for e in ext.split(",") if e.strip()) if ext else None
@@ -74,7 +74,7 @@ def run_settings(values: dict, offline_check: bool = True) -> Settings:
     devices), ``resampler`` or the old ``causal_16k`` flag, ``output_format`` (``--format``; implied
     by ``shar_extend``) and ``tap`` None (the framing's own: ``encoder`` for muvap, else ``latent``).
     The model is checked before the devices are resolved (torch imported): ``offline_problem``."""
-    values = dict(values)
+    values = _plain(values)
     model = model_path(values.pop("model"))
     resampler, causal_16k = values.pop("resampler", "torchaudio"), values.pop("causal_16k", None)
     values["causal_16k"] = causal_16k if causal_16k is not None else resampler == "causal"
@@ -109,6 +109,11 @@ def format_settings(output_format: str, shar_extend: bool) -> dict:
     if output_format not in ("hdf5", "shar"):  # hdf5: the default, not chosen
         raise ValueError(f"--shar-extend adds a lhotse Shar field: it writes --format shar, not {output_format}")
     return {"shar_extend": True, "format": "shar"}
+
+
+def _plain(values: dict) -> dict:
+    """A copy of ``values`` with each enum member (a command-line choice) as its value."""
+    return {name: getattr(value, "value", value) for name, value in values.items()}
 
 
 def model_path(model: str) -> str:
