@@ -1,6 +1,6 @@
 """First code a spawned device worker runs: tie its life to the parent *before* the seconds of
 torch imports, so a parent killed during start-up cannot leave a worker behind.  Imports nothing
-heavy, and takes the settings as a plain dict (unpickling ``Settings`` would import torch)."""
+heavy: the ``Settings`` it is handed are torch-free to unpickle."""
 
 import ctypes
 import os
@@ -28,7 +28,7 @@ def die_with_parent(parent: int) -> None:
     threading.Thread(target=watch, daemon=True, name="parent-watch").start()
 
 
-def worker_main(parent: int, settings: dict, main: str, *args) -> None:
+def worker_main(parent: int, settings, main: str, *args) -> None:
     """Tie this process to ``parent``, then run ``main`` (``"module:function"``, named rather than
     imported here: this module imports nothing of the package) with the settings and ``args``."""
     die_with_parent(parent)
@@ -38,7 +38,5 @@ def worker_main(parent: int, settings: dict, main: str, *args) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     import importlib
 
-    from .settings import Settings
-
     module, name = main.split(":")
-    getattr(importlib.import_module(module), name)(Settings(**settings), *args)
+    getattr(importlib.import_module(module), name)(settings, *args)

@@ -33,9 +33,8 @@ import numpy as np
 import soundfile as sf
 import torch
 
-SAMPLE_RATE = 24_000
-CHANNEL_MODES = ("mix", "first", "each")
-FRAMINGS = ("transformers", "moshi", "moshi-stream", "muvap")
+from .choices import FRAMINGS, SAMPLE_RATE
+
 _BLOCK = 1 << 16  # source frames decoded per read of a stream
 
 

@@ -1,13 +1,14 @@
 """Command line: ``mimi-extract features | codes | verify | status | info | report | cuts | decode``.
 
-Printing only: the work happens in ``runner``, ``verify`` and ``outputs``.  Every string that can
+Parsing and printing only: ``request`` turns the options into a run request, and the work happens
+in ``runner``, ``verify`` and ``outputs``.  The options that ``features`` and ``codes`` share are
+declared once (``RUN_OPTIONS``, ``INPUT_OPTIONS``; ``verify`` takes the input ones).  Every string that can
 hold a path or an error message is printed as plain text (never as rich markup), so a file named
 ``[bold]x.wav`` is shown as it is and ``[/x]`` cannot crash the program.
 
 Heavy modules (torch, transformers: seconds to import) are imported inside the commands that
-encode, so ``--help``, ``--version``, ``info``, ``status`` and ``cuts`` answer in well under a second.
-The choices below repeat the names ``audio`` and ``settings`` define (importing those loads
-torch); a test checks that they agree.
+encode, so ``--help``, ``--version``, ``info``, ``status`` and ``cuts`` answer in well under a second;
+the choices offered come from the torch-free ``choices``.
 
 Exit codes (also in ``--help``): 0 done; 1 ``--strict`` and some input failed, or ``verify`` found
 a difference; 2 usage error, or OUT or the model unusable; 3 no input found; 4 every input
@@ -17,12 +18,13 @@ interrupted (what was encoded is committed: run the same command to resume).
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import sys
 import time
 from enum import Enum
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
@@ -30,17 +32,8 @@ from rich.table import Table
 from rich.text import Text
 
 from . import __version__, _limits
-
-if TYPE_CHECKING:
-    from .settings import Settings
-
-CHANNEL_MODES = ("mix", "first", "each")  # audio.CHANNEL_MODES
-FRAMINGS = ("transformers", "moshi", "moshi-stream", "muvap")  # audio.FRAMINGS
-DTYPES = ("fp32", "bf16", "fp16")  # settings.DTYPES
-ENGINES = ("local", "ray")  # settings.ENGINES
-RESAMPLERS = ("torchaudio", "causal")
-SIDECAR_DURATIONS = ("auto", "segment", "ignore")  # sources.SIDECAR_DURATION_MODES
-KEY_MODES = ("path", "stem")  # sources.KEY_MODES
+from .choices import (CHANNEL_MODES, DTYPES, ENGINES, FEATURE_DTYPES, FRAMINGS, KEY_MODES, RESAMPLERS,
+                      SIDECAR_DURATION_MODES)
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NO_INPUT, EXIT_ALL_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
 EXIT_ADDRESS_SPACE = _limits.EXIT_ADDRESS_SPACE
@@ -66,14 +59,14 @@ def say(*parts: str | tuple[str, str], out: Console | None = None) -> None:
 
 
 def _choices(name: str, values) -> type[Enum]:
-    """A str Enum of the values a module defines, so the CLI's choices cannot drift from them."""
+    """A str Enum of the values a module defines (``choices``), so the CLI's choices cannot drift from them."""
     return Enum(name, {v: v for v in values}, type=str)
 
 
 Tap = _choices("Tap", ("encoder", "latent"))  # codes have their own command
 Channel = _choices("Channel", CHANNEL_MODES)
 DType = _choices("DType", DTYPES)
-FeatureDType = _choices("FeatureDType", ("float32", "float16"))
+FeatureDType = _choices("FeatureDType", FEATURE_DTYPES)
 FramingOpt = _choices("FramingOpt", FRAMINGS)
 EngineOpt = _choices("EngineOpt", ENGINES)
 Resampler = _choices("Resampler", RESAMPLERS)
@@ -95,47 +88,68 @@ InputArg = Annotated[str, typer.Argument(metavar="INPUT", help="A directory (sea
                                          "(a .parquet, a folder of them, a datasets save_to_disk folder) or a lhotse "
                                          "Shar folder (cuts.*.jsonl.gz + recording.*.tar).")]
 OutArg = Annotated[str, typer.Argument(metavar="OUT", help="Output directory (shards + manifest.jsonl + cuts.jsonl.gz).")]
-ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Hub id or local directory (save_pretrained layout).")]
-DeviceOpt = Annotated[str, typer.Option(help="auto (all GPUs, else cpu), cpu, cuda, cuda:N, or a list: cuda:0,cuda:1.")]
-CpuWorkersOpt = Annotated[Optional[int], typer.Option(min=1, help="Encoder processes on CPU \\[default: one per core, single-threaded].")]
 DTypeOpt = Annotated[DType, typer.Option(help="Compute dtype; bf16/fp16 only on GPU. fp32 is the exact path.")]
-BatchOpt = Annotated[Optional[int], typer.Option(min=1, help="Maximum rows (files or streams) per step \\[default: 64 on GPU, 8 on CPU].")]
-SecondsOpt = Annotated[Optional[float], typer.Option(min=0.1, help="Padded audio seconds per step, rows x longest \\[default: 300 on GPU, 4 on CPU: cache-sized, measured fastest].")]
-ChunkOpt = Annotated[Optional[float], typer.Option(min=0.08, help="Files longer than this are streamed in chunks of this many seconds: exact, memory bounded by the chunk \\[default: 30 on GPU, 4 on CPU].")]
-WorkersOpt = Annotated[Optional[int], typer.Option(min=0, help="Decoding threads per device (0 counts as 1: decoding always overlaps encoding) \\[default: 2 on CPU; on GPU every core but 2 per GPU: decoding and resampling are the host's main work].")]
 ChannelOpt = Annotated[Channel, typer.Option(help="Multichannel files: mix = mean of channels, first, each = one entry per channel (key#chN).")]
 ResamplerOpt = Annotated[Resampler, typer.Option(help="Resampler to 24 kHz: torchaudio = torchaudio.functional.resample's sinc, for every rate (what a torchaudio + MimiModel loop computes); causal = 16 kHz input delayed by the filter's look-ahead (8 samples), so no output sample depends on future input. Recorded in run.json (causal_16k).")]
 CausalOpt = Annotated[Optional[bool], typer.Option("--causal-16k/--no-causal-16k", hidden=True, help="Old spelling of --resampler causal / torchaudio.")]
-ProgressOpt = Annotated[Optional[float], typer.Option(min=0, help=f"When the output is not a terminal (Slurm, nohup, CI): a plain progress line every this many seconds \\[default: ${PROGRESS_ENV} or 30].", show_default=False)]
 FramingArg = Annotated[FramingOpt, typer.Option(help="transformers = MimiModel.encode; moshi = moshi's non-streaming encode (zero-padded to whole 1920-sample frames); moshi-stream = moshi's streaming encode fed --frames-per-call frames per call (same padding; differs from non-streaming past the 250-step attention window, 10 s); muvap = the MuVAP front end (16 kHz delayed 16 samples, round(1.5n), pad to 960).")]
 FramesPerCallOpt = Annotated[int, typer.Option(min=1, help="--framing moshi-stream: 1920-sample frames per moshi streaming encode call (the codes depend on it past 10 s); an item that is not a whole number of calls gets its last call zero-padded to N frames.")]
 LimitOpt = Annotated[Optional[int], typer.Option(min=1, help="Only the first N inputs (a directory's sorted by path, a list's or manifest's in its order).")]
-ShardOpt = Annotated[int, typer.Option(min=1, help="Roll to a new shard after this many utterances.")]
-ShardMBOpt = Annotated[float, typer.Option(min=1, help="... or after this many MiB of data (a shard is built in memory).")]
-StrictOpt = Annotated[bool, typer.Option(help="Exit 1 if any input failed (default: error rows, exit 0).")]
-PartOpt = Annotated[Optional[str], typer.Option(help="Encode part I/N (0-based) of the inputs, by a stable hash of each key, or 'slurm' (SLURM_ARRAY_TASK_ID/COUNT). Over N or more tar/.tar.gz/Parquet/Shar shards (no --limit): whole shards (shard i -> part i % N), and a part opens only its own.")]
-EngineArg = Annotated[EngineOpt, typer.Option(help="local = processes on this machine; ray = actors on a Ray cluster (pip install 'mimi-extract\\[ray]').")]
-RayAddressOpt = Annotated[Optional[str], typer.Option(help="Ray cluster to join: auto, HOST:PORT \\[default: start a private local one].")]
-RayCpuOpt = Annotated[Optional[int], typer.Option(min=1, help="CPU actors on a cluster without GPUs \\[default: CPUs / 2].")]
-SplitOpt = Annotated[bool, typer.Option(help="Split a recording longer than a lane's fair share of the run (lanes: streams run side by side, workers x rows) into independent pieces of that share, run on any worker or row (exact: each piece is encoded from the model's receptive field, 80 s, before its first frame; pieces of at least 8.9 min, so the warm-up costs <= 15%). The plan line says what was split.")]
-FormatOpt = Annotated[OutFormat, typer.Option("--format", help="Output format: hdf5 = shard-N.h5 (one dataset per item; lhotse cuts read it in place); parquet = shard-N.parquet (one row per item, zstd; datasets.load_dataset('parquet'), pyarrow, polars; a Hub dataset card); shar = lhotse Shar in OUT/shar/ (cuts.N.jsonl.gz + mimi_codes.N.tar; CutSet.from_shar(in_dir=OUT/shar)). Recorded in run.json: a resume must use the same.")]
-ReencodeChangedOpt = Annotated[bool, typer.Option("--reencode-changed", help="Resume although input shards were rewritten since OUT began (re-downloaded: same names, other size or mtime; nothing else changed): the output shards holding their items are moved to quarantine/ and those items encoded again from the new shards.")]
-ReencodeOpt = Annotated[bool, typer.Option("--reencode-damaged", help="Before resuming, read every stored item and check its checksums (bit rot, edited files: what verify --out --checksums lists); shards holding a damaged item are moved to quarantine/ and their items encoded again.")]
-RecordingsOpt = Annotated[Optional[str], typer.Option(help="lhotse RecordingSet for a SupervisionSet input.")]
-SharExtendOpt = Annotated[bool, typer.Option("--shar-extend", help="INPUT is a lhotse Shar dataset: add our field to it. Writes only OUT/shar/<field>.NNNNNN.tar, one per input shard, in that shard's cut order (a failed cut: lhotse's placeholder), so CutSet.from_shar(fields={'cuts': INPUT's cuts, 'recording': INPUT's recordings, 'mimi_codes': OUT's tars}) lines up. Implies --format shar; holds about one shard's outputs in memory; with --part I/N, whole input shards are divided among the parts.")]
-# -- input options (packaged corpora: tar shards, Parquet / HF datasets, lhotse Shar) --
+
+
+def _option(name: str, annotation, default) -> inspect.Parameter:
+    """One shared command-line option: the parameter that ``_with_options`` adds to a command."""
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=default)
+
+
+# -- input options (packaged corpora: tar shards, Parquet / HF datasets, lhotse Shar): each one is the field of
+# input_options.Options of its name (request.input_options), so a new one is that field and its line here --
 _INPUTS = "Input"
-InputFormatOpt = Annotated[Optional[str], typer.Option(rich_help_panel=_INPUTS, help="Read INPUT as this kind instead of detecting it: directory, list, lhotse, tar, tgz (.tar.gz), parquet, shar.")]
-AudioExtOpt = Annotated[Optional[str], typer.Option(rich_help_panel=_INPUTS, help="Tar/Shar samples: the member extension(s) that hold the audio, comma-separated (e.g. flac) \\[default: the first member with an audio extension].")]
-IdFieldOpt = Annotated[Optional[str], typer.Option(rich_help_panel=_INPUTS, help="Tar samples: the field of the .json sidecar that holds the id \\[default: key = <shard file name>/<sample key>].")]
-AudioColumnOpt = Annotated[Optional[str], typer.Option(rich_help_panel=_INPUTS, help="Parquet: the audio column \\[default: the first struct of bytes and path, the datasets Audio feature].")]
-SortBufferOpt = Annotated[float, typer.Option(min=1, rich_help_panel=_INPUTS, help="Compressed tar (.tar.gz/.tgz, no random access): items are length-sorted within groups of this many MiB of the stream, not globally; each encoder process holds at most two groups in memory. Smaller groups pad more (measured: see the README).")]
-IdColumnOpt = Annotated[Optional[str], typer.Option(rich_help_panel=_INPUTS, help="Parquet: the id column \\[default: key = <file>/<row>].")]
-KeepFieldsOpt = Annotated[Optional[str], typer.Option("--keep-fields", "--keep-columns", rich_help_panel=_INPUTS, help="Input metadata carried into the outputs (Parquet columns, the cuts' supervisions and custom fields): the fields of tar sidecars and list rows, the columns of Parquet input, a lhotse cut's custom fields. 'a,b' those; 'all' nested values too (as JSON); 'none' nothing (nor a lhotse cut's supervisions) \\[default: every string, number or boolean field]. text/speaker/language/gender become a lhotse supervision over the item. Recorded in run.json.")]
-SidecarDurationChoice = _choices("SidecarDurationChoice", SIDECAR_DURATIONS)
+SidecarDurationChoice = _choices("SidecarDurationChoice", SIDECAR_DURATION_MODES)
 KeyChoice = _choices("KeyChoice", KEY_MODES)
-SidecarDurationOpt = Annotated[SidecarDurationChoice, typer.Option(rich_help_panel=_INPUTS, help="A 'duration' with no start/end/offset in a tar sidecar, list row or NeMo manifest: auto = the file's length as the corpus wrote it (rounded, as Emilia's) when within 10 ms of it, so the whole file is encoded, else a segment from 0; segment = always a segment from 0; ignore = not read. Any segment ending past the file's end by <= 10 ms is clamped to the end. Recorded in run.json (items) unless auto.")]
-KeyOpt = Annotated[KeyChoice, typer.Option("--key", rich_help_panel=_INPUTS, help="Keys of items without an id: path = as named (<shard>/<sample>, the list's or directory's relative path); stem = the file or member name up to its first dot (e.g. to join a corpus TSV by utterance id; duplicates become error rows). Recorded in run.json (items) unless path.")]
+INPUT_OPTIONS = [
+    _option("input_format", Annotated[Optional[str], typer.Option(rich_help_panel=_INPUTS, help="Read INPUT as this kind instead of detecting it: directory, list, lhotse, tar, tgz (.tar.gz), parquet, shar.")], None),
+    _option("audio_ext", Annotated[Optional[str], typer.Option(rich_help_panel=_INPUTS, help="Tar/Shar samples: the member extension(s) that hold the audio, comma-separated (e.g. flac) \\[default: the first member with an audio extension].")], None),
+    _option("id_field", Annotated[Optional[str], typer.Option(rich_help_panel=_INPUTS, help="Tar samples: the field of the .json sidecar that holds the id \\[default: key = <shard file name>/<sample key>].")], None),
+    _option("audio_column", Annotated[Optional[str], typer.Option(rich_help_panel=_INPUTS, help="Parquet: the audio column \\[default: the first struct of bytes and path, the datasets Audio feature].")], None),
+    _option("id_column", Annotated[Optional[str], typer.Option(rich_help_panel=_INPUTS, help="Parquet: the id column \\[default: key = <file>/<row>].")], None),
+    _option("sort_buffer_mb", Annotated[float, typer.Option(min=1, rich_help_panel=_INPUTS, help="Compressed tar (.tar.gz/.tgz, no random access): items are length-sorted within groups of this many MiB of the stream, not globally; each encoder process holds at most two groups in memory. Smaller groups pad more (measured: see the README).")], 256.0),
+    _option("keep_fields", Annotated[Optional[str], typer.Option("--keep-fields", "--keep-columns", rich_help_panel=_INPUTS, help="Input metadata carried into the outputs (Parquet columns, the cuts' supervisions and custom fields): the fields of tar sidecars and list rows, the columns of Parquet input, a lhotse cut's custom fields. 'a,b' those; 'all' nested values too (as JSON); 'none' nothing (nor a lhotse cut's supervisions) \\[default: every string, number or boolean field]. text/speaker/language/gender become a lhotse supervision over the item. Recorded in run.json.")], None),
+    _option("sidecar_duration", Annotated[SidecarDurationChoice, typer.Option(rich_help_panel=_INPUTS, help="A 'duration' with no start/end/offset in a tar sidecar, list row or NeMo manifest: auto = the file's length as the corpus wrote it (rounded, as Emilia's) when within 10 ms of it, so the whole file is encoded, else a segment from 0; segment = always a segment from 0; ignore = not read. Any segment ending past the file's end by <= 10 ms is clamped to the end. Recorded in run.json (items) unless auto.")], SidecarDurationChoice["auto"]),
+    _option("key", Annotated[KeyChoice, typer.Option("--key", rich_help_panel=_INPUTS, help="Keys of items without an id: path = as named (<shard>/<sample>, the list's or directory's relative path); stem = the file or member name up to its first dot (e.g. to join a corpus TSV by utterance id; duplicates become error rows). Recorded in run.json (items) unless path.")], KeyChoice["path"]),
+]
+
+# the options of every run command (codes, features), declared once, in --help's order
+RUN_OPTIONS = [
+    _option("model", Annotated[str, typer.Option("--model", "-m", help="Hub id or local directory (save_pretrained layout).")], "kyutai/mimi"),
+    _option("device", Annotated[str, typer.Option(help="auto (all GPUs, else cpu), cpu, cuda, cuda:N, or a list: cuda:0,cuda:1.")], "auto"),
+    _option("cpu_workers", Annotated[Optional[int], typer.Option(min=1, help="Encoder processes on CPU \\[default: one per core, single-threaded].")], None),
+    _option("dtype", DTypeOpt, DType["fp32"]),
+    _option("batch_size", Annotated[Optional[int], typer.Option(min=1, help="Maximum rows (files or streams) per step \\[default: 64 on GPU, 8 on CPU].")], None),
+    _option("max_batch_seconds", Annotated[Optional[float], typer.Option(min=0.1, help="Padded audio seconds per step, rows x longest \\[default: 300 on GPU, 4 on CPU: cache-sized, measured fastest].")], None),
+    _option("chunk_seconds", Annotated[Optional[float], typer.Option(min=0.08, help="Files longer than this are streamed in chunks of this many seconds: exact, memory bounded by the chunk \\[default: 30 on GPU, 4 on CPU].")], None),
+    _option("num_workers", Annotated[Optional[int], typer.Option(min=0, help="Decoding threads per device (0 counts as 1: decoding always overlaps encoding) \\[default: 2 on CPU; on GPU every core but 2 per GPU: decoding and resampling are the host's main work].")], None),
+    _option("channel", ChannelOpt, Channel["mix"]),
+    _option("resampler", ResamplerOpt, Resampler["torchaudio"]),
+    _option("causal_16k", CausalOpt, None),
+    _option("framing", FramingArg, FramingOpt["transformers"]),
+    _option("frames_per_call", FramesPerCallOpt, 1),
+    _option("shard_size", Annotated[int, typer.Option(min=1, help="Roll to a new shard after this many utterances.")], 1000),
+    _option("shard_mb", Annotated[float, typer.Option(min=1, help="... or after this many MiB of data (a shard is built in memory).")], 256),
+    _option("limit", LimitOpt, None),
+    _option("strict", Annotated[bool, typer.Option(help="Exit 1 if any input failed (default: error rows, exit 0).")], False),
+    _option("part", Annotated[Optional[str], typer.Option(help="Encode part I/N (0-based) of the inputs, by a stable hash of each key, or 'slurm' (SLURM_ARRAY_TASK_ID/COUNT). Over N or more tar/.tar.gz/Parquet/Shar shards (no --limit): whole shards (shard i -> part i % N), and a part opens only its own.")], None),
+    _option("engine", Annotated[EngineOpt, typer.Option(help="local = processes on this machine; ray = actors on a Ray cluster (pip install 'mimi-extract\\[ray]').")], EngineOpt["local"]),
+    _option("ray_address", Annotated[Optional[str], typer.Option(help="Ray cluster to join: auto, HOST:PORT \\[default: start a private local one].")], None),
+    _option("ray_cpu_actors", Annotated[Optional[int], typer.Option(min=1, help="CPU actors on a cluster without GPUs \\[default: CPUs / 2].")], None),
+    _option("recordings", Annotated[Optional[str], typer.Option(help="lhotse RecordingSet for a SupervisionSet input.")], None),
+    _option("progress_seconds", Annotated[Optional[float], typer.Option(min=0, help=f"When the output is not a terminal (Slurm, nohup, CI): a plain progress line every this many seconds \\[default: ${PROGRESS_ENV} or 30].", show_default=False)], None),
+    _option("split", Annotated[bool, typer.Option(help="Split a recording longer than a lane's fair share of the run (lanes: streams run side by side, workers x rows) into independent pieces of that share, run on any worker or row (exact: each piece is encoded from the model's receptive field, 80 s, before its first frame; pieces of at least 8.9 min, so the warm-up costs <= 15%). The plan line says what was split.")], True),
+    _option("shar_extend", Annotated[bool, typer.Option("--shar-extend", help="INPUT is a lhotse Shar dataset: add our field to it. Writes only OUT/shar/<field>.NNNNNN.tar, one per input shard, in that shard's cut order (a failed cut: lhotse's placeholder), so CutSet.from_shar(fields={'cuts': INPUT's cuts, 'recording': INPUT's recordings, 'mimi_codes': OUT's tars}) lines up. Implies --format shar; holds about one shard's outputs in memory; with --part I/N, whole input shards are divided among the parts.")], False),
+    _option("output_format", Annotated[OutFormat, typer.Option("--format", help="Output format: hdf5 = shard-N.h5 (one dataset per item; lhotse cuts read it in place); parquet = shard-N.parquet (one row per item, zstd; datasets.load_dataset('parquet'), pyarrow, polars; a Hub dataset card); shar = lhotse Shar in OUT/shar/ (cuts.N.jsonl.gz + mimi_codes.N.tar; CutSet.from_shar(in_dir=OUT/shar)). Recorded in run.json: a resume must use the same.")], OutFormat["hdf5"]),
+    _option("reencode_damaged", Annotated[bool, typer.Option("--reencode-damaged", help="Before resuming, read every stored item and check its checksums (bit rot, edited files: what verify --out --checksums lists); shards holding a damaged item are moved to quarantine/ and their items encoded again.")], False),
+    _option("reencode_changed", Annotated[bool, typer.Option("--reencode-changed", help="Resume although input shards were rewritten since OUT began (re-downloaded: same names, other size or mtime; nothing else changed): the output shards holding their items are moved to quarantine/ and those items encoded again from the new shards.")], False),
+]
 
 
 class _OneInput(typer.core.TyperCommand):
@@ -152,22 +166,16 @@ class _OneInput(typer.core.TyperCommand):
             raise
 
 
-def _input_options(recordings=None, input_format=None, audio_ext=None, id_field=None, audio_column=None, id_column=None,
-                   sort_buffer_mb=256.0, keep_fields=None, sidecar_duration="auto", key="path"):
-    from .sources import REGISTRY, Options
+def _with_options(*groups: list[inspect.Parameter], skip: tuple[str, ...] = ()):
+    """Give a command the shared options of ``groups`` (but ``skip``) after its own parameters: typer
+    reads the signature, and the command receives them as its ``**options``."""
+    def add(command):
+        own = inspect.signature(command, eval_str=True)
+        params = [p for p in own.parameters.values() if p.kind is not p.VAR_KEYWORD]
+        command.__signature__ = own.replace(parameters=params + [p for g in groups for p in g if p.name not in skip])
+        return command
 
-    if input_format and input_format not in REGISTRY:
-        _fail(f"--input-format {input_format!r}: choose from {', '.join(sorted(REGISTRY))}")
-    exts = tuple(e.strip().lstrip(".") for e in audio_ext.split(",") if e.strip()) if audio_ext else None
-    options = Options(recordings=recordings, input_format=input_format, audio_ext=exts, id_field=id_field,
-                      audio_column=audio_column, id_column=id_column, sort_buffer_mb=sort_buffer_mb,
-                      keep_fields=keep_fields, sidecar_duration=getattr(sidecar_duration, "value", sidecar_duration),
-                      key=getattr(key, "value", key))
-    try:
-        options.keep  # noqa: B018 -- a reserved name is a usage error, before OUT is touched
-    except ValueError as e:
-        _fail(e)
-    return options
+    return add
 
 
 def _hours(seconds: float) -> str:
@@ -182,44 +190,6 @@ def _fail(message: str | Exception, code: int = EXIT_USAGE):
         message, code = (limit, EXIT_ADDRESS_SPACE) if limit else (str(message), code)
     say(("error: ", "bold red"), str(message))
     raise typer.Exit(code)
-
-
-def _causal(resampler, causal_16k: bool | None) -> bool:
-    """--resampler, unless the old --causal-16k/--no-causal-16k flag was given."""
-    return causal_16k if causal_16k is not None else resampler is Resampler["causal"]
-
-
-def _model_path(model: str) -> str:
-    """A local model directory as an absolute, resolved path (stored in run.json: ``verify --out``
-    and ``decode`` then find it from any directory); a hub id as typed."""
-    return os.path.realpath(model) if os.path.isdir(model) else model
-
-
-def _format_settings(output_format: str, shar_extend: bool) -> dict:
-    """--format, and --shar-extend (a lhotse Shar field: the shar format, implied)."""
-    if not shar_extend:
-        return {"format": output_format}
-    if output_format not in ("hdf5", "shar"):  # hdf5: the default, not chosen
-        _fail(f"--shar-extend adds a lhotse Shar field: it writes --format shar, not {output_format}")
-    return {"shar_extend": True, "format": "shar"}
-
-
-def _settings(model, device, dtype, batch_size, max_batch_seconds, num_workers, channel, causal_16k,
-              cpu_workers=None, **kw) -> "Settings":
-    from .settings import Settings, resolve_devices
-
-    model = _model_path(model)
-    try:
-        devices = resolve_devices(device, cpu_workers)
-    except (ValueError, RuntimeError) as e:
-        _fail(e)
-    if kw.get("frames_per_call", 1) != 1 and kw.get("framing") != "moshi-stream":
-        _fail("--frames-per-call is for --framing moshi-stream (moshi's streaming encode) only")
-    if dtype is not DType["fp32"] and not all(d.startswith("cuda") for d in devices):
-        _fail(f"--dtype {dtype.value} needs GPUs (devices: {', '.join(sorted(set(devices)))}); use fp32 on CPU")
-    return Settings(model=model, devices=devices, dtype=dtype.value, batch_size=batch_size,
-                    max_batch_seconds=max_batch_seconds, num_workers=num_workers, channel=channel.value,
-                    causal_16k=causal_16k, **kw)
 
 
 def _clock(seconds: float) -> str:
@@ -251,23 +221,20 @@ class _PlainProgress:
             f"{speed:.1f}x real time, ETA {eta}, {state['errors']} errors")
 
 
-def _run(input_path, out_dir, settings: "Settings", shard_size, shard_mb, limit, strict, part, recordings,
-         progress_seconds: float | None = None, options=None, reencode_damaged: bool = False,
-         reencode_changed: bool = False) -> None:
+def _run(input_path: str, out_dir: str, strict: bool = False, progress_seconds: float | None = None, **values) -> None:
+    """Build the run's request from the command line's ``values`` (usage errors: exit 2), run it with
+    a progress display, and print the outcome."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from .hub import offline_problem
-    from .plan import parse_part
-    from .runner import NoInputError, extract
-    from .store.files import OutputError
+    from .request import build_request
 
     try:
-        part = parse_part(part)
-    except ValueError as e:
+        request = build_request(input_path, out_dir, **values)
+    except (ValueError, RuntimeError) as e:
         _fail(e)
-    problem = offline_problem(settings.model)  # before OUT is touched: a run that cannot start leaves nothing
-    if problem:
-        _fail(problem)
+    from .runner import NoInputError, run_request
+    from .store.files import OutputError
+
     if progress_seconds is None:
         try:
             progress_seconds = float(os.environ.get(PROGRESS_ENV, 30))
@@ -324,9 +291,7 @@ def _run(input_path, out_dir, settings: "Settings", shard_size, shard_mb, limit,
             "(press Ctrl-C again to stop at once)...")
 
     try:
-        summary = extract(input_path, out_dir, settings, shard_size, shard_mb, limit, part, recordings,
-                          on_plan, on_progress, on_signal, on_phase=on_phase, options=options,
-                          reencode_damaged=reencode_damaged, reencode_changed=reencode_changed)
+        summary = run_request(request, on_plan=on_plan, on_progress=on_progress, on_signal=on_signal, on_phase=on_phase)
     except KeyboardInterrupt:
         progress.stop()
         say(("interrupted", "yellow"), " before encoding started; run the same command again to resume.")
@@ -353,7 +318,7 @@ def _run(input_path, out_dir, settings: "Settings", shard_size, shard_mb, limit,
     if summary["errors"]:
         say(f"error rows: mimi-extract info {out_dir}  (or grep '\"status\": \"error\"' {where}/manifest.jsonl)")
     if summary["inputs"] == 0:
-        say(("error: ", "bold red"), f"no input found in {input_path}" + (f" (part {part})" if not part.whole else "")
+        say(("error: ", "bold red"), f"no input found in {input_path}" + (f" (part {request.part})" if not request.part.whole else "")
             + ": a directory is searched for audio files (wav, flac, mp3, ogg, ...); a list or lhotse manifest "
             "names them")
         raise typer.Exit(EXIT_NO_INPUT)
@@ -371,48 +336,13 @@ _RUN_HELP = ("\n\n    Re-running the same command resumes: items already 'ok' in
 
 
 @app.command(cls=_OneInput)
+@_with_options(RUN_OPTIONS, INPUT_OPTIONS)
 def features(
     input_path: InputArg,
     out_dir: OutArg,
     tap: Annotated[Optional[Tap], typer.Option(help="encoder = 25 Hz before the downsample; latent = 12.5 Hz, pre-quantizer \\[default: latent; encoder with --framing muvap, the features MuVAP models are trained on].", show_default=False)] = None,
     feature_dtype: Annotated[FeatureDType, typer.Option(help="Storage dtype of the features.")] = FeatureDType["float32"],
-    model: ModelOpt = "kyutai/mimi",
-    device: DeviceOpt = "auto",
-    cpu_workers: CpuWorkersOpt = None,
-    dtype: DTypeOpt = DType["fp32"],
-    batch_size: BatchOpt = None,
-    max_batch_seconds: SecondsOpt = None,
-    chunk_seconds: ChunkOpt = None,
-    num_workers: WorkersOpt = None,
-    channel: ChannelOpt = Channel["mix"],
-    resampler: ResamplerOpt = Resampler["torchaudio"],
-    causal_16k: CausalOpt = None,
-    framing: FramingArg = FramingOpt["transformers"],
-    frames_per_call: FramesPerCallOpt = 1,
-    shard_size: ShardOpt = 1000,
-    shard_mb: ShardMBOpt = 256,
-    limit: LimitOpt = None,
-    strict: StrictOpt = False,
-    part: PartOpt = None,
-    engine: EngineArg = EngineOpt["local"],
-    ray_address: RayAddressOpt = None,
-    ray_cpu_actors: RayCpuOpt = None,
-    recordings: RecordingsOpt = None,
-    progress_seconds: ProgressOpt = None,
-    split: SplitOpt = True,
-    input_format: InputFormatOpt = None,
-    audio_ext: AudioExtOpt = None,
-    id_field: IdFieldOpt = None,
-    audio_column: AudioColumnOpt = None,
-    id_column: IdColumnOpt = None,
-    shar_extend: SharExtendOpt = False,
-    output_format: FormatOpt = OutFormat["hdf5"],
-    reencode_damaged: ReencodeOpt = False,
-    reencode_changed: ReencodeChangedOpt = False,
-    sort_buffer_mb: SortBufferOpt = 256.0,
-    keep_fields: KeepFieldsOpt = None,
-    sidecar_duration: SidecarDurationOpt = SidecarDurationChoice["auto"],
-    key: KeyOpt = KeyChoice["path"],
+    **options,
 ):
     """Continuous Mimi features, one \\[frames, dim] dataset per input.
 
@@ -423,63 +353,19 @@ def features(
       mimi-extract features corpus/ feats/ --model ./mimi-local --device cpu
       mimi-extract features vad.jsonl feats/ --framing muvap    # 25 Hz encoder features, as MuVAP
     """
-    if tap is None:
-        tap = Tap["encoder"] if framing is FramingOpt["muvap"] else Tap["latent"]
-    settings = _settings(model, device, dtype, batch_size, max_batch_seconds, num_workers, channel,
-                         _causal(resampler, causal_16k), cpu_workers, tap=tap.value, feature_dtype=feature_dtype.value, chunk_seconds=chunk_seconds,
-                         framing=framing.value, frames_per_call=frames_per_call, engine=engine.value, ray_address=ray_address,
-                         ray_cpu_actors=ray_cpu_actors, split=split, **_format_settings(output_format.value, shar_extend))
-    _run(input_path, out_dir, settings, shard_size, shard_mb, limit, strict, part, recordings, progress_seconds,
-         _input_options(recordings, input_format, audio_ext, id_field, audio_column, id_column,
-                         sort_buffer_mb, keep_fields, sidecar_duration, key), reencode_damaged,
-         reencode_changed=reencode_changed)
+    _run(input_path, out_dir, tap=tap, feature_dtype=feature_dtype, **options)
 
 
 features.__doc__ += _RUN_HELP
 
 
 @app.command(cls=_OneInput)
+@_with_options(RUN_OPTIONS, INPUT_OPTIONS)
 def codes(
     input_path: InputArg,
     out_dir: OutArg,
     num_quantizers: Annotated[int, typer.Option("--num-quantizers", "-q", min=1, max=32, help="Codebooks to keep (1..32).")] = 8,
-    model: ModelOpt = "kyutai/mimi",
-    device: DeviceOpt = "auto",
-    cpu_workers: CpuWorkersOpt = None,
-    dtype: DTypeOpt = DType["fp32"],
-    batch_size: BatchOpt = None,
-    max_batch_seconds: SecondsOpt = None,
-    chunk_seconds: ChunkOpt = None,
-    num_workers: WorkersOpt = None,
-    channel: ChannelOpt = Channel["mix"],
-    resampler: ResamplerOpt = Resampler["torchaudio"],
-    causal_16k: CausalOpt = None,
-    framing: FramingArg = FramingOpt["transformers"],
-    frames_per_call: FramesPerCallOpt = 1,
-    shard_size: ShardOpt = 1000,
-    shard_mb: ShardMBOpt = 256,
-    limit: LimitOpt = None,
-    strict: StrictOpt = False,
-    part: PartOpt = None,
-    engine: EngineArg = EngineOpt["local"],
-    ray_address: RayAddressOpt = None,
-    ray_cpu_actors: RayCpuOpt = None,
-    recordings: RecordingsOpt = None,
-    progress_seconds: ProgressOpt = None,
-    split: SplitOpt = True,
-    input_format: InputFormatOpt = None,
-    audio_ext: AudioExtOpt = None,
-    id_field: IdFieldOpt = None,
-    audio_column: AudioColumnOpt = None,
-    id_column: IdColumnOpt = None,
-    shar_extend: SharExtendOpt = False,
-    output_format: FormatOpt = OutFormat["hdf5"],
-    reencode_damaged: ReencodeOpt = False,
-    reencode_changed: ReencodeChangedOpt = False,
-    sort_buffer_mb: SortBufferOpt = 256.0,
-    keep_fields: KeepFieldsOpt = None,
-    sidecar_duration: SidecarDurationOpt = SidecarDurationChoice["auto"],
-    key: KeyOpt = KeyChoice["path"],
+    **options,
 ):
     """Discrete Mimi codes, one int16 \\[frames, num_quantizers] dataset per input (12.5 Hz).
 
@@ -490,14 +376,7 @@ def codes(
       mimi-extract codes corpus/ codes/ --part slurm            # one task of sbatch --array=0-15
       mimi-extract codes corpus/ codes/ --engine ray --ray-address auto
     """
-    settings = _settings(model, device, dtype, batch_size, max_batch_seconds, num_workers, channel,
-                         _causal(resampler, causal_16k), cpu_workers, tap="codes", num_quantizers=num_quantizers, chunk_seconds=chunk_seconds,
-                         framing=framing.value, frames_per_call=frames_per_call, engine=engine.value, ray_address=ray_address,
-                         ray_cpu_actors=ray_cpu_actors, split=split, **_format_settings(output_format.value, shar_extend))
-    _run(input_path, out_dir, settings, shard_size, shard_mb, limit, strict, part, recordings, progress_seconds,
-         _input_options(recordings, input_format, audio_ext, id_field, audio_column, id_column,
-                         sort_buffer_mb, keep_fields, sidecar_duration, key), reencode_damaged,
-         reencode_changed=reencode_changed)
+    _run(input_path, out_dir, tap="codes", num_quantizers=num_quantizers, **options)
 
 
 codes.__doc__ += _RUN_HELP
@@ -543,6 +422,7 @@ def _mismatch_report(out: Console, checks) -> None:
 
 
 @app.command(cls=_OneInput)
+@_with_options(INPUT_OPTIONS, skip=("keep_fields",))
 def verify(
     input_path: Annotated[Optional[str], typer.Argument(metavar="[INPUT]", help="Files to encode both ways (omit with --out).")] = None,
     out: Annotated[Optional[str], typer.Option("--out", help="Audit this OUT: re-encode a sample of its items one by one and compare with what it holds.")] = None,
@@ -564,15 +444,8 @@ def verify(
     rtol: Annotated[float, typer.Option(help="Relative feature tolerance: max|Δ| <= rtol * max|reference| + atol, per file; with --out also the latent perturbation a code tie may come from (rtol x |projected latent|).")] = 1e-5,
     atol: Annotated[float, typer.Option(help="Absolute floor of the feature tolerance.")] = 1e-6,
     max_real_mismatches: Annotated[int, typer.Option(min=0, help="Real (non-tie) code mismatches allowed per file.")] = 0,
-    input_format: InputFormatOpt = None,
-    audio_ext: AudioExtOpt = None,
-    id_field: IdFieldOpt = None,
-    audio_column: AudioColumnOpt = None,
-    id_column: IdColumnOpt = None,
     checksums: Annotated[bool, typer.Option("--checksums", help="With --out: read every stored item and check its checksums instead (no model, no re-encoding); list the damaged items; exit 1 if any.")] = False,
-    sort_buffer_mb: SortBufferOpt = 256.0,
-    sidecar_duration: SidecarDurationOpt = SidecarDurationChoice["auto"],
-    key: KeyOpt = KeyChoice["path"],
+    **inputs,
 ):
     """Check outputs against transformers' own single-item MimiModel encode, file by file.
 
@@ -601,7 +474,8 @@ def verify(
             _fail("--checksums checks what an OUT holds: give --out OUT (and no INPUT)")
         _verify_checksums(out)
         return
-    from .settings import resolve_devices
+    from .engines.device import resolve_devices
+    from .request import engine_check_settings, input_options, model_path
     from .verify import verify_outputs, verify_source
 
     out_console = Console(width=max(Console().width, 120), highlight=False)
@@ -610,7 +484,7 @@ def verify(
     try:
         if out is not None:
             dev = resolve_devices(device)[0]
-            checks, problems = verify_outputs(out, sample, seed, dev, model and _model_path(model), rtol, atol,
+            checks, problems = verify_outputs(out, sample, seed, dev, model and model_path(model), rtol, atol,
                                               chunk_seconds=chunk_seconds)
             title = f"{out}: stored vs single-item (fp32, transformers)"
             from .store.identity import read_run_info
@@ -619,14 +493,13 @@ def verify(
             info = read_run_info(run_dirs(out)[0]) or {}
             shown = (info.get("tap", "codes"),) if info.get("tap") != "codes" else ()
         else:
-            settings = _settings(model or "kyutai/mimi", device, dtype, batch_size, max_batch_seconds, 0, channel,
-                                 _causal(resampler, causal_16k), tap="codes", num_quantizers=num_quantizers, chunk_seconds=chunk_seconds,
-                                 framing=framing.value, frames_per_call=frames_per_call)
-            settings.devices = settings.devices[:1]
-            settings.num_workers = 1
-            checks, problems = verify_source(input_path, settings, limit, rtol, atol, options=_input_options(
-                None, input_format, audio_ext, id_field, audio_column, id_column, sort_buffer_mb,
-                sidecar_duration=sidecar_duration, key=key)), []
+            settings = engine_check_settings(dict(
+                model=model or "kyutai/mimi", device=device, dtype=dtype, batch_size=batch_size,
+                max_batch_seconds=max_batch_seconds, channel=channel, resampler=resampler, causal_16k=causal_16k,
+                tap="codes", num_quantizers=num_quantizers, chunk_seconds=chunk_seconds, framing=framing,
+                frames_per_call=frames_per_call))
+            checks, problems = verify_source(input_path, settings, limit, rtol, atol,
+                                             options=input_options(dict(inputs))), []
             title = f"engine ({settings.dtype}) vs single-item (fp32, transformers)"
             shown = ("encoder", "latent")
     except (ValueError, FileNotFoundError, RuntimeError, OSError, KeyError) as e:
@@ -902,13 +775,14 @@ def decode(
       mimi-extract decode codes/ sub/utt1.wav -o utt1.wav
       mimi-extract decode codes/ --all -o listen/
     """
+    from .engines.device import resolve_devices
     from .outputs import decode_items
-    from .settings import resolve_devices
+    from .request import model_path
 
     if not keys and not all_items:
         _fail("name KEYs to decode, or --all")
     try:
-        written = decode_items(out_dir, keys or None, output, model and _model_path(model), resolve_devices(device)[0],
+        written = decode_items(out_dir, keys or None, output, model and model_path(model), resolve_devices(device)[0],
                                on_item=lambda key, path: say(f"{key} -> {path}"))
     except (KeyError, ValueError, FileNotFoundError, RuntimeError, OSError) as e:
         _fail(e if not isinstance(e, KeyError) else e.args[0])

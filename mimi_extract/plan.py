@@ -8,63 +8,16 @@ from a shared queue as they become free, so a slow device simply takes fewer.
 from __future__ import annotations
 
 import hashlib
-import os
-import re
 from dataclasses import dataclass, replace
 
+from .settings import Part, parse_part  # noqa: F401  (a job array's part: plain values, beside the settings)
 from .sources import Item
 from .sources.base import SplitPiece
-
-
-@dataclass(frozen=True)
-class Part:
-    """Part ``index`` of ``count`` (0-based): the items whose key hashes to it."""
-
-    index: int = 0
-    count: int = 1
-
-    @property
-    def whole(self) -> bool:
-        return self.count == 1
-
-    @property
-    def dirname(self) -> str:
-        width = len(str(self.count - 1))
-        return f"part-{self.index:0{width}d}-of-{self.count}"
-
-    def __str__(self) -> str:
-        return f"{self.index}/{self.count}"
 
 
 def part_of(key: str, count: int) -> int:
     """Stable part of a key: depends on the key alone, so adding inputs never moves existing ones."""
     return int.from_bytes(hashlib.sha1(key.encode("utf-8")).digest()[:8], "big") % count
-
-
-def parse_part(spec: str | None, environ=os.environ) -> Part:
-    """``I/N`` (0-based), or ``slurm`` (from SLURM_ARRAY_TASK_ID/COUNT/MIN), or None (everything)."""
-    if spec is None:
-        return Part()
-    if spec == "slurm":
-        try:
-            task, count = int(environ["SLURM_ARRAY_TASK_ID"]), int(environ["SLURM_ARRAY_TASK_COUNT"])
-        except KeyError as e:
-            raise ValueError(f"--part slurm: {e.args[0]} is not set (run inside a Slurm job array, "
-                             "sbatch --array=0-N)") from None
-        except ValueError:
-            raise ValueError("--part slurm: SLURM_ARRAY_TASK_ID/COUNT are not integers") from None
-        index = task - int(environ.get("SLURM_ARRAY_TASK_MIN", 0))
-        if not 0 <= index < count:
-            raise ValueError(f"--part slurm: task {task} is not one of {count} contiguous tasks from "
-                             f"SLURM_ARRAY_TASK_MIN; use an array without gaps or steps (sbatch --array=0-{count - 1})")
-        spec = f"{index}/{count}"
-    m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", spec)
-    if not m:
-        raise ValueError(f"--part {spec!r}: expected I/N (0-based, e.g. 0/4) or 'slurm'")
-    index, count = int(m.group(1)), int(m.group(2))
-    if count < 1 or not 0 <= index < count:
-        raise ValueError(f"--part {spec}: need 0 <= I < N")
-    return Part(index, count)
 
 
 @dataclass

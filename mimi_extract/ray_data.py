@@ -28,8 +28,8 @@ import torch
 
 from .audio import SAMPLE_RATE, AudioError, AudioReader
 from .encoder import EncoderState, frames_of
-from .engines.device import build_encoder
-from .settings import DTYPES, Settings
+from .engines.device import TORCH_DTYPES, build_encoder
+from .settings import Settings
 
 
 @dataclass
@@ -130,8 +130,8 @@ class MimiEncode:
                  keep_audio: bool = False):
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
-        if dtype not in DTYPES:
-            raise ValueError(f"dtype {dtype!r}: choose from {', '.join(DTYPES)}")
+        if dtype not in TORCH_DTYPES:
+            raise ValueError(f"dtype {dtype!r}: choose from {', '.join(TORCH_DTYPES)}")
         self.settings = Settings(model=model, tap=tap, num_quantizers=num_quantizers, devices=(device,),
                                  dtype=dtype, batch_size=batch_rows, max_batch_seconds=max_batch_seconds,
                                  chunk_seconds=chunk_seconds, channel=channel, framing=framing,
@@ -159,7 +159,7 @@ class MimiEncode:
         audio = torch.zeros(len(rows), int(lengths.max()))
         for i, r in enumerate(rows):
             audio[i, : len(r.audio)] = r.audio
-        audio = audio.to(self.device, DTYPES[self.settings.dtype])
+        audio = audio.to(self.device, TORCH_DTYPES[self.settings.dtype])
         tap = self.settings.tap
         out = self.encoder(audio, lengths, (tap,), self.settings.num_quantizers)
         return [frames_of(out, tap, i) for i in range(len(rows))]
@@ -167,7 +167,7 @@ class MimiEncode:
     def _chunked(self, rows: list[_Row]) -> list[torch.Tensor]:
         """Rows longer than a chunk, streamed chunk by chunk with the encoder's carried state (the
         CLI's path for long files: one state row per stream, rows leave the step as they end)."""
-        tap, chunk, dtype = self.settings.tap, self.chunk, DTYPES[self.settings.dtype]
+        tap, chunk, dtype = self.settings.tap, self.chunk, TORCH_DTYPES[self.settings.dtype]
         state: EncoderState = self.encoder.init_state(len(rows))
         pieces: list[list[torch.Tensor]] = [[] for _ in rows]
         start = 0

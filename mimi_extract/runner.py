@@ -20,10 +20,11 @@ from dataclasses import asdict, replace
 from . import __version__
 from .audio import SAMPLE_RATE, decoder_versions
 from .encoder import PaddedMimiEncoder, _from_pretrained, config_hash, weights_hash
-from .engines import Stats, make_engine
+from .engines import Engine, Stats, make_engine
 from .engines.assembly import Assembler
-from .plan import Part, Split, padding_fraction, part_of, plan_units, split_items
-from .settings import Settings
+from .plan import Split, padding_fraction, part_of, plan_units, split_items
+from .request import RunRequest
+from .settings import Part, Settings
 from .sources import Discovered, Item, Options, discover, item_identity, plan_group
 from .formats import get_format
 from .store.directory import RunDirectory
@@ -178,20 +179,20 @@ def no_input_message(source: str) -> str:
             "a list or lhotse manifest names them; nothing was written")
 
 
-def refuse_other_run(out_dir: str, part: Part, settings: Settings, found: Discovered, options: Options | None,
-                     reencode_changed: bool = False) -> None:
+def refuse_other_run(request: RunRequest, found: Discovered) -> None:
     """Before OUT is locked or the model loaded (so a refusal touches nothing): refuse to resume a run
     directory made with other settings, input or item options (all but the model, compared with its
     weights' hash once loaded; ``check_run_info`` compares everything again under the lock), and an
     older run.json (no ``items``) whose stored keys are none of this run's: its item options were others."""
+    out_dir, part = request.out_dir, request.part
     if not os.path.isdir(out_dir):
         return
     run_dir = out_dir if part.whole else os.path.join(out_dir, part.dirname)
     here = {os.path.abspath(run_dir), os.path.abspath(out_dir)}  # (a whole run in OUT: the layout check's to refuse)
     siblings = [d for d in run_dirs(out_dir) if os.path.abspath(d) not in here] if not part.whole else []
-    info = run_info(settings, {}, found.root, found.kind, part, found.identity, found.metadata, options,
-                    found.part_shards)
-    if reencode_changed and os.path.isdir(run_dir) and rewritten_since(run_dir, info, part):
+    info = run_info(request.settings, {}, found.root, found.kind, part, found.identity, found.metadata,
+                    request.options, found.part_shards)
+    if request.reencode_changed and os.path.isdir(run_dir) and rewritten_since(run_dir, info, part):
         info["input_identity"] = read_run_info(run_dir)["input_identity"]  # (moved on under the lock)
     del info["model"]  # the model (its path, config and weights) is compared as one, once it is loaded
     check_run_info(run_dir, info, siblings, write=False)
@@ -237,22 +238,27 @@ class _Signals:
             signal.signal(sig, handler)
 
 
-def extract(source: str, out_dir: str, settings: Settings, shard_size: int = 1000, shard_mb: float = 256,
-            limit: int | None = None, part: Part = Part(), recordings: str | None = None,
-            on_plan=None, on_progress=None, on_signal=None, stop: threading.Event | None = None,
-            on_phase=None, options: Options | None = None, reencode_damaged: bool = False,
-            reencode_changed: bool = False) -> dict:
-    """Encode every item of ``source`` (or of this ``part`` of it) into ``out_dir``; resumes.
+def extract(source: str, out_dir: str, settings: Settings, *, on_plan=None, on_progress=None, on_signal=None,
+            stop: threading.Event | None = None, on_phase=None, **asked) -> dict:
+    """:func:`run_request` of ``RunRequest(source, out_dir, settings, **asked)`` (``options``,
+    ``part``, ``limit``, ``shard_size``...: the request's fields)."""
+    return run_request(RunRequest(source, out_dir, settings, **asked), on_plan=on_plan, on_progress=on_progress,
+                       on_signal=on_signal, stop=stop, on_phase=on_phase)
+
+
+def run_request(request: RunRequest, *, on_plan=None, on_progress=None, on_signal=None,
+                stop: threading.Event | None = None, on_phase=None) -> dict:
+    """Encode every item of ``request.source`` (or of its part) into ``request.out_dir``; resumes.
 
     ``on_plan(summary)`` is called once the work is planned, ``on_progress(items, seconds, errors)``
     as pieces are written, ``on_signal(name)`` on the first SIGINT/SIGTERM, ``on_phase(text)`` as each
-    start-up phase begins (loading the model, finding inputs, planning).  ``options``: the input's
-    options (``--input-format``, ``--audio-ext``, ``--id-column``...).  ``reencode_damaged``: first
-    read every stored item of the run directory and check its checksums; shards holding a damaged
-    one are quarantined and their items encoded again.  ``reencode_changed``: see
+    start-up phase begins (loading the model, finding inputs, planning).  ``request.reencode_damaged``:
+    first read every stored item of the run directory and check its checksums; shards holding a
+    damaged one are quarantined and their items encoded again.  ``request.reencode_changed``: see
     ``RunDirectory.check_identity``.  Returns counts."""
     stop = stop or threading.Event()
     on_phase = on_phase or (lambda text: None)
+    source, out_dir, settings, part = request.source, request.out_dir, request.settings, request.part
     # the input first: finding it checks it and its options (a wrong column or sidecar field is one
     # clear error), so a run that finds nothing, or cannot resume OUT, stops before it creates or
     # locks OUT and before any model is loaded
@@ -260,20 +266,19 @@ def extract(source: str, out_dir: str, settings: Settings, shard_size: int = 100
     # parts of a job array over a sharded input take whole shards (only theirs are indexed), unless
     # --limit (the first N inputs of the whole input), --shar-extend (its own rule), or a part of
     # this OUT already divided by key
-    by_shard = (not part.whole and not settings.shar_extend and limit is None
+    by_shard = (not part.whole and not settings.shar_extend and request.limit is None
                 and not divided_by_key(os.path.join(out_dir, part.dirname)))
-    found = discover(source, settings.channel, settings.framing_rule, limit, recordings, exclude=out_dir,
-                     options=options, part=(part.index, part.count) if by_shard else None)
+    found = discover(source, settings.channel, settings.framing_rule, request.limit, exclude=out_dir,
+                     options=request.options, part=(part.index, part.count) if by_shard else None)
     if not found.items and not found.bad:
         raise NoInputError(no_input_message(source))
-    refuse_other_run(out_dir, part, settings, found, options, reencode_changed)
+    refuse_other_run(request, found)
     fresh = not os.path.exists(out_dir)
     run = RunDirectory.open(out_dir, *(() if part.whole else (part.dirname, part.count)))
     started = False
     try:
         with _Signals(stop, on_signal) as signals:
-            summary = _extract_locked(found, source, run, settings, shard_size, shard_mb, part, on_plan,
-                                      on_progress, stop, on_phase, options, reencode_damaged, reencode_changed)
+            summary = _extract_locked(found, request, run, on_plan, on_progress, stop, on_phase)
             started = True
             summary["interrupted"] = signals.received if stop.is_set() else None
             return summary
@@ -281,21 +286,21 @@ def extract(source: str, out_dir: str, settings: Settings, shard_size: int = 100
         run.close(remove_if_unused=not started and fresh)  # a run that never started leaves no OUT behind
 
 
-def _extract_locked(found, source, run, settings, shard_size, shard_mb, part, on_plan, on_progress,
-                    stop, on_phase, options=None, reencode_damaged=False, reencode_changed=False) -> dict:
+def _extract_locked(found: Discovered, request: RunRequest, run: RunDirectory, on_plan, on_progress, stop,
+                    on_phase) -> dict:
+    settings = request.settings
     on_phase(f"starting {len(settings.devices)} encoder worker(s) on {', '.join(sorted(set(settings.devices)))}"
              if settings.engine == "local" else f"starting the {settings.engine} engine")
     engine = make_engine(settings)  # first: worker processes load the weights while we check them
     try:
-        return _extract_with(engine, found, source, run, settings, shard_size, shard_mb, part, on_plan,
-                             on_progress, stop, on_phase, options, reencode_damaged, reencode_changed)
+        return _extract_with(engine, found, request, run, on_plan, on_progress, stop, on_phase)
     finally:
         engine.close()
 
 
-def _extract_with(engine, found: Discovered, source, run: RunDirectory, settings, shard_size, shard_mb, part, on_plan,
-                  on_progress, stop, on_phase=lambda text: None, options=None, reencode_damaged=False,
-                  reencode_changed=False) -> dict:
+def _extract_with(engine: Engine, found: Discovered, request: RunRequest, run: RunDirectory, on_plan, on_progress,
+                  stop, on_phase=lambda text: None) -> dict:
+    settings, part, options = request.settings, request.part, request.options
     get_format(settings.format).require()  # its library installed, before anything is encoded
     on_phase(f"loading the model {settings.model} and hashing its weights")
     model, config, identity = load_identity(settings)
@@ -314,14 +319,15 @@ def _extract_with(engine, found: Discovered, source, run: RunDirectory, settings
         from .store.shar_extend import plan_extend
 
         mine = None if part.whole else (lambda n: part_of(f"shar-shard-{n}", part.count) == part.index)
-        layout, items, bad, more = plan_extend(source, found.kind, items, bad, mine, settings.format)
+        layout, items, bad, more = plan_extend(request.source, found.kind, items, bad, mine, settings.format)
         warnings += more
     attrs = file_attrs(settings, config, identity, found.metadata)
     info = run_info(settings, identity, found.root, found.kind, part, found.identity, found.metadata, options,
                     found.part_shards)
-    requeued = run.check_identity(info, attrs, fmt, rewritten_since(run.path, info, part) if reencode_changed else [])
+    requeued = run.check_identity(info, attrs, fmt, rewritten_since(run.path, info, part) if request.reencode_changed
+                                  else [])
     damaged = None
-    if reencode_damaged:
+    if request.reencode_damaged:
         on_phase("reading every stored item to check its checksums (--reencode-damaged)")
         damaged = run.damaged_shards()
     done, notes = run.recover(attrs, fmt, damaged)
@@ -332,7 +338,7 @@ def _extract_with(engine, found: Discovered, source, run: RunDirectory, settings
     todo = [it for it in items if it.key not in done]
     skipped = len(items) - len(todo) + sum(it.key in done for it in bad)  # this run's inputs already stored
     bad = [it for it in bad if it.key not in done]
-    planned = getattr(engine, "plan_settings", settings)  # a Ray cluster's actors decide the unit sizes
+    planned = engine.plan_settings  # a Ray cluster's actors decide the unit sizes
     count, streamed = len(todo), sum(it.samples > planned.chunk_samples() for it in todo)
     split = Split()
     if settings.split and layout is None:  # (--shar-extend plans shard by shard: whole items)
@@ -367,7 +373,7 @@ def _extract_with(engine, found: Discovered, source, run: RunDirectory, settings
         "seconds": sum(it.samples for it in todo) / SAMPLE_RATE, "padding": padding_fraction(short),
         "ok": 0, "errors": 0, "notes": notes, "warnings": warnings, "frame_rate": frame_rate(settings.tap, config),
         "devices": planned.devices, "stats": Stats(), "engine_notes": [],
-        "engine": engine.describe() if hasattr(engine, "describe") else None, "split": split,
+        "engine": engine.describe(), "split": split,
     }
     if on_plan:
         on_plan(summary)
@@ -376,7 +382,7 @@ def _extract_with(engine, found: Discovered, source, run: RunDirectory, settings
     if layout is not None:
         writer = run.extend_writer(fmt, attrs, layout)
     else:
-        writer = run.writer(fmt, attrs, shard_size, int(shard_mb * 2**20))
+        writer = run.writer(fmt, attrs, request.shard_size, int(request.shard_mb * 2**20))
     attrs_of = lambda it: {"duration": it.duration, "source_sample_rate": it.sample_rate,  # noqa: E731
                            **({"start": it.segment[0], "end": it.segment[1]} if it.segment else {})}
     pieces = None
@@ -415,7 +421,7 @@ def _extract_with(engine, found: Discovered, source, run: RunDirectory, settings
         except OutputError:
             pass
         raise
-    summary["engine_notes"] = getattr(engine, "notes", [])
+    summary["engine_notes"] = engine.notes
     summary["held_peak_bytes"] = getattr(writer, "peak_held_bytes", None)  # --shar-extend: outputs held at once
     summary["stats"] = stats = engine.stats
     run.finish(fmt, {  # this run's timing, for bench and users

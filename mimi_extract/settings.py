@@ -1,16 +1,20 @@
-"""What a run computes and how: one picklable object shared by the runner, engines and workers."""
+"""What a run computes and how (:class:`Settings`: one picklable object shared by the runner,
+engines and workers), and which part of a job array it is (:class:`Part`, ``--part``).
+
+Torch-free (plain values; ``engines.device`` turns them into torch devices and dtypes), so the CLI
+builds it and a spawned worker unpickles it before the seconds of torch imports."""
 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+from .choices import SAMPLE_RATE
 
-from .audio import Framing, SAMPLE_RATE
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-ENGINES = ("local", "ray")
+if TYPE_CHECKING:
+    from .audio import Framing
 
 
 @dataclass
@@ -41,6 +45,8 @@ class Settings:
 
     @property
     def framing_rule(self) -> Framing:
+        from .audio import Framing  # (audio imports torch: only once something is computed)
+
         return Framing(self.framing, self.causal_16k, self.frames_per_call)
 
     def chunk_samples(self, hop: int = 1920) -> int:
@@ -75,40 +81,57 @@ class Settings:
         return self.batch_size or default_batch_size(self.devices)
 
 
+@dataclass(frozen=True)
+class Part:
+    """Part ``index`` of ``count`` (0-based): the items whose key hashes to it."""
+
+    index: int = 0
+    count: int = 1
+
+    @property
+    def whole(self) -> bool:
+        return self.count == 1
+
+    @property
+    def dirname(self) -> str:
+        width = len(str(self.count - 1))
+        return f"part-{self.index:0{width}d}-of-{self.count}"
+
+    def __str__(self) -> str:
+        return f"{self.index}/{self.count}"
+
+
+def parse_part(spec: str | None, environ=os.environ) -> Part:
+    """``I/N`` (0-based), or ``slurm`` (from SLURM_ARRAY_TASK_ID/COUNT/MIN), or None (everything)."""
+    if spec is None:
+        return Part()
+    if spec == "slurm":
+        try:
+            task, count = int(environ["SLURM_ARRAY_TASK_ID"]), int(environ["SLURM_ARRAY_TASK_COUNT"])
+        except KeyError as e:
+            raise ValueError(f"--part slurm: {e.args[0]} is not set (run inside a Slurm job array, "
+                             "sbatch --array=0-N)") from None
+        except ValueError:
+            raise ValueError("--part slurm: SLURM_ARRAY_TASK_ID/COUNT are not integers") from None
+        index = task - int(environ.get("SLURM_ARRAY_TASK_MIN", 0))
+        if not 0 <= index < count:
+            raise ValueError(f"--part slurm: task {task} is not one of {count} contiguous tasks from "
+                             f"SLURM_ARRAY_TASK_MIN; use an array without gaps or steps (sbatch --array=0-{count - 1})")
+        spec = f"{index}/{count}"
+    m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", spec)
+    if not m:
+        raise ValueError(f"--part {spec!r}: expected I/N (0-based, e.g. 0/4) or 'slurm'")
+    index, count = int(m.group(1)), int(m.group(2))
+    if count < 1 or not 0 <= index < count:
+        raise ValueError(f"--part {spec}: need 0 <= I < N")
+    return Part(index, count)
+
+
 def cpu_cores() -> int:
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
-
-
-def resolve_devices(spec: str, cpu_workers: int | None = None) -> tuple[str, ...]:
-    """``auto`` -> every CUDA device (or the CPU); else a comma-separated list such as
-    ``cuda:0,cuda:1``.  ``cpu`` becomes ``cpu_workers`` single-device workers (default: one per
-    core pair measured best on CPU, see README: two 1-thread workers beat one 2-thread one)."""
-    spec = spec.strip()
-    if spec == "auto":
-        n = torch.cuda.device_count()
-        devices: tuple[str, ...] = tuple(f"cuda:{i}" for i in range(n)) or ("cpu",)
-    else:
-        devices = tuple(d.strip() for d in spec.split(",") if d.strip())
-        if not devices:
-            raise ValueError(f"--device {spec!r} names no device; use auto, cpu, cuda, cuda:N or a list")
-    for d in devices:
-        try:
-            dev = torch.device(d)
-        except RuntimeError:
-            raise ValueError(f"--device: {d!r} is not a device name (use cpu, cuda or cuda:N)") from None
-        if dev.type not in ("cpu", "cuda"):
-            raise ValueError(f"--device {d!r}: only cpu and cuda devices are supported")
-        if dev.type == "cuda":
-            if not torch.cuda.is_available():
-                raise ValueError(f"device {d!r} requested but CUDA is not available")
-            if dev.index is not None and dev.index >= torch.cuda.device_count():
-                raise ValueError(f"device {d!r}: this machine has {torch.cuda.device_count()} GPU(s)")
-    if devices == ("cpu",):
-        devices = ("cpu",) * (cpu_workers or default_cpu_workers())
-    return devices
 
 
 def default_cpu_workers() -> int:

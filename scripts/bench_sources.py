@@ -110,7 +110,7 @@ def e2e(args):
     pq = to_parquet(root, names, os.path.join(args.out, "e2e-parquet"))
     rows = {}
     for _rep in range(args.reps):
-        for label, src, opts in (("loose", root, None), ("tar", tars, Options(id_field="id")),
+        for label, src, opts in (("loose", root, Options()), ("tar", tars, Options(id_field="id")),
                                  ("parquet", pq, Options(id_column="id"))):
             out = os.path.join(args.out, f"e2e-out-{label}")
             shutil.rmtree(out, ignore_errors=True)

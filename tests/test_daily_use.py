@@ -25,8 +25,8 @@ PROBE = ("import atexit, sys, runpy\n"
          "runpy.run_module('mimi_extract', run_name='__main__')\n")
 
 
-def run_light(*args):
-    env = {**os.environ, "PYTHONPATH": ROOT}
+def run_light(*args, env=None):
+    env = {**os.environ, "PYTHONPATH": ROOT, **(env or {})}
     start = time.perf_counter()
     p = subprocess.run([sys.executable, "-c", PROBE, *map(str, args)], env=env, capture_output=True, text=True)
     return p, time.perf_counter() - start
@@ -44,12 +44,14 @@ def test_light_commands_do_not_import_torch(tmp_path):
         assert heavy == "", f"{args}: imported {heavy} ({seconds:.1f} s)"
 
 
-def test_cli_choices_are_the_modules_names():
-    from mimi_extract import audio, cli, settings, sources
-
-    assert cli.CHANNEL_MODES == audio.CHANNEL_MODES and cli.FRAMINGS == audio.FRAMINGS
-    assert cli.DTYPES == tuple(settings.DTYPES) and cli.ENGINES == settings.ENGINES
-    assert cli.SIDECAR_DURATIONS == sources.SIDECAR_DURATION_MODES and cli.KEY_MODES == sources.KEY_MODES
+def test_request_and_settings_import_without_torch():
+    """What a run is asked (the request, its settings and input options, the choices the CLI offers) is
+    plain data: the CLI builds it, and a spawned worker unpickles it, before torch is imported."""
+    code = ("import sys, pickle; import mimi_extract.request as r, mimi_extract.settings, mimi_extract.choices; "
+            "pickle.loads(pickle.dumps(r.RunRequest('in', 'out', options=r.Options(keep_fields='a')))); "
+            "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    p = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True, text=True)
+    assert p.returncode == 0 and p.stdout.strip() == "[]", p.stdout + p.stderr
 
 
 def test_log_gets_phase_lines_and_plain_progress(corpus, tiny_model_dir, tmp_path):
@@ -157,6 +159,18 @@ def test_offline_first_run_fails_fast_and_leaves_nothing(tmp_path, corpus, monke
     assert "HF_HUB_OFFLINE is set" in result.text and "--model DIR" in result.text
     assert "make_demo.py demo --random-model tiny" in result.text
     assert not out.exists()  # was: OUT/lock in an otherwise empty OUT
+
+
+def test_offline_first_run_fails_before_torch_is_imported(tmp_path, corpus):
+    root, _ = corpus
+    out = tmp_path / "out"
+    p, _ = run_light("codes", root, out, "--model", "some/uncached-model",
+                     env={"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf-empty")})
+    assert p.returncode == 2, p.stderr
+    assert "cannot load 'some/uncached-model'" in p.stderr and "HF_HUB_OFFLINE is set" in p.stderr, p.stderr
+    heavy = p.stderr.rsplit("HEAVY=", 1)[1].strip()
+    assert heavy == "", f"imported {heavy} before failing"
+    assert not out.exists()
 
 
 def test_a_run_that_cannot_load_its_model_leaves_no_out(tmp_path, corpus):

@@ -16,6 +16,7 @@ from mimi_extract.encoder import reference_single  # noqa: E402
 from mimi_extract.plan import Part  # noqa: E402
 from mimi_extract.runner import extract  # noqa: E402
 from mimi_extract.settings import Settings  # noqa: E402
+from mimi_extract.sources import Options  # noqa: E402
 from mimi_extract.testing import check_consistency  # noqa: E402
 from conftest import write_noise  # noqa: E402
 
@@ -76,7 +77,7 @@ def test_lhotse_manifests_as_inputs(tmp_path, tiny_model, tiny_model_dir):
     for name, expected in (("recs", {"long16k#ch0", "long16k#ch1", "mono24k"}), ("sups", {"s1", "s2", "s3"}),
                            ("cuts", None)):
         out = str(tmp_path / f"out-{name}")
-        kwargs = {"recordings": str(tmp_path / "recs.jsonl.gz")} if name == "sups" else {}
+        kwargs = {"options": Options(recordings=str(tmp_path / "recs.jsonl.gz"))} if name == "sups" else {}
         summary = extract(str(tmp_path / f"{name}.jsonl.gz"), out, Settings(model=tiny_model_dir, tap="codes", num_workers=0),
                           **kwargs)
         arrays = check_consistency(out)

@@ -12,12 +12,14 @@ from __future__ import annotations
 import queue as queue_mod
 import threading
 from dataclasses import dataclass
-from typing import Iterator, Protocol
+from abc import ABC, abstractmethod
+from typing import Iterator
 
 import numpy as np
 import torch
 
 from ..plan import WorkUnit
+from ..settings import Settings
 from ..sources import Item
 
 
@@ -70,14 +72,28 @@ def is_out_of_memory(e: BaseException) -> bool:
 
 
 
-class Engine(Protocol):
-    """How planned work units become encoded pieces."""
+class Engine(ABC):
+    """How planned work units become encoded pieces, and everything the runner asks of an engine:
+    ``plan_settings`` (what sizes the units), ``describe()`` (the plan line), ``stats`` and ``notes``
+    (the summary), ``run`` and ``close``."""
 
-    stats: Stats
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        # what one worker runs on decides the units' size: the run's settings, unless the engine's
+        # workers are elsewhere (a Ray cluster's actors: a CPU head can drive a GPU cluster)
+        self.plan_settings: Settings = settings
+        self.stats = Stats()
+        self.notes: list[str] = []  # for the run's summary: a worker that died, a request capped
 
+    def describe(self) -> str | None:
+        """What runs the work, for the plan line; None: the devices say it."""
+        return None
+
+    @abstractmethod
     def run(self, units: list[WorkUnit], stop: threading.Event, model=None) -> Iterator[Piece]:
         """Encode ``units`` until done or ``stop`` is set, yielding pieces in each item's order."""
 
+    @abstractmethod
     def close(self) -> None:
         """Release workers or the cluster (idempotent)."""
 

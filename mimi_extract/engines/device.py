@@ -25,9 +25,40 @@ import torch
 
 from ..audio import SAMPLE_RATE, AudioError, AudioReader, PieceReader, seek_is_exact
 from ..encoder import PaddedMimiEncoder, frames_of, load_model, prepare
-from ..settings import DTYPES, Settings
+from ..settings import Settings, default_cpu_workers
 from ..sources import Item, open_audio
 from .base import _DONE, Piece, Stats, _AnyEvent, _get_while, is_out_of_memory
+
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}  # choices.DTYPES
+
+
+def resolve_devices(spec: str, cpu_workers: int | None = None) -> tuple[str, ...]:
+    """``auto`` -> every CUDA device (or the CPU); else a comma-separated list such as
+    ``cuda:0,cuda:1``.  ``cpu`` becomes ``cpu_workers`` single-device workers (default: one per
+    core pair measured best on CPU, see README: two 1-thread workers beat one 2-thread one)."""
+    spec = spec.strip()
+    if spec == "auto":
+        n = torch.cuda.device_count()
+        devices: tuple[str, ...] = tuple(f"cuda:{i}" for i in range(n)) or ("cpu",)
+    else:
+        devices = tuple(d.strip() for d in spec.split(",") if d.strip())
+        if not devices:
+            raise ValueError(f"--device {spec!r} names no device; use auto, cpu, cuda, cuda:N or a list")
+    for d in devices:
+        try:
+            dev = torch.device(d)
+        except RuntimeError:
+            raise ValueError(f"--device: {d!r} is not a device name (use cpu, cuda or cuda:N)") from None
+        if dev.type not in ("cpu", "cuda"):
+            raise ValueError(f"--device {d!r}: only cpu and cuda devices are supported")
+        if dev.type == "cuda":
+            if not torch.cuda.is_available():
+                raise ValueError(f"device {d!r} requested but CUDA is not available")
+            if dev.index is not None and dev.index >= torch.cuda.device_count():
+                raise ValueError(f"device {d!r}: this machine has {torch.cuda.device_count()} GPU(s)")
+    if devices == ("cpu",):
+        devices = ("cpu",) * (cpu_workers or default_cpu_workers())
+    return devices
 
 
 def build_encoder(settings: Settings, device: str, model=None) -> PaddedMimiEncoder:
@@ -39,7 +70,7 @@ def build_encoder(settings: Settings, device: str, model=None) -> PaddedMimiEnco
             torch.backends.cuda.matmul.allow_tf32 = False
             torch.backends.cudnn.allow_tf32 = False
         torch.backends.cudnn.benchmark = True  # step shapes are bucketed, so autotuning is reused
-    dtype = DTYPES[settings.dtype]
+    dtype = TORCH_DTYPES[settings.dtype]
     model = prepare(model, device, dtype) if model is not None else load_model(settings.model, device, dtype)
     return PaddedMimiEncoder(model, settings.framing_rule.stream_frames)
 
@@ -241,7 +272,7 @@ class DeviceRunner:
     # -- encoder ---------------------------------------------------------------------------
     def _forward(self, step: _Step):
         s = self.settings
-        audio = step.audio.to(self.encoder.model.device, DTYPES[s.dtype], non_blocking=True)
+        audio = step.audio.to(self.encoder.model.device, TORCH_DTYPES[s.dtype], non_blocking=True)
         offsets = [(r, it.piece.begin) for r, it in enumerate(step.items) if it.piece and it.piece.begin and step.fresh[r]]
         if bool(step.fresh.all()) and bool(step.final.all()) and not offsets:
             return self.encoder(audio, step.lengths, self.taps, s.num_quantizers)

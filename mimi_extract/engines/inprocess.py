@@ -9,20 +9,16 @@ import threading
 import torch
 
 from ..plan import WorkUnit
-from ..settings import Settings, threads_per_worker
-from .base import _DONE, Stats, _AnyEvent, _get_while
+from ..settings import threads_per_worker
+from .base import _DONE, Engine, _AnyEvent, _get_while
 from .device import DeviceRunner
 
 
-class InProcessEngine:
+class InProcessEngine(Engine):
     """One device in this process: the encoder runs in a thread, the caller's thread writes."""
 
-    def __init__(self, settings: Settings):
-        self.settings = settings
-        self.stats = Stats()
-
     def close(self) -> None:
-        pass
+        """Nothing to release: the encoder thread ends with its run."""
 
     def run(self, units: list[WorkUnit], stop: threading.Event, model=None):
         """``model``: the weights the caller already loaded, used rather than loading them again."""

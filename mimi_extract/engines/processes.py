@@ -10,14 +10,14 @@ import threading
 import time
 import traceback
 from collections import deque
-from dataclasses import asdict, replace
+from dataclasses import replace
 
 import torch
 
 from .._boot import worker_main
 from ..plan import WorkUnit
 from ..settings import Settings, threads_per_worker
-from .base import Stats
+from .base import Engine, Stats
 from .device import LATER, DeviceRunner
 
 WORKER_MAIN = "mimi_extract.engines.processes:_process_main"  # what _boot.worker_main runs, by name
@@ -48,14 +48,12 @@ def _process_main(settings: Settings, device: str, wid: int, requests, inbox, ou
         out_q.put(("fail", wid, f"{device}: {traceback.format_exc()}"))
 
 
-class ProcessEngine:
+class ProcessEngine(Engine):
     """One spawned process per device; units handed out as workers ask, re-handed if one dies."""
 
     def __init__(self, settings: Settings):
-        self.settings = settings
-        self.stats = Stats()
+        super().__init__(settings)
         self.worker_stats: dict[int, Stats] = {}  # per worker: who did how much (dynamic hand-out)
-        self.notes: list[str] = []
         self.procs: list = []
         self.handed = False  # has any worker been given a unit (then it may hold results to deliver)
 
@@ -69,7 +67,7 @@ class ProcessEngine:
         self.out_q = ctx.Queue(maxsize=8 * len(self.settings.devices) + 8)
         self.inboxes = [ctx.Queue() for _ in self.settings.devices]
         self.mp_stop = ctx.Event()
-        self.procs = [ctx.Process(target=worker_main, args=(os.getpid(), asdict(self.settings), WORKER_MAIN, dev, wid, self.out_q,
+        self.procs = [ctx.Process(target=worker_main, args=(os.getpid(), self.settings, WORKER_MAIN, dev, wid, self.out_q,
                                                             self.inboxes[wid], self.out_q, self.mp_stop), daemon=True)
                       for wid, dev in enumerate(self.settings.devices)]
         for p in self.procs:

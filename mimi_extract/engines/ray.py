@@ -18,12 +18,12 @@ import collections
 import logging
 import os
 import threading
-from dataclasses import asdict, replace
+from dataclasses import replace
 
 from ..plan import WorkUnit
 from ..settings import Settings
 from .assembly import Assembler
-from .base import Piece, Stats
+from .base import Engine, Piece, Stats
 from .device import DeviceRunner
 
 # read by Ray at import: keep a CLI's terminal clean (the user's environment wins)
@@ -37,12 +37,12 @@ MAX_ATTEMPTS = 3
 class RayEncoder:
     """A Ray actor: one device's model and runner; ``encode(unit)`` returns the unit's pieces."""
 
-    def __init__(self, settings: dict, device: str, threads: int | None):
+    def __init__(self, settings: Settings, device: str, threads: int | None):
         import torch
 
         if threads:
             torch.set_num_threads(threads)
-        self.settings = Settings(**settings)
+        self.settings = settings
         self.runner = DeviceRunner(self.settings, device)
 
     def pid(self) -> int:
@@ -62,7 +62,7 @@ class RayEncoder:
         return pieces, self.runner.stats
 
 
-class RayEngine:
+class RayEngine(Engine):
     """Work units on a Ray cluster; see the module docstring."""
 
     def __init__(self, settings: Settings):
@@ -70,10 +70,8 @@ class RayEngine:
             import ray
         except ImportError as e:
             raise RuntimeError(f"--engine ray needs Ray: pip install 'mimi-extract[ray]' ({e})") from None
+        super().__init__(settings)
         self.ray = ray
-        self.settings = settings
-        self.stats = Stats()
-        self.notes: list[str] = []
         self.started_here = not ray.is_initialized()
         self.reaper = None
         if self.started_here:
@@ -106,7 +104,6 @@ class RayEngine:
             self.threads = max(1, cpus // self.actors)
             self.device = "cpu"
             self.options = dict(num_cpus=self.threads)
-        # what one actor runs on decides the units' size (a CPU head can drive a GPU cluster)
         self.plan_settings = replace(settings, devices=(self.device,) * self.actors)
 
     def describe(self) -> str:
@@ -126,7 +123,7 @@ class RayEngine:
         from ray.exceptions import RayActorError, RayTaskError
 
         remote = ray.remote(max_restarts=0, max_task_retries=0, **self.options)(RayEncoder)
-        settings = asdict(self.plan_settings)
+        settings = self.plan_settings
         queue = collections.deque(units)
         attempts: collections.Counter = collections.Counter()
         pending: dict = {}  # ref -> (slot, generation, unit)

@@ -13,14 +13,15 @@ size), and whoever encodes it (a worker process, a Ray actor) opens them itself.
 
 from __future__ import annotations
 
-import json
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import ROUND_HALF_UP, Decimal
 
 
 from ..audio import DECODED_EXTENSIONS, Framing, open_decoder
+from ..choices import KEY_MODES, SIDECAR_DURATION_MODES
+from ..input_options import Options, is_scalar
 
 # what a directory walk picks up: every extension a decoder reads, but not video containers
 AUDIO_EXTENSIONS = tuple(e for e in DECODED_EXTENSIONS if e not in (".mp4", ".mkv", ".3gp", ".asf", ".snd", ".au"))
@@ -198,7 +199,6 @@ def printable(text: str) -> str:
     return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-SIDECAR_DURATION_MODES = ("auto", "segment", "ignore")
 # A ``duration`` alone (no start, end or offset) within this many seconds of the file's own length
 # is that length, as the corpus wrote it, not a request to cut: Emilia's sidecars round to 3
 # decimals (0.5 ms; 6.096 for a 6.09571 s file), other corpora to 2 (5 ms), and a decoder's count
@@ -236,89 +236,13 @@ def segment_fields(row: dict, entry: Entry, sidecar_duration: str = "auto", star
     entry.channel = _channel(row.get("channel"))
 
 
-# -- metadata kept for the outputs (--keep-fields) --------------------------------------------
-# names a kept field may not have: the outputs' own (Parquet columns, the cuts' array fields);
-# ``supervisions`` is lhotse's, in ``meta``
-RESERVED_FIELDS = frozenset({"key", "path", "start", "end", "duration", "channel", "frames", "dims", "sample_rate",
-                             "codes", "latent", "encoder", "mimi_codes", "mimi_latent", "mimi_encoder", "supervisions"})
+# -- metadata kept for the outputs (--keep-fields: input_options.Keep) ------------------------
 # what a list row or a sidecar already says about the item itself (read, never kept as metadata)
 ITEM_FIELDS = ("id", "path", "start", "end", "duration", "channel")
 
 
-def _scalar(value) -> bool:
-    return isinstance(value, (str, bool, int, float))
-
-
-@dataclass
-class Keep:
-    """Which fields of an input row an item carries into the outputs (``--keep-fields``, alias
-    ``--keep-columns``): ``default`` every scalar field (string, number, boolean); ``all`` nested
-    values too (lists and objects: JSON); ``none`` nothing (not even a lhotse cut's supervisions);
-    or the names listed.  Never the fields that made the item (``skip``: a list row's id, path and
-    segment, the ``--id-field``, the audio and id columns), nor one named as an output's own column
-    (:data:`RESERVED_FIELDS`: ``duration``, ``path``...): that one is left out and named in a
-    warning (``dropped``), or refused when listed by name."""
-
-    mode: str = "default"  # default | all | none | names
-    names: tuple[str, ...] = ()
-    dropped: set = field(default_factory=set)  # reserved names seen (and not kept) in default/all mode
-
-    @classmethod
-    def parse(cls, spec: str | None) -> "Keep":
-        """``None`` (default), ``all``, ``none`` or ``a,b,c``; ValueError for a reserved name."""
-        if spec is None or spec.strip() == "":
-            return cls()
-        if spec.strip().lower() in ("all", "none"):
-            return cls(spec.strip().lower())
-        names = tuple(dict.fromkeys(n.strip() for n in spec.split(",") if n.strip()))
-        taken = [n for n in names if n in RESERVED_FIELDS]
-        if taken:
-            raise ValueError(f"--keep-fields {taken[0]!r}: the outputs have their own {taken[0]!r} column or field, "
-                             "so it cannot be kept as metadata")
-        return cls("names", names)
-
-    @property
-    def keeps_supervisions(self) -> bool:
-        return self.mode != "none"
-
-    def wants(self, name: str, scalar: bool) -> bool:
-        """Whether a field (a Parquet column: ``scalar`` from its type) is read at all."""
-        if self.mode == "names":
-            return name in self.names
-        if self.mode == "none":
-            return False
-        if name in RESERVED_FIELDS:
-            self.dropped.add(name)
-            return False
-        return scalar or self.mode == "all"
-
-    def pick(self, row: dict, skip=()) -> dict | None:
-        """The kept fields of one row (a sidecar, a list row, a Parquet row, a cut's ``custom``),
-        JSON-able; None when nothing is kept.  ``skip``: fields that already made the item (the
-        ``--id-field``, the audio and id columns).  A null or absent field is not kept."""
-        if self.mode == "none":
-            return None
-        out = {}
-        for name in (self.names if self.mode == "names" else row):
-            value = row.get(name)
-            if value is None or name in skip or not isinstance(name, str):
-                continue  # (a name listed that is an item field: the names mode's own choice, skipped too)
-            if self.mode != "names":
-                if name in RESERVED_FIELDS:
-                    self.dropped.add(name)
-                    continue
-                if self.mode == "default" and not _scalar(value):
-                    continue
-            if isinstance(value, (bytes, bytearray)):
-                continue
-            if not _scalar(value):  # nested (or a type JSON lacks: a date): its JSON form
-                value = json.loads(json.dumps(value, default=str))
-            out[name] = value
-        return out or None
-
-
 def _value_kind(name: str, value) -> str:
-    if name == "supervisions" or not _scalar(value):
+    if name == "supervisions" or not is_scalar(value):
         return "json"
     if isinstance(value, bool):
         return "bool"
@@ -372,33 +296,6 @@ def _key_seconds(seconds: float) -> str:
 
 def segment_key(rel: str, start: float, end: float) -> str:
     return f"{rel}@{_key_seconds(start)}-{_key_seconds(end)}"
-
-
-@dataclass
-class Options:
-    """What a kind may need besides INPUT (the CLI's input options)."""
-
-    recordings: str | None = None  # lhotse supervisions: their recordings
-    exclude: str | None = None  # the run's OUT: never an input
-    audio_ext: tuple[str, ...] | None = None  # tar: which members are the audio (".flac",)
-    id_field: str | None = None  # tar: the sidecar field holding the id
-    audio_column: str | None = None  # parquet
-    id_column: str | None = None  # parquet
-    input_format: str | None = None  # a registered kind, instead of detecting it
-    sort_buffer_mb: float = 256  # compressed tar: the bounded sorting buffer (MiB)
-    keep_fields: str | None = None  # --keep-fields / --keep-columns: what metadata items carry (Keep)
-    sidecar_duration: str = "auto"  # a duration alone in a sidecar or list row: see segment_fields
-    key: str = "path"  # keys without an id: "path" (as named) or "stem" (the file or member name's stem)
-
-    @property
-    def keep(self) -> Keep:
-        """:class:`Keep` of ``keep_fields``, parsed once (it collects the reserved names it met)."""
-        if getattr(self, "_keep", None) is None or self._keep_spec != self.keep_fields:
-            self._keep, self._keep_spec = Keep.parse(self.keep_fields), self.keep_fields
-        return self._keep
-
-
-KEY_MODES = ("path", "stem")
 
 
 def key_stem(name: str) -> str:
@@ -671,8 +568,7 @@ def discover(source: str, channel: str = "mix", framing: Framing = Framing(), li
     from concurrent.futures import ThreadPoolExecutor
 
     options = options or Options()
-    options.recordings = recordings or options.recordings
-    options.exclude = exclude or options.exclude
+    options = replace(options, recordings=recordings or options.recordings, exclude=exclude or options.exclude)
     if options.key not in KEY_MODES:
         raise ValueError(f"--key {options.key!r}: choose from {', '.join(KEY_MODES)}")
     if options.sidecar_duration not in SIDECAR_DURATION_MODES:

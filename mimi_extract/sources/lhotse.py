@@ -11,7 +11,8 @@ import json
 import os
 
 from .._optional import lhotse as _lhotse
-from .base import Entry, Keep, Source, printable, register, supervisions_for_channel, text_problem
+from ..input_options import Keep
+from .base import Entry, Source, printable, register, supervisions_for_channel, text_problem
 
 
 def is_lhotse_manifest(path: str) -> bool:
