@@ -29,7 +29,7 @@ from transformers import MimiConfig
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, HERE)
 
-from mimi_extract.testing import random_model, tiny_config  # noqa: E402
+from mimi_extract.demo import random_model, tiny_config  # noqa: E402
 
 p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 p.add_argument("mode", choices=["rss", "exact", "speed"])

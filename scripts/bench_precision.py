@@ -29,7 +29,7 @@ import torch
 from transformers import MimiConfig
 
 from mimi_extract.encoder import PaddedMimiEncoder, frames_of, prepare
-from mimi_extract.testing import random_model, tiny_config
+from mimi_extract.demo import random_model, tiny_config
 from mimi_extract.verify import classify_codes
 
 p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -40,7 +40,7 @@ def main() -> None:
     from transformers import MimiConfig
 
     from mimi_extract.encoder import PaddedMimiEncoder, encode_piece, reference_single, split_bounds
-    from mimi_extract.testing import random_model
+    from mimi_extract.demo import random_model
 
     model = random_model(MimiConfig(), seed=0)
     encoder = PaddedMimiEncoder(model)

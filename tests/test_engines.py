@@ -16,7 +16,7 @@ from mimi_extract.plan import plan_units
 from mimi_extract.runner import extract
 from mimi_extract.settings import Settings
 from mimi_extract.sources import discover
-from mimi_extract.testing import check_consistency
+from helpers import check_consistency
 
 FRAME = 1920
 

@@ -15,7 +15,7 @@ from mimi_extract import read, read_manifest
 from mimi_extract.formats import get_format, names
 from mimi_extract.runner import extract
 from mimi_extract.settings import Settings
-from mimi_extract.testing import check_consistency
+from helpers import check_consistency
 from test_cli import check_outputs
 
 

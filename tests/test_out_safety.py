@@ -21,7 +21,7 @@ from mimi_extract.formats import common as writer
 from mimi_extract.plan import Part
 from mimi_extract.runner import extract
 from mimi_extract.settings import Settings
-from mimi_extract.testing import check_consistency
+from helpers import check_consistency
 
 
 @pytest.fixture(scope="module")

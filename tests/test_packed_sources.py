@@ -17,7 +17,7 @@ from mimi_extract.plan import Part
 from mimi_extract.runner import extract
 from mimi_extract.settings import Settings
 from mimi_extract.sources import Options, discover, open_audio
-from mimi_extract.testing import check_consistency
+from helpers import check_consistency
 from mimi_extract.verify import verify_outputs, verify_source
 from mimi_extract.formats.common import OutputError, read_run_info
 from conftest import cli

@@ -15,7 +15,7 @@ from mimi_extract.encoder import PaddedMimiEncoder, _WindowCache, encode_chunked
 from mimi_extract.engines import DeviceRunner
 from mimi_extract.runner import extract
 from mimi_extract.settings import Settings
-from mimi_extract.testing import check_consistency
+from helpers import check_consistency
 from mimi_extract.formats.common import read_rows
 
 FRAME = 1920  # samples per 12.5 Hz frame (24 kHz)

@@ -15,7 +15,7 @@ import torch
 from conftest import cli, cli_process, tolerance, write_noise
 from mimi_extract.audio import load
 from mimi_extract.encoder import reference_single
-from mimi_extract.testing import check_consistency
+from helpers import check_consistency
 from mimi_extract.formats.common import read_manifest, read
 
 RATES = {"long24.wav": (24_000, 40 * 24_000 + 777), "long16.wav": (16_000, 30 * 16_000 + 123),
