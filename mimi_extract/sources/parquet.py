@@ -18,18 +18,10 @@ import os
 import threading
 from collections import OrderedDict
 
+from .._optional import pyarrow
 from .base import Entry, Source, SourceError, printable, probe, register, text_problem
 
 PARQUET_EXTENSIONS = (".parquet",)
-
-
-def _pa():
-    try:
-        import pyarrow
-        import pyarrow.parquet  # noqa: F401
-    except ImportError:
-        raise ValueError("Parquet input needs pyarrow: pip install 'mimi-extract[parquet]'") from None
-    return pyarrow
 
 
 def _files(path: str) -> list[str]:
@@ -75,7 +67,7 @@ class _Data:
     """One data file's row groups: Parquet row groups, or an Arrow stream file as a single group."""
 
     def __init__(self, path: str):
-        pa = _pa()
+        pa = pyarrow("Parquet inputs")
         self.path = path
         self.arrow = path.lower().endswith(".arrow")
         if self.arrow:
@@ -99,7 +91,7 @@ class _Data:
 
 def audio_column(schema, wanted: str | None) -> str | None:
     """The audio column: ``wanted``, else the first struct with ``bytes`` (binary) and ``path``."""
-    pa = _pa()
+    pa = pyarrow("Parquet inputs")
     if wanted:
         return wanted if wanted in schema.names else None
     for field in schema:
@@ -166,7 +158,7 @@ class CellTooLarge(SourceError):
 def _cell(path: str, group: int, row: int, column: str) -> tuple[bytes | None, str | None]:
     """(bytes, path) of one cell; :class:`CellTooLarge` before the bytes are copied when they are
     over the limit."""
-    pa = _pa()
+    pa = pyarrow("Parquet inputs")
     col = _group_column(path, group, column)
     for chunk in col.chunks:
         if row < len(chunk):
@@ -190,7 +182,7 @@ def _cell(path: str, group: int, row: int, column: str) -> tuple[bytes | None, s
 def kept_columns(schema, keep, skip) -> list[str]:
     """The columns whose values items carry (``--keep-columns``): by default the scalar ones
     (strings, numbers, booleans); never the audio or id column (``skip``) nor any holding bytes."""
-    pa = _pa()
+    pa = pyarrow("Parquet inputs")
 
     def scalar(t) -> bool:
         if pa.types.is_dictionary(t):  # a datasets ClassLabel-like or categorical column: its values
