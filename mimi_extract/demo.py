@@ -14,7 +14,7 @@ import soundfile as sf
 import torch
 from transformers import MimiConfig, MimiModel
 
-from .encoder import reset_codebook_cache
+from .model import reset_codebook_cache
 
 
 def tiny_config(**overrides) -> MimiConfig:

@@ -227,7 +227,7 @@ def decode_items(out_dir: str, keys: list[str] | None, output: str | None, model
     import soundfile as sf
     import torch
 
-    from .encoder import load_model
+    from .model import load_model
     from .reader import Reader
     from .sources import dataset_name
 

@@ -32,7 +32,8 @@ HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from mimi_extract import read
 from mimi_extract.audio import load
-from mimi_extract.encoder import PaddedMimiEncoder, load_model
+from mimi_extract.encoder import PaddedMimiEncoder
+from mimi_extract.model import load_model
 from mimi_extract.settings import cpu_cores
 from mimi_extract.demo import random_model, tiny_config
 

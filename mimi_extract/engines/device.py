@@ -24,7 +24,8 @@ import numpy as np
 import torch
 
 from ..audio import SAMPLE_RATE, AudioError, AudioReader, PieceReader, seek_is_exact
-from ..encoder import PaddedMimiEncoder, frames_of, load_model, prepare
+from ..encoder import PaddedMimiEncoder, frames_of
+from ..model import load_model, prepare
 from ..settings import DTYPES, Settings
 from ..sources import Item, open_audio
 from .base import _DONE, Piece, Stats, _AnyEvent, _get_while, is_out_of_memory
