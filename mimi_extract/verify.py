@@ -44,7 +44,8 @@ import numpy as np
 import torch
 
 from .audio import SAMPLE_RATE, Framing, load
-from .encoder import PaddedMimiEncoder, encode_chunked, encoder_parts, reference_single
+from .encoder import PaddedMimiEncoder, encode_chunked, encoder_parts
+from .reference import reference_single
 from .model import load_model, weights_hash
 from .engines import DeviceRunner
 from .plan import plan_units

@@ -100,7 +100,8 @@ if args.mode == "rss":
 
 elif args.mode == "exact":
     from mimi_extract.audio import load
-    from mimi_extract.encoder import PaddedMimiEncoder, encode_chunked, reference_single
+    from mimi_extract.encoder import PaddedMimiEncoder, encode_chunked
+    from mimi_extract.reference import reference_single
     from mimi_extract.verify import classify_codes
 
     model = random_model(MimiConfig(), seed=0)

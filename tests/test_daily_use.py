@@ -173,7 +173,7 @@ def test_16k_default_is_what_torchaudio_plus_mimimodel_gives(tmp_path, tiny_mode
 
     from mimi_extract import read
     from mimi_extract.audio import causal_lookahead
-    from mimi_extract.encoder import reference_single
+    from mimi_extract.reference import reference_single
 
     (tmp_path / "in").mkdir()
     path = tmp_path / "in" / "a16k.wav"

@@ -10,7 +10,7 @@ import torch
 from conftest import tolerance, write_noise
 from mimi_extract import read, read_manifest
 from mimi_extract.audio import load
-from mimi_extract.encoder import reference_single
+from mimi_extract.reference import reference_single
 from mimi_extract.engines import DeviceRunner
 from mimi_extract.plan import plan_units
 from mimi_extract.runner import extract

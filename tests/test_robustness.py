@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from conftest import write_noise
-from mimi_extract.encoder import PaddedMimiEncoder, _WindowCache, encode_chunked, reference_single
+from mimi_extract.encoder import PaddedMimiEncoder, _WindowCache, encode_chunked
+from mimi_extract.reference import reference_single
 from mimi_extract.engines import DeviceRunner
 from mimi_extract.runner import extract
 from mimi_extract.settings import Settings

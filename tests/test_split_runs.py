@@ -14,7 +14,7 @@ import torch
 
 from conftest import cli, cli_process, tolerance, write_noise
 from mimi_extract.audio import load
-from mimi_extract.encoder import reference_single
+from mimi_extract.reference import reference_single
 from helpers import check_consistency
 from mimi_extract.formats.common import read_manifest, read
 
