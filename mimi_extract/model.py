@@ -12,9 +12,10 @@ import os
 
 import torch
 from torch import nn
-from transformers.models.mimi import modeling_mimi as mm
+from transformers import MimiModel
 from transformers.utils import logging as hf_logging
 
+from ._transformers import drop_codebook_cache
 from .hub import looks_local
 
 
@@ -43,9 +44,7 @@ def weights_hash(model: nn.Module) -> str:
 
 def reset_codebook_cache(model: nn.Module) -> None:
     """Codebooks cache ``embed`` lazily; drop it after moving/casting the model or editing weights."""
-    for m in model.modules():
-        if isinstance(m, mm.MimiEuclideanCodebook):
-            m._embed = None
+    drop_codebook_cache(model)
 
 
 def from_pretrained(cls, name_or_path: str, **kwargs):
@@ -71,7 +70,7 @@ def from_pretrained(cls, name_or_path: str, **kwargs):
 
 def load_model(name_or_path: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
     """``MimiModel.from_pretrained`` (hub id or local dir) in eval mode on ``device``."""
-    return prepare(from_pretrained(mm.MimiModel, name_or_path, attn_implementation="sdpa"), device, dtype)
+    return prepare(from_pretrained(MimiModel, name_or_path, attn_implementation="sdpa"), device, dtype)
 
 
 def prepare(model: nn.Module, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):

@@ -256,7 +256,7 @@ def decode_items(out_dir: str, keys: list[str] | None, output: str | None, model
             else:
                 latent = data.float().T[None]  # [1, D, frames]
                 if tap == "encoder":
-                    from .encoder import encoder_parts
+                    from ._transformers import encoder_parts
 
                     latent = encoder_parts(mimi)[2](latent)
                 codes = mimi.quantizer.encode(latent, mimi.config.num_quantizers).transpose(0, 1)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .encoder import encoder_parts
+from ._transformers import eager_attention, encoder_parts
 
 
 def moshi_stream_mask(steps: int, call_steps: int, window: int) -> torch.Tensor:
@@ -37,7 +37,7 @@ def reference_single(model: nn.Module, audio: torch.Tensor, num_quantizers: int 
     if frames_per_call is not None:
         call_steps = frames_per_call * (int(downsample.stride) if downsample is not None else 1)  # 25 Hz steps
         allowed = moshi_stream_mask(h.shape[1], call_steps, model.config.sliding_window).to(h.device)
-        mask = allowed[None, None] if model.config._attn_implementation != "eager" else torch.zeros(
+        mask = allowed[None, None] if not eager_attention(model.config) else torch.zeros(
             allowed.shape, dtype=h.dtype, device=h.device).masked_fill(~allowed, torch.finfo(h.dtype).min)[None, None]
     h = transformer(h, attention_mask=mask).last_hidden_state
     latent = downsample(h.transpose(1, 2)) if downsample is not None else h.transpose(1, 2)

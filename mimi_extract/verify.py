@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from .audio import SAMPLE_RATE, Framing, load
-from .encoder import PaddedMimiEncoder, encode_chunked, encoder_parts
+from .encoder import PaddedMimiEncoder, encode_chunked
 from .reference import reference_single
 from .model import load_model, weights_hash
 from .engines import DeviceRunner
@@ -352,4 +352,4 @@ def verify_outputs(out_dir: str, sample: int | None = 20, seed: int = 0, device:
     return checks, problems
 
 
-__all__ = ["FileCheck", "Mismatch", "classify_codes", "rvq_trace", "verify_source", "verify_outputs", "encoder_parts"]
+__all__ = ["FileCheck", "Mismatch", "classify_codes", "rvq_trace", "verify_source", "verify_outputs"]
