@@ -50,7 +50,7 @@ def row_for(item: Item) -> dict:
         # absolute, so that the cuts load their audio (and verify --out re-reads it) from any directory
         row["source"] = {"path": os.path.abspath(item.path), "frames": item.file_frames, "channels": item.file_channels}
         if item.kind != "file":  # a member of a container: how to reach its bytes again (verify --out)
-            row["source"].update(kind=item.kind, loc=list(item.loc) if item.loc is not None else None)
+            row["source"].update(kind=item.kind, loc=item.loc.values() if item.loc is not None else None)
     if item.meta:  # what the input says about it (text, speaker, supervisions...): the cuts' and columns' source
         row["meta"] = item.meta
     return row

@@ -27,7 +27,7 @@ from ..audio import SAMPLE_RATE, AudioError, AudioReader, PieceReader, seek_is_e
 from ..encoder import PaddedMimiEncoder, frames_of
 from ..model import load_model, prepare
 from ..settings import DTYPES, Settings
-from ..sources import Item, open_audio
+from ..sources import Item, bytes_name, open_audio
 from .base import _DONE, Piece, Stats, _AnyEvent, _get_while, is_out_of_memory
 
 
@@ -107,8 +107,7 @@ class DeviceRunner:
             return AudioReader(open_audio(item), item.channel, framing, item.start, item.frames)
         _, count, begin, _, end = item.piece
         last = item.piece[0] == count - 1
-        name = item.loc[-1] if item.loc and isinstance(item.loc[-1], str) else item.path
-        if item.sample_rate == SAMPLE_RATE and framing.delay(SAMPLE_RATE) == 0 and seek_is_exact(name):
+        if item.sample_rate == SAMPLE_RATE and framing.delay(SAMPLE_RATE) == 0 and seek_is_exact(bytes_name(item)):
             # samples are the source's, and a seek lands on exactly them: seek
             frames = item.frames - begin if last else end - begin
             return AudioReader(open_audio(item), item.channel, framing, item.start + begin, frames)

@@ -17,11 +17,23 @@ import io
 import os
 import threading
 from collections import OrderedDict
+from dataclasses import dataclass, replace
 
 from .._optional import pyarrow
-from .base import Entry, Source, SourceError, printable, probe, register, text_problem
+from .base import Entry, Loc, Source, SourceError, printable, probe, register, text_problem
 
 PARQUET_EXTENSIONS = (".parquet",)
+
+
+@dataclass(frozen=True)
+class CellLoc(Loc):
+    """The audio cell of row ``row`` of row group ``group``, column ``column``; ``name``: the file name
+    the cell's struct gives (its ``path``), or "" (then the decoder sniffs the bytes)."""
+
+    group: int
+    row: int
+    column: str
+    name: str
 
 
 def _files(path: str) -> list[str]:
@@ -199,6 +211,7 @@ class ParquetSource(Source):
     """Parquet / Hugging Face datasets; see the module docstring."""
 
     kind = "parquet"
+    loc_type = CellLoc
 
     @classmethod
     def detect(cls, path: str) -> bool:
@@ -265,7 +278,7 @@ class ParquetSource(Source):
                 for row in range(rows):
                     n = base + row
                     key, where = f"{shown}/{n}", f"{shown}:row {n}"
-                    entry = Entry(full, key, key=key, where=where, kind=self.kind, loc=(group, row, column, ""))
+                    entry = Entry(full, key, key=key, where=where, kind=self.kind, loc=CellLoc(group, row, column, ""))
                     if isinstance(metas, Exception):
                         entry.error = f"row group {group} unreadable: {type(metas).__name__}: {metas}"
                     elif metas is not None:
@@ -293,11 +306,11 @@ class ParquetSource(Source):
         """Probe from the cell's bytes; a null cell with an existing ``path`` becomes that file."""
         if entry.error is None:
             try:
-                data, path = _cell(entry.path, *entry.loc[:3])
+                data, path = _cell(entry.path, entry.loc.group, entry.loc.row, entry.loc.column)
             except CellTooLarge as e:
                 entry.error = str(e)
             except Exception as e:
-                entry.error = f"row group {entry.loc[0]} unreadable: {type(e).__name__}: {e}"
+                entry.error = f"row group {entry.loc.group} unreadable: {type(e).__name__}: {e}"
             else:
                 name = path or ""
                 if data is None:
@@ -307,7 +320,7 @@ class ParquetSource(Source):
                     else:
                         entry.kind, entry.loc, entry.path = "file", None, local
                 else:
-                    entry.loc = (*entry.loc[:3], name)
+                    entry.loc = replace(entry.loc, name=name)
         return probe(entry, channel_mode, framing)
 
     @staticmethod
@@ -329,7 +342,7 @@ class ParquetSource(Source):
 
     @staticmethod
     def open(entry):
-        group, row, column, name = entry.loc
+        group, row, column, name = entry.loc.values()
         try:
             data, _ = _cell(entry.path, int(group), int(row), column)
         except SourceError:
