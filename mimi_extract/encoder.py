@@ -25,90 +25,16 @@ Everything is one batched op per layer: there is no loop over batch items.
 
 from __future__ import annotations
 
-import hashlib
-import inspect
-import json
 import math
-import os
 from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers.models.mimi import modeling_mimi as mm
-from transformers.utils import logging as hf_logging
+
+from ._transformers import MimiConv1d, MimiResnetBlock, cache_keyword, eager_attention, encoder_parts, inner_conv, \
+    output_length, padding_total, require
 
 TAPS = ("encoder", "latent", "codes")
-
-
-def encoder_parts(model: nn.Module) -> tuple[nn.Module, nn.Module, nn.Module | None]:
-    """(SEANet encoder, encoder transformer, downsample) across transformers 5.x layouts."""
-    enc = model.encoder
-    if hasattr(enc, "encoder_seanet"):  # transformers >= 5.2x: MimiModel.encoder is MimiEncoderModel
-        return enc.encoder_seanet, enc.encoder_transformer, enc.downsample
-    return enc, model.encoder_transformer, model.downsample
-
-
-def config_hash(config) -> str:
-    """Short stable hash of a model config, stored with every output for provenance."""
-    fields = {k: v for k, v in config.to_dict().items() if not k.startswith("_") and k != "transformers_version"}
-    cfg = json.dumps(fields, sort_keys=True, default=str)
-    return hashlib.sha256(cfg.encode()).hexdigest()[:16]
-
-
-def weights_hash(model: nn.Module) -> str:
-    """Content hash of the encoder-side weights (every tensor of the state dict that encoding reads).
-
-    Two checkpoints with one config but other weights (a fine-tune, another seed) differ here, so a
-    resumed run can refuse to mix their outputs.  Hashed as float32 on CPU, so the dtype or device a
-    run computes in does not change it."""
-    h = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
-        if name.startswith(("decoder", "upsample")):
-            continue  # not used to encode
-        t = tensor.detach().to("cpu", torch.float32).contiguous()
-        h.update(f"{name}:{tuple(t.shape)}:".encode())
-        h.update(t.numpy().tobytes())
-    return h.hexdigest()[:24]
-
-
-def reset_codebook_cache(model: nn.Module) -> None:
-    """Codebooks cache ``embed`` lazily; drop it after moving/casting the model or editing weights."""
-    for m in model.modules():
-        if isinstance(m, mm.MimiEuclideanCodebook):
-            m._embed = None
-
-
-def _from_pretrained(cls, name_or_path: str, **kwargs):
-    """``cls.from_pretrained`` with an actionable error instead of a long hub traceback."""
-    looks_local = name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1  # hub ids: org/name
-    path = os.path.expanduser(name_or_path)
-    if looks_local and not os.path.isdir(path):
-        raise RuntimeError(f"model directory {name_or_path!r} does not exist")
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    try:
-        return cls.from_pretrained(path, **kwargs)
-    except OSError as e:
-        raise RuntimeError(
-            f"could not load Mimi from {name_or_path!r}: {e}\n"
-            "Pass a local directory saved with `save_pretrained`, or a hub id on a machine with network."
-        ) from e
-    except Exception as e:  # safetensors/json errors on a truncated or corrupt download
-        raise RuntimeError(
-            f"could not load Mimi from {name_or_path!r}: the weights or config are damaged "
-            f"({type(e).__name__}: {e}); re-download or re-save the model"
-        ) from e
-
-
-def load_model(name_or_path: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
-    """``MimiModel.from_pretrained`` (hub id or local dir) in eval mode on ``device``."""
-    return prepare(_from_pretrained(mm.MimiModel, name_or_path, attn_implementation="sdpa"), device, dtype)
-
-
-def prepare(model: nn.Module, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
-    model = model.to(device=device, dtype=dtype).eval()
-    reset_codebook_cache(model)
-    return model
 
 
 def _valid(lengths: torch.Tensor, size: int) -> torch.Tensor:
@@ -246,25 +172,24 @@ class PaddedMimiEncoder(nn.Module):
 
     def __init__(self, model: nn.Module, frames_per_call: int | None = None):
         super().__init__()
+        require(model)  # every transformers internal used below is there (see _transformers.py)
         self.model = model
         self.seanet, self.transformer, self.downsample = encoder_parts(model)
         self.quantizer = model.quantizer
-        self.convs = [m for m in self.seanet.modules() if isinstance(m, mm.MimiConv1d)]
+        self.convs = [m for m in self.seanet.modules() if isinstance(m, MimiConv1d)]
         if self.downsample is not None:
             self.convs.append(self.downsample)
         self._conv_index = {id(m): i for i, m in enumerate(self.convs)}
         # the first SEANet stage: its layers up to the first strided conv (tiled on CPU, see _seanet)
         self._front = next((i + 1 for i, m in enumerate(self.seanet.layers)
-                            if isinstance(m, mm.MimiConv1d) and int(m.stride) > 1), len(self.seanet.layers))
+                            if isinstance(m, MimiConv1d) and int(m.stride) > 1), len(self.seanet.layers))
         self._weights: dict[tuple[int, str], tuple] = {}  # (conv, layout) -> (weight version, tensor)
         for m in self.convs:
             if m.pad_mode not in ("constant", "replicate"):
                 raise NotImplementedError(f"pad_mode {m.pad_mode!r} is not supported (constant/replicate only)")
             if not m.causal:
                 raise NotImplementedError("only causal Mimi convolutions are supported")
-        # transformers renamed the layers' cache argument (past_key_value(s) -> cache)
-        params = inspect.signature(self.transformer.layers[0].forward).parameters
-        self._cache_arg = next((a for a in ("cache", "past_key_values", "past_key_value") if a in params), None)
+        self._cache_arg = cache_keyword(self.transformer.layers[0])
         self.frames_per_call = frames_per_call
         self.call_steps = None  # encoder (25 Hz) steps per moshi streaming call
         if frames_per_call is not None:
@@ -308,10 +233,10 @@ class PaddedMimiEncoder(nn.Module):
         first = frame
         seanet = self.convs[:-1] if self.downsample is not None else self.convs
         if self.downsample is not None:
-            first = first * int(self.downsample.stride) - int(self.downsample.padding_total)
+            first = first * int(self.downsample.stride) - padding_total(self.downsample)
         first -= len(self.transformer.layers) * (self.window - 1)
         for conv in reversed(seanet):
-            first = first * int(conv.stride) - int(conv.padding_total)
+            first = first * int(conv.stride) - padding_total(conv)
         return frame * self.hop - first
 
     @property
@@ -323,9 +248,9 @@ class PaddedMimiEncoder(nn.Module):
         """Frames per item for each tap, from each conv's own length arithmetic."""
         n = torch.as_tensor(lengths, dtype=torch.long)
         for m in self.seanet.modules():
-            if isinstance(m, mm.MimiConv1d):
-                n = m._get_output_length(n).cpu()
-        latent = self.downsample._get_output_length(n).cpu() if self.downsample is not None else n
+            if isinstance(m, MimiConv1d):
+                n = output_length(m, n).cpu()
+        latent = output_length(self.downsample, n).cpu() if self.downsample is not None else n
         return {"encoder": n, "latent": latent, "codes": latent}
 
     # -- state -----------------------------------------------------------------------------
@@ -333,7 +258,7 @@ class PaddedMimiEncoder(nn.Module):
         """A fresh state for ``batch_size`` streams (each starts with its next chunk)."""
         p = next(self.parameters())
         device, dtype = device or p.device, dtype or p.dtype
-        conv = [torch.zeros(batch_size, int(c.padding_total), c.in_channels, device=device, dtype=dtype)
+        conv = [torch.zeros(batch_size, padding_total(c), c.in_channels, device=device, dtype=dtype)
                 for c in self.convs]
         cfg = self.config
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -346,7 +271,7 @@ class PaddedMimiEncoder(nn.Module):
     # -- layers ----------------------------------------------------------------------------
     def _cached(self, conv: nn.Module, kind: str, make):
         """``make(weight)`` for ``conv``, cached per device, dtype and weight version."""
-        w = conv.conv.weight
+        w = inner_conv(conv).weight
         key = (w.device, w.dtype, w._version)
         slot = (id(conv), kind)
         if self._weights.get(slot, (None,))[0] != key:
@@ -376,8 +301,8 @@ class PaddedMimiEncoder(nn.Module):
         is too thin), hence the width threshold.  Not measured on GPU: cuDNN keeps its conv there."""
         s = int(conv.stride)
         return (x.device.type == "cpu" and conv.pad_mode == "constant" and s > 1 and int(conv.kernel_size) == 2 * s
-                and int(conv.padding_total) == s
-                and conv.conv.dilation[0] == 1 and conv.conv.groups == 1
+                and padding_total(conv) == s
+                and inner_conv(conv).dilation[0] == 1 and inner_conv(conv).groups == 1
                 and s * conv.in_channels >= self.block_gemm_min_width)
 
     block_gemm_min_width = 512  # stride x C_in from which the block GEMM wins (see _uses_block_gemm)
@@ -392,7 +317,7 @@ class PaddedMimiEncoder(nn.Module):
         previous, current = self._block_weights(conv)
         blocks = x if size == n * s else torch.nn.functional.pad(x, (0, 0, 0, n * s - size))
         blocks = blocks.reshape(batch * n, s * channels)
-        bias = conv.conv.bias
+        bias = inner_conv(conv).bias
         out = (torch.addmm(bias, blocks, current) if bias is not None else blocks @ current).view(batch, n, -1)
         from_previous = (blocks @ previous).view(batch, n, -1)
         out[:, 1:] += from_previous[:, :-1]
@@ -400,7 +325,7 @@ class PaddedMimiEncoder(nn.Module):
             index = self._conv_index[id(conv)]
             out[:, 0] += state.conv[index].reshape(batch, s * channels) @ previous
             _carry_context(state, index, x, s)
-        out_lengths = conv._get_output_length(lengths).to(lengths.device)
+        out_lengths = output_length(conv, lengths).to(lengths.device)
         return _zero_padding(out, out_lengths, inplace=True), out_lengths
 
     def _conv(self, conv: nn.Module, x: torch.Tensor, lengths: torch.Tensor, state: EncoderState | None):
@@ -412,16 +337,16 @@ class PaddedMimiEncoder(nn.Module):
         than channel-major convs on CPU, and no transposes anywhere), lets the conv pad zeros itself
         rather than copying the input into a padded buffer, and recomputes only the few leading
         outputs that see a carried context; 1x1 convs are one matrix product."""
-        pad = int(conv.padding_total)
+        pad = padding_total(conv)
         stride = int(conv.stride)
-        dilation = conv.conv.dilation[0]
+        dilation = inner_conv(conv).dilation[0]
         if conv.pad_mode == "replicate" or -x.shape[1] % stride > pad:  # (Mimi: only the downsample)
             return self._conv_explicit(conv, x, lengths, state)
         if self._uses_block_gemm(conv, x):
             return self._block_gemm(conv, x.contiguous(), lengths, state)
         size = x.shape[1]
         n = -(-size // stride)  # outputs: ceil(T / S), MimiConv1d's extra padding completing the last window
-        weight, bias = self._weight(conv), conv.conv.bias
+        weight, bias = self._weight(conv), inner_conv(conv).bias
         if pad == 0 and stride == 1:
             flat = x.reshape(-1, x.shape[2])
             w2 = weight[:, :, 0, 0]
@@ -429,7 +354,7 @@ class PaddedMimiEncoder(nn.Module):
         else:
             def run(inp, padding):
                 y = torch.nn.functional.conv2d(inp[:, None].permute(0, 3, 1, 2), weight, bias, stride=(1, stride),
-                                               padding=(0, padding), dilation=(1, dilation), groups=conv.conv.groups)
+                                               padding=(0, padding), dilation=(1, dilation), groups=inner_conv(conv).groups)
                 return y.permute(0, 2, 3, 1)[:, 0]  # channels-last memory: [B, n, C_out] contiguous
 
             # zeros on both sides; the right side needs at most `pad` (its extra is < stride <= pad)
@@ -446,13 +371,13 @@ class PaddedMimiEncoder(nn.Module):
                 head = min(head, n)
                 out[:, :head] = run(lead, 0)[:, :head]
                 _carry_context(state, index, x, pad)
-        out_lengths = conv._get_output_length(lengths).to(lengths.device)
+        out_lengths = output_length(conv, lengths).to(lengths.device)
         return _zero_padding(out.contiguous(), out_lengths, inplace=True), out_lengths
 
     def _conv_explicit(self, conv: nn.Module, x: torch.Tensor, lengths: torch.Tensor, state: EncoderState | None):
         """The same conv with its padding built explicitly: the replicate-padded downsample (small,
         at 25 Hz), and any conv whose end padding would exceed its kernel - stride."""
-        pad, stride = int(conv.padding_total), int(conv.stride)
+        pad, stride = padding_total(conv), int(conv.stride)
         replicate = conv.pad_mode == "replicate"
         if replicate:
             x = _replicate_padding(x, lengths)
@@ -472,10 +397,10 @@ class PaddedMimiEncoder(nn.Module):
         if extra:
             tail = xin[:, -1:].expand(-1, extra, -1) if replicate else xin.new_zeros(xin.shape[0], extra, xin.shape[2])
             xin = torch.cat([xin, tail], dim=1)
-        out = torch.nn.functional.conv2d(xin[:, None].permute(0, 3, 1, 2), self._weight(conv), conv.conv.bias,
-                                         stride=(1, stride), dilation=(1, conv.conv.dilation[0]),
-                                         groups=conv.conv.groups).permute(0, 2, 3, 1)[:, 0]
-        out_lengths = conv._get_output_length(lengths).to(lengths.device)
+        out = torch.nn.functional.conv2d(xin[:, None].permute(0, 3, 1, 2), self._weight(conv), inner_conv(conv).bias,
+                                         stride=(1, stride), dilation=(1, inner_conv(conv).dilation[0]),
+                                         groups=inner_conv(conv).groups).permute(0, 2, 3, 1)[:, 0]
+        out_lengths = output_length(conv, lengths).to(lengths.device)
         return _zero_padding(out.contiguous(), out_lengths, inplace=True), out_lengths
 
     front_tile = 24_000  # input samples per tile of the first SEANet stage on CPU (see _seanet)
@@ -498,25 +423,25 @@ class PaddedMimiEncoder(nn.Module):
             pieces.append(self._layers(layers[:front], tile, tile_lengths, tile_state)[0])
         front_lengths = lengths
         for conv in layers[:front]:
-            if isinstance(conv, mm.MimiConv1d):
-                front_lengths = conv._get_output_length(front_lengths).to(lengths.device)
+            if isinstance(conv, MimiConv1d):
+                front_lengths = output_length(conv, front_lengths).to(lengths.device)
         return self._layers(layers[front:], torch.cat(pieces, dim=1), front_lengths, state)
 
     def _layers(self, layers, x: torch.Tensor, lengths: torch.Tensor, state: EncoderState | None):
         for layer in layers:
-            if isinstance(layer, mm.MimiConv1d):
+            if isinstance(layer, MimiConv1d):
                 x, lengths = self._conv(layer, x, lengths, state)
-            elif isinstance(layer, mm.MimiResnetBlock):
+            elif isinstance(layer, MimiResnetBlock):
                 h = x
                 for sub in layer.block:
-                    if isinstance(sub, mm.MimiConv1d):
+                    if isinstance(sub, MimiConv1d):
                         h, _ = self._conv(sub, h, lengths, state)
                     elif isinstance(sub, nn.ELU) and h is not x:  # in place, but never on the residual
                         h = _zero_padding(torch.nn.functional.elu_(h, sub.alpha), lengths, inplace=True)
                     else:
                         h = _zero_padding(sub(h), lengths, inplace=True)
                 shortcut = layer.shortcut
-                residual = self._conv(shortcut, x, lengths, state)[0] if isinstance(shortcut, mm.MimiConv1d) else x
+                residual = self._conv(shortcut, x, lengths, state)[0] if isinstance(shortcut, MimiConv1d) else x
                 x = _zero_padding(h.add_(residual), lengths, inplace=True)
             elif isinstance(layer, nn.ELU):  # x is the previous block's fresh output: in place is safe
                 x = _zero_padding(torch.nn.functional.elu_(x, layer.alpha), lengths, inplace=True)
@@ -549,7 +474,7 @@ class PaddedMimiEncoder(nn.Module):
         if cached is not None:
             key_ok &= key[None, :] >= -cached[:, None]
         allowed = allowed & (key_ok[:, None, :] | (key[None, :] == query[:, None])[None])  # [B, T, past+T]
-        if self.config._attn_implementation == "eager":  # eager *adds* the mask
+        if eager_attention(self.config):  # eager *adds* the mask
             return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(
                 ~allowed, torch.finfo(dtype).min
             )[:, None]
@@ -719,36 +644,3 @@ def encode_piece(encoder: PaddedMimiEncoder, audio: torch.Tensor, begin: int, fi
     skip = {"encoder": (first - begin) // encoder.step}
     skip["latent"] = skip["codes"] = (first - begin) // encoder.hop
     return {t: v[skip[t]:] for t, v in out.items()}
-
-
-def moshi_stream_mask(steps: int, call_steps: int, window: int) -> torch.Tensor:
-    """[steps, steps] bool: what a query may attend to in moshi's streaming encode, written out from
-    its ring buffer of ``window`` key slots (a call of ``call_steps`` positions writes all its keys,
-    then attends to the slots; a slot holds the last position written to it).  Independent of
-    ``PaddedMimiEncoder.attention_mask`` on purpose: it is the reference that mask is checked against."""
-    t = torch.arange(steps)
-    call_end = (t // call_steps + 1) * call_steps - 1  # the last position written before query t attends
-    return (t[None, :] <= t[:, None]) & (t[None, :] > call_end[:, None] - window)
-
-
-@torch.no_grad()
-def reference_single(model: nn.Module, audio: torch.Tensor, num_quantizers: int | None = None,
-                     frames_per_call: int | None = None) -> dict:
-    """One unpadded item through transformers' own, unmodified forward passes (the reference).
-    ``frames_per_call``: moshi's streaming attention (``moshi_stream_mask``) given to transformers'
-    transformer as its 4D mask, instead of its own sliding window.
-
-    Returns ``encoder``/``latent`` as [frames, dim] and ``codes`` as [frames, N] (time first)."""
-    seanet, transformer, downsample = encoder_parts(model)
-    x = audio.reshape(1, 1, -1)
-    h = seanet(x).transpose(1, 2)
-    mask = None
-    if frames_per_call is not None:
-        call_steps = frames_per_call * (int(downsample.stride) if downsample is not None else 1)  # 25 Hz steps
-        allowed = moshi_stream_mask(h.shape[1], call_steps, model.config.sliding_window).to(h.device)
-        mask = allowed[None, None] if model.config._attn_implementation != "eager" else torch.zeros(
-            allowed.shape, dtype=h.dtype, device=h.device).masked_fill(~allowed, torch.finfo(h.dtype).min)[None, None]
-    h = transformer(h, attention_mask=mask).last_hidden_state
-    latent = downsample(h.transpose(1, 2)) if downsample is not None else h.transpose(1, 2)
-    codes = model.quantizer.encode(latent, num_quantizers).transpose(0, 1)
-    return {"encoder": h[0], "latent": latent[0].T, "codes": codes[0].T}

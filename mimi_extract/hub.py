@@ -46,11 +46,19 @@ def hub_reachable(timeout: float = 5.0) -> str | None:
     return None
 
 
+def looks_local(model: str) -> bool:
+    """Whether ``--model`` names a directory rather than a Hub id (``name`` or ``org/name``): it
+    starts with ``.``, ``/`` or ``~``, or holds more than one ``/``.  Such a name never goes to the
+    Hub: when the directory (``~`` expanded) is missing, the run says so instead of asking the Hub.
+    The one rule for the offline check and for loading (``model.from_pretrained``)."""
+    return model.startswith((".", "/", "~")) or model.count("/") > 1
+
+
 def offline_problem(model: str, timeout: float = 5.0) -> str | None:
     """A message if ``model`` can only come from the Hub and the Hub cannot be used; else None."""
-    if os.path.isdir(model):
+    if os.path.isdir(os.path.expanduser(model)):
         return None
-    if model.startswith((".", "/", "~")) or os.sep + os.sep in model or model.count("/") > 1:
+    if looks_local(model):
         return f"--model {model!r}: the directory does not exist. {OFFLINE_HELP}"
     if _cached(model):
         return None

@@ -229,7 +229,7 @@ def decode_items(out_dir: str, keys: list[str] | None, output: str | None, model
     import soundfile as sf
     import torch
 
-    from .encoder import load_model
+    from .model import load_model
     from .reader import Reader
     from .sources import dataset_name
 
@@ -258,7 +258,7 @@ def decode_items(out_dir: str, keys: list[str] | None, output: str | None, model
             else:
                 latent = data.float().T[None]  # [1, D, frames]
                 if tap == "encoder":
-                    from .encoder import encoder_parts
+                    from ._transformers import encoder_parts
 
                     latent = encoder_parts(mimi)[2](latent)
                 codes = mimi.quantizer.encode(latent, mimi.config.num_quantizers).transpose(0, 1)

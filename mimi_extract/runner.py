@@ -19,7 +19,8 @@ from dataclasses import asdict, replace
 
 from . import __version__
 from .audio import SAMPLE_RATE, decoder_versions
-from .encoder import PaddedMimiEncoder, _from_pretrained, config_hash, weights_hash
+from .encoder import PaddedMimiEncoder
+from .model import config_hash, from_pretrained, weights_hash
 from .engines import Engine, Stats, make_engine
 from .engines.assembly import Assembler
 from .plan import Split, padding_fraction, part_of, plan_units, split_items
@@ -134,7 +135,7 @@ def load_identity(settings: Settings):
     """Load the model once on CPU: validates the weights up front and hashes them."""
     from transformers.models.mimi.modeling_mimi import MimiModel
 
-    model = _from_pretrained(MimiModel, settings.model, attn_implementation="sdpa").eval()
+    model = from_pretrained(MimiModel, settings.model, attn_implementation="sdpa").eval()
     config = model.config
     if settings.tap == "codes":
         low, high = config.num_semantic_quantizers, config.num_quantizers

@@ -44,11 +44,13 @@ import numpy as np
 import torch
 
 from .audio import SAMPLE_RATE, Framing, load
-from .encoder import PaddedMimiEncoder, encode_chunked, encoder_parts, load_model, reference_single, weights_hash
+from .encoder import PaddedMimiEncoder, encode_chunked
+from .reference import reference_single
+from .model import load_model, weights_hash
 from .engines import DeviceRunner
 from .plan import plan_units
 from .settings import Settings
-from .sources import Item, Options, discover, open_audio, seconds_to_samples
+from .sources import Item, Options, discover, loc_of, open_audio, seconds_to_samples
 from .store.files import PART_RE
 from .store.identity import read_run_info
 from .store.manifest import read_manifest, shard_attrs
@@ -264,8 +266,9 @@ def _item_of_row(row: dict) -> Item:
     start = seconds_to_samples(row.get("start") or 0.0, rate)  # the very samples discovery read
     frames = seconds_to_samples(row["end"] - row["start"], rate) if row.get("end") is not None else src["frames"]
     channel = row["channel"] if row.get("channel") is not None else None
-    loc = tuple(src["loc"]) if src.get("loc") is not None else None
-    return Item(src["path"], row["path"], row["key"], channel, rate, start, frames, kind=src.get("kind", "file"), loc=loc)
+    kind = src.get("kind", "file")
+    return Item(src["path"], row["path"], row["key"], channel, rate, start, frames, kind=kind,
+                loc=loc_of(kind, src.get("loc")))
 
 
 def verify_outputs(out_dir: str, sample: int | None = 20, seed: int = 0, device: str = "cpu", model: str | None = None,
@@ -353,4 +356,4 @@ def verify_outputs(out_dir: str, sample: int | None = 20, seed: int = 0, device:
     return checks, problems
 
 
-__all__ = ["FileCheck", "Mismatch", "classify_codes", "rvq_trace", "verify_source", "verify_outputs", "encoder_parts"]
+__all__ = ["FileCheck", "Mismatch", "classify_codes", "rvq_trace", "verify_source", "verify_outputs"]

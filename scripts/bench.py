@@ -32,9 +32,10 @@ HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from mimi_extract import read
 from mimi_extract.audio import load
-from mimi_extract.encoder import PaddedMimiEncoder, load_model
+from mimi_extract.encoder import PaddedMimiEncoder
+from mimi_extract.model import load_model
 from mimi_extract.settings import cpu_cores
-from mimi_extract.testing import random_model, tiny_config
+from mimi_extract.demo import random_model, tiny_config
 
 p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 p.add_argument("--model", default="random-default", help="random-default | random-tiny | hub id | local dir")

@@ -52,7 +52,7 @@ import mimi_extract.engines.device as device_mod  # noqa: E402
 from mimi_extract.engines.device import DeviceRunner  # noqa: E402
 from mimi_extract.engines.inprocess import InProcessEngine  # noqa: E402
 from mimi_extract.settings import Settings  # noqa: E402
-from mimi_extract.testing import random_model  # noqa: E402
+from mimi_extract.demo import random_model  # noqa: E402
 
 TARGET = 20_000
 # name: (extension, sample rate, soundfile format/subtype)

@@ -187,7 +187,7 @@ def main():
     if args.e2e_items:
         import soundfile as sf
 
-        from mimi_extract.testing import random_model
+        from mimi_extract.demo import random_model
 
         corpus, model = os.path.join(args.workdir, "corpus"), os.path.join(args.workdir, "model")
         if not os.path.exists(model):

@@ -28,8 +28,9 @@ import time
 import torch
 from transformers import MimiConfig
 
-from mimi_extract.encoder import PaddedMimiEncoder, frames_of, prepare
-from mimi_extract.testing import random_model, tiny_config
+from mimi_extract.encoder import PaddedMimiEncoder, frames_of
+from mimi_extract.model import prepare
+from mimi_extract.demo import random_model, tiny_config
 from mimi_extract.verify import classify_codes
 
 p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -61,7 +62,7 @@ def set_tf32(on: bool):
 if args.model.startswith("random-"):
     base = random_model(MimiConfig() if args.model == "random-default" else tiny_config(), args.seed)
 else:
-    from mimi_extract.encoder import load_model
+    from mimi_extract.model import load_model
 
     base = load_model(args.model, "cpu")
 reference_model = prepare(copy.deepcopy(base), args.device, torch.float32)  # classify_codes' fp32 quantizer

@@ -99,7 +99,7 @@ def e2e(args):
     from mimi_extract.runner import extract
     from mimi_extract.settings import Settings
     from mimi_extract.sources import Options
-    from mimi_extract.testing import random_model
+    from mimi_extract.demo import random_model
 
     model_dir = os.path.join(args.out, "tiny-mimi")
     if not os.path.isdir(model_dir):

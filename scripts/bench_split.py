@@ -39,8 +39,9 @@ def main() -> None:
     args = ap.parse_args()
     from transformers import MimiConfig
 
-    from mimi_extract.encoder import PaddedMimiEncoder, encode_piece, reference_single, split_bounds
-    from mimi_extract.testing import random_model
+    from mimi_extract.encoder import PaddedMimiEncoder, encode_piece, split_bounds
+    from mimi_extract.reference import reference_single
+    from mimi_extract.demo import random_model
 
     model = random_model(MimiConfig(), seed=0)
     encoder = PaddedMimiEncoder(model)

@@ -8,7 +8,7 @@ import pytest
 import soundfile as sf
 import torch
 
-from mimi_extract.testing import random_model, write_corpus
+from mimi_extract.demo import random_model, write_corpus
 
 torch.set_num_threads(2)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -12,7 +12,7 @@ from conftest import write_noise
 from mimi_extract.runner import extract
 from mimi_extract.settings import Settings
 from mimi_extract.sources import discover
-from mimi_extract.testing import check_consistency
+from helpers import check_consistency
 from mimi_extract.store.manifest import read_manifest
 
 

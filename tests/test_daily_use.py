@@ -148,11 +148,11 @@ def test_offline_first_run_fails_fast_and_leaves_nothing(tmp_path, corpus, monke
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-empty"))  # nothing cached
     out = tmp_path / "out"
     called = []  # fails fast: no request to the Hub, no model load (was: a wall-time bound, load-dependent)
-    import mimi_extract.encoder
+    import mimi_extract.model
     import mimi_extract.hub
 
     monkeypatch.setattr(mimi_extract.hub, "hub_reachable", lambda *a, **k: called.append("hub") or None)
-    monkeypatch.setattr(mimi_extract.encoder, "load_model", lambda *a, **k: called.append("load_model"))
+    monkeypatch.setattr(mimi_extract.model, "load_model", lambda *a, **k: called.append("load_model"))
     result = cli("codes", root, out, "--device", "cpu", env={"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf-empty")})
     assert called == []
     assert result.exit_code == 2, result.output
@@ -187,7 +187,7 @@ def test_16k_default_is_what_torchaudio_plus_mimimodel_gives(tmp_path, tiny_mode
 
     from mimi_extract import read
     from mimi_extract.audio import causal_lookahead
-    from mimi_extract.encoder import reference_single
+    from mimi_extract.reference import reference_single
 
     (tmp_path / "in").mkdir()
     path = tmp_path / "in" / "a16k.wav"

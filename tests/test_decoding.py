@@ -307,7 +307,7 @@ def test_split_24k_mp3_equals_its_single_item_reference(tmp_path, tiny_model, ti
     stored codes are MimiModel's on the whole decode (which FFmpeg's equals to 4e-6)."""
     from conftest import cli
     from mimi_extract import read
-    from mimi_extract.encoder import reference_single
+    from mimi_extract.reference import reference_single
 
     (tmp_path / "in").mkdir()
     write_mp3(tmp_path / "in" / "long24.mp3", 24_000, "cbr32", True, n=30 * 24_000 + 777)

@@ -14,10 +14,11 @@ import torch
 from transformers import MimiConfig
 
 from conftest import cli, ragged, tolerance
-from mimi_extract.encoder import encode_chunked, frames_of, reference_single
+from mimi_extract.encoder import encode_chunked, frames_of
+from mimi_extract.reference import reference_single
 from mimi_extract.engines import build_encoder
 from mimi_extract.settings import Settings
-from mimi_extract.testing import random_model
+from mimi_extract.demo import random_model
 
 FRAME = 1920
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])

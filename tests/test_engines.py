@@ -10,13 +10,13 @@ import torch
 from conftest import tolerance, write_noise
 from mimi_extract import read, read_manifest
 from mimi_extract.audio import load
-from mimi_extract.encoder import reference_single
+from mimi_extract.reference import reference_single
 from mimi_extract.engines import DeviceRunner
 from mimi_extract.plan import plan_units
 from mimi_extract.runner import extract
 from mimi_extract.settings import Settings
 from mimi_extract.sources import discover
-from mimi_extract.testing import check_consistency
+from helpers import check_consistency
 
 FRAME = 1920
 

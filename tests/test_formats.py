@@ -17,7 +17,7 @@ from mimi_extract.runner import extract
 from mimi_extract.settings import Settings
 from mimi_extract.store.files import DamagedError
 from mimi_extract.store.read import read as store_read
-from mimi_extract.testing import check_consistency
+from helpers import check_consistency
 from test_cli import check_outputs
 
 

@@ -25,7 +25,7 @@ from mimi_extract.plan import Part
 from mimi_extract.runner import extract
 from mimi_extract.settings import Settings
 from mimi_extract.sources import Options
-from mimi_extract.testing import check_consistency
+from helpers import check_consistency
 from mimi_extract.verify import verify_outputs
 from conftest import ONE_WORKER, cli
 

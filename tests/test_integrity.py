@@ -1,6 +1,6 @@
 """Integrity under faults: kill -9, signals, two runs, a full disk, damaged shards, swapped
 weights or inputs, odd file trees.  Each ends in a consistent OUT that resumes to exactly the
-result of an uninterrupted run (checked by ``mimi_extract.testing.check_consistency``)."""
+result of an uninterrupted run (checked by ``tests/helpers.py``'s ``check_consistency``)."""
 
 import errno
 import json
@@ -19,7 +19,8 @@ from conftest import ONE_WORKER, cli, cli_process, write_noise
 from mimi_extract import read_manifest
 from mimi_extract.runner import extract
 from mimi_extract.settings import Settings
-from mimi_extract.testing import check_consistency, random_model, tiny_config
+from mimi_extract.demo import random_model, tiny_config
+from helpers import check_consistency
 from mimi_extract.store.files import LockedError
 from mimi_extract.store.lock import RunLock
 from mimi_extract.store.manifest import valid_shard_name

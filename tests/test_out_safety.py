@@ -23,7 +23,7 @@ from mimi_extract.settings import Settings
 from mimi_extract.store.files import OutputError
 from mimi_extract.store.lock import RunLock
 from mimi_extract.store.manifest import committed_rows
-from mimi_extract.testing import check_consistency
+from helpers import check_consistency
 
 
 @pytest.fixture(scope="module")

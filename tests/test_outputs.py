@@ -10,7 +10,7 @@ import torch
 from conftest import cli, tolerance
 from mimi_extract import read, read_manifest
 from mimi_extract.store.manifest import shard_attrs
-from mimi_extract.encoder import reference_single
+from mimi_extract.reference import reference_single
 from mimi_extract.runner import extract
 from mimi_extract.settings import Settings
 

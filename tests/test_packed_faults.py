@@ -12,7 +12,7 @@ import pytest
 
 from mimi_extract.runner import extract
 from mimi_extract.settings import Settings
-from mimi_extract.testing import check_consistency
+from helpers import check_consistency
 from conftest import write_noise
 from test_integrity import _check_after_kill, _kill_9_part_way, _start_kill_trial, assert_same, no_processes_left
 

@@ -17,7 +17,7 @@ from mimi_extract.plan import Part
 from mimi_extract.runner import extract
 from mimi_extract.settings import Settings
 from mimi_extract.sources import Options, discover, open_audio
-from mimi_extract.testing import check_consistency
+from helpers import check_consistency
 from mimi_extract.verify import verify_outputs, verify_source
 from mimi_extract.store.files import OutputError
 from mimi_extract.store.identity import read_run_info
@@ -352,7 +352,7 @@ def test_parquet_equals_loose_files(hf_dataset, loose_run, tiny_model_dir, tmp_p
         found = discover(os.path.join(hf_dataset, form, "train-*.parquet"))  # a pattern; keys <file>/<row>
         assert found.kind == "parquet"
         assert sorted(it.key for it in found.items)[0] == "train-00000-of-00001.parquet/0"
-        assert {it.loc[0] for it in found.items} == {0, 1, 2}  # three row groups of two rows
+        assert {it.loc.group for it in found.items} == {0, 1, 2}  # three row groups of two rows
 
 
 def test_parquet_bad_inputs(loose, tmp_path):
@@ -483,7 +483,7 @@ def test_pyav_formats_decode_and_encode(tmp_path, tiny_model_dir):
     # the same files as tar members: decoded through PyAV from the shard, in place
     shard = write_tar(tmp_path / "av.tar", str(root), ["x.m4a", "y.webm"], sidecar=False)
     for it in discover(shard).items:
-        name = it.loc[-1]
+        name = it.loc.name
         assert np.array_equal(load(open_audio(it), start=it.start, frames=it.frames), load(str(root / name)))
 
 
@@ -534,7 +534,7 @@ def test_tgz_in_buffer_groups_equals_loose_files(loose, loose_run, tiny_model_di
     options = Options(id_field="id", sort_buffer_mb=0.04)
     found = discover(str(tmp_path / "z" / "x.tar.gz"), options=options)
     assert found.kind == "tgz" and not found.bad
-    groups = sorted({it.loc[0] for it in found.items})
+    groups = sorted({it.loc.group for it in found.items})
     assert len(groups) >= 3 and groups == list(range(len(groups)))
     out = str(tmp_path / "out")
     summary = extract(str(tmp_path / "z" / "x.tar.gz"), out, settings(tiny_model_dir), options=options)

@@ -15,7 +15,7 @@ from mimi_extract import read, read_manifest
 from mimi_extract.plan import Part, part_of
 from mimi_extract.runner import extract
 from mimi_extract.settings import Settings
-from mimi_extract.testing import check_consistency
+from helpers import check_consistency
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +120,7 @@ def test_layouts_are_not_mixed(files, tiny_model_dir, tmp_path):
 def test_parts_with_other_settings_are_refused(files, tiny_model_dir, tmp_path):
     """Every part of one OUT must come from the same input, model and settings: a part run with
     other codebooks or other weights would make a union that means nothing."""
-    from mimi_extract.testing import random_model
+    from mimi_extract.demo import random_model
 
     out = tmp_path / "out"
     assert cli("codes", files, out, "--model", tiny_model_dir, "--part", "0/2", *ONE_WORKER).exit_code == 0

@@ -13,7 +13,7 @@ pytest.importorskip("ray")
 
 from mimi_extract.runner import extract  # noqa: E402
 from mimi_extract.settings import Settings, cpu_cores  # noqa: E402
-from mimi_extract.testing import check_consistency  # noqa: E402
+from helpers import check_consistency  # noqa: E402
 from conftest import write_noise  # noqa: E402
 
 

@@ -14,7 +14,7 @@ import torch
 pytest.importorskip("ray")
 
 from mimi_extract.audio import load  # noqa: E402
-from mimi_extract.encoder import reference_single  # noqa: E402
+from mimi_extract.reference import reference_single  # noqa: E402
 from mimi_extract.ray_data import MimiEncode  # noqa: E402
 from conftest import write_noise  # noqa: E402
 

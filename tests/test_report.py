@@ -16,7 +16,7 @@ import mimi_extract
 from conftest import ONE_WORKER, cli, cli_process
 from mimi_extract import read_manifest
 from mimi_extract.report import CARD_BEGIN, CARD_END, DURATION_EDGES, SCHEMA, corpus_report
-from mimi_extract.testing import tiny_config
+from mimi_extract.demo import tiny_config
 
 CODEBOOK = tiny_config().codebook_size  # the tiny model's codebooks (64), read back from its config.json
 

@@ -11,11 +11,12 @@ import pytest
 import torch
 
 from conftest import write_noise
-from mimi_extract.encoder import PaddedMimiEncoder, _WindowCache, encode_chunked, reference_single
+from mimi_extract.encoder import PaddedMimiEncoder, _WindowCache, encode_chunked
+from mimi_extract.reference import reference_single
 from mimi_extract.engines import DeviceRunner
 from mimi_extract.runner import extract
 from mimi_extract.settings import Settings
-from mimi_extract.testing import check_consistency
+from helpers import check_consistency
 from mimi_extract.store.manifest import read_rows
 
 FRAME = 1920  # samples per 12.5 Hz frame (24 kHz)

@@ -19,7 +19,7 @@ import mimi_extract  # noqa: E402
 from conftest import ONE_WORKER, cli, cli_process, write_noise  # noqa: E402
 from mimi_extract import read, read_cuts, read_manifest  # noqa: E402
 from mimi_extract.audio import load  # noqa: E402
-from mimi_extract.encoder import reference_single  # noqa: E402
+from mimi_extract.reference import reference_single  # noqa: E402
 from mimi_extract.formats import get_format  # noqa: E402
 from mimi_extract.store.manifest import committed_rows, run_dirs  # noqa: E402
 from mimi_extract.store.read import shar_fields  # noqa: E402

@@ -168,3 +168,22 @@ def test_list_row_channel_and_id_keys(tmp_path):
     errors = {it.key: it.error for it in found.bad}
     assert set(errors) == {"a1.wav#ch5", "line 2", "line 3"}, errors
     assert "no channel 5" in errors["a1.wav#ch5"] and "is not a string or a whole number" in errors["line 2"]
+
+
+@pytest.mark.parametrize("kind, loc", [
+    ("tar", ("MemberLoc", 1536, 48_000, "utt1.flac")),
+    ("tgz", ("GroupMemberLoc", 2, 1024, 9216, 1536, 4096, "utt1.wav")),
+    ("parquet", ("CellLoc", 3, 7, "audio", "")),
+])
+def test_a_loc_is_stored_as_its_fields_and_read_back(kind, loc):
+    """Where a member's bytes are (its kind's frozen Loc) goes to the manifest as the list of its
+    fields, and ``verify --out`` rebuilds the same Loc from it."""
+    from mimi_extract.sources import REGISTRY, bytes_name, loc_of
+
+    loc_type = REGISTRY[kind].loc_type
+    assert loc_type.__name__ == loc[0]
+    made = loc_type(*loc[1:])
+    stored = json.loads(json.dumps(made.values()))
+    assert stored == list(loc[1:]) and loc_of(kind, stored) == made and loc_of(kind, None) is None
+    assert bytes_name(Item("/x/shard", "shard/m", "m", kind=kind, loc=made)) == loc[-1]
+    assert bytes_name(Item("/x/a.wav", "a.wav", "a.wav")) == "/x/a.wav"

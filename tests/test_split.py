@@ -7,8 +7,9 @@ import torch
 from transformers import MimiConfig
 
 from conftest import tolerance
-from mimi_extract.encoder import PaddedMimiEncoder, encode_piece, reference_single, split_bounds
-from mimi_extract.testing import random_model
+from mimi_extract.encoder import PaddedMimiEncoder, encode_piece, split_bounds
+from mimi_extract.reference import reference_single
+from mimi_extract.demo import random_model
 
 FRAME = 1920
 TAPS = ("encoder", "latent", "codes")

@@ -14,8 +14,8 @@ import torch
 
 from conftest import cli, cli_process, tolerance, write_noise
 from mimi_extract.audio import load
-from mimi_extract.encoder import reference_single
-from mimi_extract.testing import check_consistency
+from mimi_extract.reference import reference_single
+from helpers import check_consistency
 from mimi_extract.store.manifest import read_manifest
 from mimi_extract.store.read import read
 

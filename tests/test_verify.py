@@ -10,10 +10,12 @@ import torch
 
 from conftest import cli
 from mimi_extract import read_manifest
-from mimi_extract.encoder import reference_single, reset_codebook_cache
+from mimi_extract.reference import reference_single
+from mimi_extract.model import reset_codebook_cache
 from mimi_extract.runner import extract
 from mimi_extract.settings import Settings
-from mimi_extract.testing import random_model, restamp_checksum
+from mimi_extract.demo import random_model
+from helpers import restamp_checksum
 from mimi_extract.verify import classify_codes, rvq_trace, verify_outputs
 
 FRAME = 1920

@@ -24,9 +24,10 @@ import numpy as np
 import torch
 
 from ..audio import SAMPLE_RATE, AudioError, AudioReader, PieceReader, seek_is_exact
-from ..encoder import PaddedMimiEncoder, frames_of, load_model, prepare
+from ..encoder import PaddedMimiEncoder, frames_of
+from ..model import load_model, prepare
 from ..settings import Settings, default_cpu_workers
-from ..sources import Item, open_audio
+from ..sources import Item, bytes_name, open_audio
 from .base import _DONE, Piece, Stats, _AnyEvent, _get_while, is_out_of_memory
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}  # choices.DTYPES
@@ -136,8 +137,7 @@ class DeviceRunner:
         if item.piece is None:
             return AudioReader(open_audio(item), item.channel, framing, item.start, item.frames)
         begin, end, last = item.piece.begin, item.piece.end, item.piece.last
-        name = item.loc[-1] if item.loc and isinstance(item.loc[-1], str) else item.path
-        if item.sample_rate == SAMPLE_RATE and framing.delay(SAMPLE_RATE) == 0 and seek_is_exact(name):
+        if item.sample_rate == SAMPLE_RATE and framing.delay(SAMPLE_RATE) == 0 and seek_is_exact(bytes_name(item)):
             # samples are the source's, and a seek lands on exactly them: seek
             frames = item.frames - begin if last else end - begin
             return AudioReader(open_audio(item), item.channel, framing, item.start + begin, frames)

@@ -26,6 +26,7 @@ import re
 
 import numpy as np
 
+from .._optional import pyarrow
 from .base import Format, ShardBuilder
 from .registry import register
 
@@ -34,13 +35,8 @@ LHOTSE_STORAGE = "mimi_extract_parquet"
 ROW_GROUP_ROWS = 1000
 ROW_GROUP_BYTES = 8 << 20
 _NULLABLE = ("start", "end", "channel")
+NEEDS = "Parquet shards"  # what pyarrow is imported for (named when it is missing)
 CARD_MARK = "<!-- written by mimi-extract; it rewrites this card at the end of each run unless this line is removed -->"
-
-
-def _pa():
-    from .._optional import need
-
-    return need("pyarrow", "Parquet shards"), need("pyarrow.parquet", "Parquet shards")
 
 
 def array_column(tap: str) -> str:
@@ -83,7 +79,7 @@ class ParquetShard(ShardBuilder):
 
     def _array(self):
         """list<list<T>> from the items' [frames, dims] arrays, without a Python loop over frames."""
-        pa, _ = _pa()
+        pa = pyarrow(NEEDS)
         frames = np.array([a.shape[0] for a in self.arrays], dtype=np.int64)
         dims = np.array([a.shape[1] for a in self.arrays], dtype=np.int64)
         outer = np.concatenate([[0], np.cumsum(frames)]).astype(np.int32)
@@ -94,7 +90,8 @@ class ParquetShard(ShardBuilder):
         return pa.ListArray.from_arrays(pa.array(outer), frames_list)
 
     def files(self, shard_name: str) -> dict[str, bytes]:
-        pa, pq = _pa()
+        pa = pyarrow(NEEDS)
+        pq = pa.parquet
         c = self.cols
         table = pa.table({
             "key": pa.array(c["key"], pa.string()),
@@ -125,7 +122,7 @@ class ParquetShard(ShardBuilder):
 
 def _meta_type(kind: str):
     """The Arrow type of a metadata column (``sources.metadata_columns``); ``json``: JSON text."""
-    pa, _ = _pa()
+    pa = pyarrow(NEEDS)
     return {"string": pa.string, "int64": pa.int64, "float64": pa.float64, "bool": pa.bool_, "json": pa.string}[kind]()
 
 
@@ -138,7 +135,7 @@ class ParquetHandle:
     read in shard order by iteration, so each group is decoded once)."""
 
     def __init__(self, path: str):
-        _, pq = _pa()
+        pq = pyarrow(NEEDS).parquet
         self.path = path
         self.file = pq.ParquetFile(path, page_checksum_verification=True)
         meta = self.file.metadata
@@ -197,11 +194,11 @@ class Parquet(Format):
         return ParquetShard(file_attrs)
 
     def require(self) -> None:
-        _pa()
+        pyarrow(NEEDS)
 
     def check(self, path: str, rows: list[dict]) -> str | None:
         try:
-            _, pq = _pa()
+            pq = pyarrow(NEEDS).parquet
             f = pq.ParquetFile(path, page_checksum_verification=True)
             try:
                 table = f.read(columns=["key", "frames"])
@@ -234,7 +231,7 @@ class Parquet(Format):
         return handle.item(row["index"], row["key"], row.get("dims"))
 
     def attrs(self, path: str) -> dict:
-        _, pq = _pa()
+        pq = pyarrow(NEEDS).parquet
         return attrs_of(pq.ParquetFile(path))
 
     def lhotse_storage(self, path: str, row: dict) -> tuple[str, str]:
@@ -252,7 +249,7 @@ class Parquet(Format):
         return {"README.md": dataset_card(out_dir, info, parts)}
 
     def item_attrs(self, path: str, row: dict) -> dict:
-        _, pq = _pa()
+        pq = pyarrow(NEEDS).parquet
         f = pq.ParquetFile(path)
         starts = np.cumsum([0] + [f.metadata.row_group(g).num_rows for g in range(f.metadata.num_row_groups)])
         g = int(np.searchsorted(starts, row["index"], side="right") - 1)

@@ -18,6 +18,7 @@ from .base import (AUDIO_EXTENSIONS, KEY_MODES, REGISTRY, SIDECAR_DURATION_MODES
                    dedup, discover, open_source, plan_group, printable, probe, probe_info, register, seconds_to_samples,
                    segment_fields, segment_key, source_kind, text_problem)
 from .base import ITEM_OPTIONS, item_identity  # the run's item identity: the options that shape items
+from .base import Loc, bytes_name, loc_of  # where an item's bytes are in a shard
 from .files import LIST_EXTENSIONS, read_list, walk_directory
 from .lhotse import is_lhotse_manifest, read_lhotse_manifest
 
@@ -38,3 +39,4 @@ __all__ = ["AUDIO_EXTENSIONS", "KEY_MODES", "LIST_EXTENSIONS", "REGISTRY", "SIDE
            "printable", "probe", "probe_info", "read_lhotse_manifest", "read_list", "register", "seconds_to_samples",
            "segment_fields", "segment_key", "source_kind", "text_problem", "walk_directory"]
 __all__ += ["ITEM_OPTIONS", "item_identity"]
+__all__ += ["Loc", "bytes_name", "loc_of"]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from decimal import ROUND_HALF_UP, Decimal
 
 
@@ -31,6 +31,19 @@ class SourceError(Exception):
     """An entry whose bytes cannot be reached (missing file, truncated shard...): its error row."""
 
 
+class Loc:
+    """Where an entry's bytes are inside its ``path`` (a shard), one frozen dataclass per source kind
+    that has them (the Source's ``loc_type``); None on an entry or item: the file itself.  Its last
+    field is ``name``: what the bytes are called (a member's name), told to the decoder.  The
+    manifest stores it as the list of its fields (``source.loc``), which :func:`loc_of` reads back."""
+
+    name: str
+
+    def values(self) -> list:
+        """The fields, in order: the manifest's ``source.loc``."""
+        return [getattr(self, f.name) for f in fields(self)]
+
+
 @dataclass
 class Entry:
     """One thing a source asks for: ``path`` (absolute), shown as ``rel``; a segment in seconds."""
@@ -44,12 +57,15 @@ class Entry:
     error: str | None = None
     where: str | None = None  # the row it came from ("line 12"), named in its error messages
     kind: str = "file"  # the source kind that opens its bytes
-    loc: tuple | None = None  # where the bytes are within ``path``, for that kind (None: the file)
+    loc: Loc | None = None  # where the bytes are within ``path``, for that kind (None: the file)
     # a ``duration`` with no start, end or offset (Emilia's sidecars, NeMo manifests): the file's
     # length as the corpus wrote it (rounded), a segment only when clearly shorter (see probe_info)
     duration_only: bool = False
     key_base: str | None = None  # what derived keys start from instead of ``rel`` (``--key stem``)
     meta: dict | None = None  # what the input says about it, kept for the outputs (see :class:`Keep`)
+    # its audio header when the source already has it (anything :func:`probe_info` takes: a compressed
+    # tar probes each member from the bytes streaming by): probing then opens nothing
+    header: object | None = None
 
 
 @dataclass(frozen=True)
@@ -87,7 +103,7 @@ class Item:
     file_channels: int = 0
     where: str | None = None  # the input row it came from, for messages ("line 12")
     kind: str = "file"  # see Entry
-    loc: tuple | None = None
+    loc: Loc | None = None
     # one piece of a split recording (see plan.split_items); ``samples`` is then the piece's own
     # stream length (end - begin)
     piece: SplitPiece | None = None
@@ -339,6 +355,7 @@ class Source:
     when their bytes are not plain files, ``open``; ``register`` makes them known."""
 
     kind = ""
+    loc_type: type[Loc] | None = None  # where an entry's bytes are in a shard (None: entries are files)
 
     def __init__(self, path: str, options: Options):
         self.path, self.options = path, options
@@ -410,6 +427,17 @@ def plan_group(item: Item) -> int:
     return REGISTRY.get(item.kind, Source).plan_group(item)
 
 
+def loc_of(kind: str, values: list | None) -> Loc | None:
+    """A manifest row's ``source.loc`` (what :meth:`Loc.values` gave) as its kind's :class:`Loc`."""
+    return None if values is None else REGISTRY[kind].loc_type(*values)
+
+
+def bytes_name(thing: Entry | Item) -> str:
+    """What an entry's or item's bytes are called (a member's name, a plain file's path): the name a
+    decoder guesses their format from."""
+    return thing.loc.name if thing.loc is not None else thing.path
+
+
 def open_source(thing: Entry | Item):
     """The bytes of an entry or item, opened by its kind (a path or a file-like object); plain
     files (kind "file", what directories, lists and lhotse manifests name) by :meth:`Source.open`."""
@@ -420,11 +448,12 @@ def probe(entry: Entry, channel_mode: str = "mix", framing: Framing = Framing())
     """Header-only look at one entry -> its items (one per channel with ``each``), or one error item."""
     if entry.error:
         return probe_info(entry, None, channel_mode, framing)
+    if entry.header is not None:
+        return probe_info(entry, entry.header, channel_mode, framing)
     handle = None
     try:
         handle = REGISTRY.get(entry.kind, Source).open_header(entry)
-        name = entry.loc[-1] if entry.loc and isinstance(entry.loc[-1], str) else entry.path
-        f = open_decoder(handle, name, entry.rel)  # accurate message naming shard/member, decoder warnings captured
+        f = open_decoder(handle, bytes_name(entry), entry.rel)  # accurate message naming shard/member, decoder warnings captured
         try:
             return probe_info(entry, f, channel_mode, framing)
         finally:

@@ -17,19 +17,23 @@ import io
 import os
 import threading
 from collections import OrderedDict
+from dataclasses import dataclass, replace
 
-from .base import Entry, Source, SourceError, printable, probe, register, text_problem
+from .._optional import pyarrow
+from .base import Entry, Loc, Source, SourceError, printable, probe, register, text_problem
 
 PARQUET_EXTENSIONS = (".parquet",)
 
 
-def _pa():
-    try:
-        import pyarrow
-        import pyarrow.parquet  # noqa: F401
-    except ImportError:
-        raise ValueError("Parquet input needs pyarrow: pip install 'mimi-extract[parquet]'") from None
-    return pyarrow
+@dataclass(frozen=True)
+class CellLoc(Loc):
+    """The audio cell of row ``row`` of row group ``group``, column ``column``; ``name``: the file name
+    the cell's struct gives (its ``path``), or "" (then the decoder sniffs the bytes)."""
+
+    group: int
+    row: int
+    column: str
+    name: str
 
 
 def _files(path: str) -> list[str]:
@@ -75,7 +79,7 @@ class _Data:
     """One data file's row groups: Parquet row groups, or an Arrow stream file as a single group."""
 
     def __init__(self, path: str):
-        pa = _pa()
+        pa = pyarrow("Parquet inputs")
         self.path = path
         self.arrow = path.lower().endswith(".arrow")
         if self.arrow:
@@ -99,7 +103,7 @@ class _Data:
 
 def audio_column(schema, wanted: str | None) -> str | None:
     """The audio column: ``wanted``, else the first struct with ``bytes`` (binary) and ``path``."""
-    pa = _pa()
+    pa = pyarrow("Parquet inputs")
     if wanted:
         return wanted if wanted in schema.names else None
     for field in schema:
@@ -166,7 +170,7 @@ class CellTooLarge(SourceError):
 def _cell(path: str, group: int, row: int, column: str) -> tuple[bytes | None, str | None]:
     """(bytes, path) of one cell; :class:`CellTooLarge` before the bytes are copied when they are
     over the limit."""
-    pa = _pa()
+    pa = pyarrow("Parquet inputs")
     col = _group_column(path, group, column)
     for chunk in col.chunks:
         if row < len(chunk):
@@ -190,7 +194,7 @@ def _cell(path: str, group: int, row: int, column: str) -> tuple[bytes | None, s
 def kept_columns(schema, keep, skip) -> list[str]:
     """The columns whose values items carry (``--keep-columns``): by default the scalar ones
     (strings, numbers, booleans); never the audio or id column (``skip``) nor any holding bytes."""
-    pa = _pa()
+    pa = pyarrow("Parquet inputs")
 
     def scalar(t) -> bool:
         if pa.types.is_dictionary(t):  # a datasets ClassLabel-like or categorical column: its values
@@ -207,6 +211,7 @@ class ParquetSource(Source):
     """Parquet / Hugging Face datasets; see the module docstring."""
 
     kind = "parquet"
+    loc_type = CellLoc
 
     @classmethod
     def detect(cls, path: str) -> bool:
@@ -273,7 +278,7 @@ class ParquetSource(Source):
                 for row in range(rows):
                     n = base + row
                     key, where = f"{shown}/{n}", f"{shown}:row {n}"
-                    entry = Entry(full, key, key=key, where=where, kind=self.kind, loc=(group, row, column, ""))
+                    entry = Entry(full, key, key=key, where=where, kind=self.kind, loc=CellLoc(group, row, column, ""))
                     if isinstance(metas, Exception):
                         entry.error = f"row group {group} unreadable: {type(metas).__name__}: {metas}"
                     elif metas is not None:
@@ -301,11 +306,11 @@ class ParquetSource(Source):
         """Probe from the cell's bytes; a null cell with an existing ``path`` becomes that file."""
         if entry.error is None:
             try:
-                data, path = _cell(entry.path, *entry.loc[:3])
+                data, path = _cell(entry.path, entry.loc.group, entry.loc.row, entry.loc.column)
             except CellTooLarge as e:
                 entry.error = str(e)
             except Exception as e:
-                entry.error = f"row group {entry.loc[0]} unreadable: {type(e).__name__}: {e}"
+                entry.error = f"row group {entry.loc.group} unreadable: {type(e).__name__}: {e}"
             else:
                 name = path or ""
                 if data is None:
@@ -315,7 +320,7 @@ class ParquetSource(Source):
                     else:
                         entry.kind, entry.loc, entry.path = "file", None, local
                 else:
-                    entry.loc = (*entry.loc[:3], name)
+                    entry.loc = replace(entry.loc, name=name)
         return probe(entry, channel_mode, framing)
 
     @staticmethod
@@ -337,7 +342,7 @@ class ParquetSource(Source):
 
     @staticmethod
     def open(entry):
-        group, row, column, name = entry.loc
+        group, row, column, name = entry.loc.values()
         try:
             data, _ = _cell(entry.path, int(group), int(row), column)
         except SourceError:

@@ -16,7 +16,7 @@ import re
 
 from .base import Entry, Source, register, supervisions_for_channel, text_problem, printable
 from .lhotse import _manifest_items, cut_meta
-from .tar import index_tar, shard_identity
+from .tar import MemberLoc, index_tar, shard_identity
 
 _CUTS = re.compile(r"cuts\.(\d+)\.jsonl(\.gz)?$")
 
@@ -78,11 +78,11 @@ class SharSource(Source):
                     entries.append(Entry(full, base, key=key, where=where, kind="tar",
                                          error=f"member {name!r} does not belong to cut {cut.id!r}"))
                     continue
-                entries += self._cut_entries(cut, full, base, where, (offset, size, name), self.options.keep)
+                entries += self._cut_entries(cut, full, base, where, MemberLoc(offset, size, name), self.options.keep)
         return entries
 
     @staticmethod
-    def _cut_entries(cut, tar: str, rel: str, where: str, loc, keep=None) -> list[Entry]:
+    def _cut_entries(cut, tar: str, rel: str, where: str, loc: MemberLoc, keep=None) -> list[Entry]:
         recording = getattr(cut, "recording", None)
         if recording is None or type(cut).__name__ == "MixedCut":
             return [Entry(tar, rel, key=cut.id, where=where, kind="tar", error="only MonoCut/MultiCut with a recording")]

@@ -23,11 +23,23 @@ import posixpath
 import re
 import tarfile
 
+from dataclasses import dataclass
+
 from ..audio import DECODED_EXTENSIONS
-from .base import ITEM_FIELDS, Entry, SourceError, Source, climbs, id_text, key_stem, printable, register, \
+from .base import ITEM_FIELDS, Entry, Loc, SourceError, Source, climbs, id_text, key_stem, printable, register, \
     segment_fields, text_problem
 
 TAR_EXTENSIONS = (".tar",)
+
+
+@dataclass(frozen=True)
+class MemberLoc(Loc):
+    """A member of an uncompressed tar (a WebDataset or Shar shard): its data's bytes ``offset`` to
+    ``offset + size``, read in place."""
+
+    offset: int
+    size: int
+    name: str
 COMPRESSED_TAR_EXTENSIONS = (".tar.gz", ".tgz")
 _PATTERN = re.compile(r"[*?\[{]")
 
@@ -386,7 +398,7 @@ def sample_entries(shard: str, shown: str, key: str, parts: dict, options, kind:
         return Entry(shard, default_key, key=default_key, where=where, kind=kind,
                      error=f"sample has no audio member ({wanted}); members: " + ", ".join(sorted(parts)))
     name, offset, size = audio[:3]
-    entry = Entry(shard, f"{shown}/{name}", key=default_key, where=where, kind=kind, loc=(offset, size, name))
+    entry = Entry(shard, f"{shown}/{name}", key=default_key, where=where, kind=kind, loc=MemberLoc(offset, size, name))
     if "json" in parts:
         try:
             row = json.loads(data_of(parts["json"]).decode("utf-8"))
@@ -482,6 +494,7 @@ class TarSource(Source):
     """Uncompressed tar shards (WebDataset), read by offset; see the module docstring."""
 
     kind = "tar"
+    loc_type = MemberLoc
 
     @classmethod
     def detect(cls, path: str) -> bool:
@@ -522,14 +535,14 @@ class TarSource(Source):
 
     @staticmethod
     def open(entry):
-        offset, size, name = entry.loc
-        return open_member(entry.path, int(offset), int(size), name)
+        loc = entry.loc
+        return open_member(entry.path, int(loc.offset), int(loc.size), loc.name)
 
     @classmethod
     def open_header(cls, entry):
         """A member up to 4 MiB is read in one ``pread`` and probed from memory: as cheap as probing
         a loose file (75 us per FLAC header here), where the file view's Python reads cost 95 us."""
-        offset, size, name = entry.loc
-        if int(size) > _PROBE_IN_MEMORY:
+        loc = entry.loc
+        if int(loc.size) > _PROBE_IN_MEMORY:
             return cls.open(entry)
-        return read_member(entry.path, int(offset), int(size), name)
+        return read_member(entry.path, int(loc.offset), int(loc.size), loc.name)

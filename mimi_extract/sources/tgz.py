@@ -20,15 +20,29 @@ import tarfile
 import threading
 import zlib
 
+from dataclasses import dataclass, replace
 from types import SimpleNamespace
 
-from .base import Entry, Source, SourceError, probe_info, register
+from .base import Entry, Loc, Source, SourceError, register
 from .tar import COMPRESSED_TAR_EXTENSIONS, _is_shard_input, _shown_names, check_first_samples, missing_end, \
     sample_entries, shard_identity, split_name, tar_shards
 
 FIRST_SAMPLES = 64  # --id-field and --audio-ext are checked against this many first samples (a stream)
 
 DEFAULT_SORT_BUFFER_MB = 256
+
+
+@dataclass(frozen=True)
+class GroupMemberLoc(Loc):
+    """A member of a compressed tar: bytes ``offset`` to ``offset + size`` of the decompressed stream,
+    inside group ``group`` (decompressed bytes ``start`` to ``end``, read and kept whole)."""
+
+    group: int
+    start: int
+    end: int | None  # None until the group is closed
+    offset: int
+    size: int
+    name: str
 
 
 def _header(data: bytes, name: str, shown: str | None = None):
@@ -130,6 +144,7 @@ class CompressedTarSource(Source):
     """``.tar.gz`` / ``.tgz`` shards, streamed in groups of ``--sort-buffer-mb``; see the module docstring."""
 
     kind = "tgz"
+    loc_type = GroupMemberLoc
 
     @classmethod
     def detect(cls, path: str) -> bool:
@@ -152,7 +167,7 @@ class CompressedTarSource(Source):
 
         def close_group(end):
             for e in state["open"]:
-                e.loc = (e.loc[0], state["start"], end, *e.loc[3:])
+                e.loc = replace(e.loc, start=state["start"], end=end)
             state["open"] = []
 
         for shard, shown in self.mine(list(zip(shards, _shown_names(shards)))):  # (names: over every shard)
@@ -177,9 +192,11 @@ class CompressedTarSource(Source):
                         state["first"] = None
                 entry = sample_entries(full, shown, sample_key, parts, self.options, self.kind)
                 if entry.loc is not None:
-                    offset, size, name = entry.loc
-                    entry.loc = (state["group"], state["start"], None, offset, size, name)
-                    entry._info = _header(next(m[3] for m in parts.values() if m[0] == name), name, entry.rel)
+                    member = entry.loc
+                    entry.loc = GroupMemberLoc(state["group"], state["start"], None, member.offset, member.size,
+                                               member.name)
+                    entry.header = _header(next(m[3] for m in parts.values() if m[0] == member.name), member.name,
+                                           entry.rel)
                     state["open"].append(entry)
                 entries.append(entry)
 
@@ -224,15 +241,9 @@ class CompressedTarSource(Source):
                 warnings.append(f"{shown}: {damage}")
         return entries
 
-    def probe(self, entry: Entry, channel_mode: str, framing):
-        info = getattr(entry, "_info", None)
-        if entry.error is not None or info is None:
-            return super().probe(entry, channel_mode, framing)
-        return probe_info(entry, info, channel_mode, framing)
-
     @staticmethod
     def plan_group(item) -> int:
-        return item.loc[0] if item.loc is not None else 0
+        return item.loc.group if item.loc is not None else 0
 
     def identity(self) -> dict:
         return shard_identity(self.mine(self.shards()))
@@ -242,8 +253,9 @@ class CompressedTarSource(Source):
 
     @staticmethod
     def open(entry):
-        group, start, end, offset, size, name = entry.loc
-        data = group_bytes(entry.path, int(group), int(start), int(end))
-        buffer = io.BytesIO(data[int(offset) - int(start): int(offset) - int(start) + int(size)])
-        buffer.name = name
+        loc = entry.loc
+        data = group_bytes(entry.path, int(loc.group), int(loc.start), int(loc.end))
+        first = int(loc.offset) - int(loc.start)
+        buffer = io.BytesIO(data[first: first + int(loc.size)])
+        buffer.name = loc.name
         return buffer

@@ -99,7 +99,7 @@ class ManifestRow:
             # absolute, so that the cuts load their audio (and verify --out re-reads it) from any directory
             source = {"path": os.path.abspath(item.path), "frames": item.file_frames, "channels": item.file_channels}
             if item.kind != "file":  # a member of a container: how to reach its bytes again (verify --out)
-                source.update(kind=item.kind, loc=list(item.loc) if item.loc is not None else None)
+                source.update(kind=item.kind, loc=item.loc.values() if item.loc is not None else None)
         start, end = item.segment if item.segment is not None else (None, None)
         return cls(key=item.key, path=item.rel, dataset=dataset_name(item.key),
                    channel=item.channel if isinstance(item.channel, int) else None,
