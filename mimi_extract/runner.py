@@ -17,7 +17,7 @@ import threading
 import time
 from dataclasses import asdict, replace
 
-from . import __version__
+from . import __version__, remote
 from .audio import SAMPLE_RATE, decoder_versions
 from .encoder import PaddedMimiEncoder, _from_pretrained, config_hash, weights_hash
 from .engines import Piece, Stats, make_engine
@@ -47,7 +47,7 @@ def row_for(item: Item) -> dict:
         row["start"], row["end"] = item.segment
     if item.error is None:  # what a lhotse Recording needs, without probing the file again; the path
         # absolute, so that the cuts load their audio (and verify --out re-reads it) from any directory
-        row["source"] = {"path": os.path.abspath(item.path), "frames": item.file_frames, "channels": item.file_channels}
+        row["source"] = {"path": remote.absolute(item.path), "frames": item.file_frames, "channels": item.file_channels}
         if item.kind != "file":  # a member of a container: how to reach its bytes again (verify --out)
             row["source"].update(kind=item.kind, loc=list(item.loc) if item.loc is not None else None)
     if item.meta:  # what the input says about it (text, speaker, supervisions...): the cuts' and columns' source

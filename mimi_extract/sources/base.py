@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from decimal import ROUND_HALF_UP, Decimal
 
 
+from .. import remote
 from ..audio import DECODED_EXTENSIONS, Framing, open_decoder
 
 # what a directory walk picks up: every extension a decoder reads, but not video containers
@@ -682,7 +683,7 @@ def discover(source: str, channel: str = "mix", framing: Framing = Framing(), li
     with ThreadPoolExecutor(16) as pool:  # header reads are I/O bound (network file systems)
         probed = [it for found in pool.map(lambda e: safe_probe(src, e, channel, framing), entries) for it in found]
     items, bad = dedup(probed)
-    return Discovered(items, bad, warnings, os.path.realpath(source), kind, src.identity(), metadata, part_shards)
+    return Discovered(items, bad, warnings, remote.real(source), kind, src.identity(), metadata, part_shards)
 
 
 def source_kind(source: str, input_format: str | None = None) -> str:
@@ -691,7 +692,7 @@ def source_kind(source: str, input_format: str | None = None) -> str:
         if input_format not in REGISTRY:
             raise ValueError(f"--input-format {input_format!r}: choose from {', '.join(sorted(REGISTRY))}")
         return input_format
-    if not os.path.exists(source) and not any(c in source for c in "*?{["):
+    if not remote.exists(source) and not any(c in source for c in "*?{["):
         raise FileNotFoundError(f"input {source!r} does not exist")
     for kind, cls in REGISTRY.items():
         if cls.detect(source):
