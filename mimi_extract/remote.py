@@ -31,8 +31,8 @@ def is_url(path: str) -> bool:
     return isinstance(path, str) and bool(_URL.match(path)) and not path.startswith("file://")
 
 
-def _fs(path: str):
-    """(fsspec filesystem, path without protocol); one clear error when fsspec is missing."""
+def filesystem(path: str):
+    """(fsspec filesystem, path without protocol) of a URL; one clear error when fsspec is missing."""
     try:
         import fsspec
     except ImportError:
@@ -80,21 +80,21 @@ def relpath(path: str, folder: str) -> str:
 def isfile(path: str) -> bool:
     if not is_url(path):
         return os.path.isfile(path)
-    fs, p = _fs(path)
+    fs, p = filesystem(path)
     return fs.isfile(p)
 
 
 def isdir(path: str) -> bool:
     if not is_url(path):
         return os.path.isdir(path)
-    fs, p = _fs(path)
+    fs, p = filesystem(path)
     return fs.isdir(p)
 
 
 def exists(path: str) -> bool:
     if not is_url(path):
         return os.path.exists(path)
-    fs, p = _fs(path)
+    fs, p = filesystem(path)
     return fs.exists(p)
 
 
@@ -102,7 +102,7 @@ def listdir(path: str) -> list[str]:
     """The names in a folder (a prefix, on an object store), as ``os.listdir`` gives them."""
     if not is_url(path):
         return os.listdir(path)
-    fs, p = _fs(path)
+    fs, p = filesystem(path)
     return [posixpath.basename(n.rstrip("/")) for n in fs.ls(p, detail=False) if n.rstrip("/") != p.rstrip("/")]
 
 
@@ -114,7 +114,7 @@ def walk_files(path: str) -> list[str]:
             dirnames.sort()
             found += [os.path.join(dirpath, f) for f in sorted(filenames)]
         return found
-    fs, p = _fs(path)
+    fs, p = filesystem(path)
     return [_url(fs, f) for f in sorted(fs.find(p))]
 
 
@@ -122,7 +122,7 @@ def glob(pattern: str) -> list[str]:
     """A glob pattern's matches, sorted (braces are expanded before: fsspec's glob knows none)."""
     if not is_url(pattern):
         return sorted(_glob.glob(pattern))
-    fs, p = _fs(pattern)
+    fs, p = filesystem(pattern)
     return sorted(_url(fs, f) for f in fs.glob(p))
 
 
@@ -151,7 +151,7 @@ def _info(path: str, fresh: bool = False) -> dict:
     with _INFO_LOCK:
         if not fresh and path in _INFO:
             return _INFO[path]
-    fs, p = _fs(path)
+    fs, p = filesystem(path)
     try:
         info = fs.info(p)
     except FileNotFoundError:
@@ -191,7 +191,7 @@ def open_input(path: str, block_size: int = READ_BLOCK):
     ``block_size`` bytes (ranged GETs: nothing is downloaded whole, nothing unpacked to disk)."""
     if not is_url(path):
         return open(path, "rb")
-    fs, p = _fs(path)
+    fs, p = filesystem(path)
     return fs.open(p, "rb", block_size=block_size, cache_type="readahead")
 
 
@@ -215,7 +215,7 @@ def read_range(path: str, offset: int, size: int) -> bytes:
             os.close(fd)
     if size <= 0:
         return b""
-    fs, p = _fs(path)
+    fs, p = filesystem(path)
     total = getsize(path)
     if offset >= total:
         return b""

@@ -25,6 +25,7 @@ from .plan import Part, Split, Stitcher, padding_fraction, part_of, plan_units, 
 from .settings import Settings
 from .sources import Discovered, Item, Options, dataset_name, discover, item_identity, plan_group
 from .formats import get_format
+from .mirror import extract_remote
 from .formats.common import (ITEMS, PLAN_INFO, RUN_INFO, OutputError, ShardWriter, _write_atomic, check_run_info, committed_rows,
                              lock_run_dir, read_run_info, recover, run_dirs, scan_checksums)
 
@@ -296,7 +297,7 @@ def extract(source: str, out_dir: str, settings: Settings, shard_size: int = 100
             limit: int | None = None, part: Part = Part(), recordings: str | None = None,
             on_plan=None, on_progress=None, on_signal=None, stop: threading.Event | None = None,
             on_phase=None, options: Options | None = None, reencode_damaged: bool = False,
-            reencode_changed: bool = False) -> dict:
+            reencode_changed: bool = False, on_commit=None) -> dict:
     """Encode every item of ``source`` (or of this ``part`` of it) into ``out_dir``; resumes.
 
     ``on_plan(summary)`` is called once the work is planned, ``on_progress(items, seconds, errors)``
@@ -305,7 +306,13 @@ def extract(source: str, out_dir: str, settings: Settings, shard_size: int = 100
     options (``--input-format``, ``--audio-ext``, ``--id-column``...).  ``reencode_damaged``: first
     read every stored item of the run directory and check its checksums; shards holding a damaged
     one are quarantined and their items encoded again.  ``reencode_changed``: see
-    :func:`requeue_rewritten_shards`.  Returns counts."""
+    :func:`requeue_rewritten_shards`.  ``on_commit()``: called after each shard is committed.
+    An ``out_dir`` on object storage (``s3://...``) is staged on local disk and mirrored to it after
+    each commit (``mirror.py``).  Returns counts."""
+    if remote.is_url(out_dir):
+        return extract_remote(out_dir, None if part.whole else part.dirname, lambda staging, on_commit: extract(
+            source, staging, settings, shard_size, shard_mb, limit, part, recordings, on_plan, on_progress, on_signal,
+            stop, on_phase, options, reencode_damaged, reencode_changed, on_commit))
     stop = stop or threading.Event()
     on_phase = on_phase or (lambda text: None)
     # the input first: finding it checks it and its options (a wrong column or sidecar field is one
@@ -328,7 +335,8 @@ def extract(source: str, out_dir: str, settings: Settings, shard_size: int = 100
     try:
         with _Signals(stop, on_signal) as signals:
             summary = _extract_locked(found, source, run_dir, settings, shard_size, shard_mb, part, on_plan,
-                                      on_progress, stop, on_phase, options, reencode_damaged, reencode_changed)
+                                      on_progress, stop, on_phase, options, reencode_damaged, reencode_changed,
+                                      on_commit)
             started = True
             summary["interrupted"] = signals.received if stop.is_set() else None
             return summary
@@ -350,20 +358,21 @@ def _remove_if_only_lock(run_dir: str, out_dir: str) -> None:
 
 
 def _extract_locked(found, source, run_dir, settings, shard_size, shard_mb, part, on_plan, on_progress,
-                    stop, on_phase, options=None, reencode_damaged=False, reencode_changed=False) -> dict:
+                    stop, on_phase, options=None, reencode_damaged=False, reencode_changed=False,
+                    on_commit=None) -> dict:
     on_phase(f"starting {len(settings.devices)} encoder worker(s) on {', '.join(sorted(set(settings.devices)))}"
              if settings.engine == "local" else f"starting the {settings.engine} engine")
     engine = make_engine(settings)  # first: worker processes load the weights while we check them
     try:
         return _extract_with(engine, found, source, run_dir, settings, shard_size, shard_mb, part, on_plan,
-                             on_progress, stop, on_phase, options, reencode_damaged, reencode_changed)
+                             on_progress, stop, on_phase, options, reencode_damaged, reencode_changed, on_commit)
     finally:
         engine.close()
 
 
 def _extract_with(engine, found: Discovered, source, run_dir, settings, shard_size, shard_mb, part, on_plan,
                   on_progress, stop, on_phase=lambda text: None, options=None, reencode_damaged=False,
-                  reencode_changed=False) -> dict:
+                  reencode_changed=False, on_commit=None) -> dict:
     get_format(settings.format).require()  # its library installed, before anything is encoded
     on_phase(f"loading the model {settings.model} and hashing its weights")
     model, config, identity = load_identity(settings)
@@ -453,7 +462,7 @@ def _extract_with(engine, found: Discovered, source, run_dir, settings, shard_si
 
         writer = extend_writer(run_dir, fmt, attrs, layout)
     else:
-        writer = ShardWriter(run_dir, fmt, attrs, shard_size, int(shard_mb * 2**20))
+        writer = ShardWriter(run_dir, fmt, attrs, shard_size, int(shard_mb * 2**20), on_commit)
     attrs_of = lambda it: {"duration": it.duration, "source_sample_rate": it.sample_rate,  # noqa: E731
                            **({"start": it.segment[0], "end": it.segment[1]} if it.segment else {})}
     pieces = None

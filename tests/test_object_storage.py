@@ -6,6 +6,8 @@ s3fs through HTTP (nothing of fsspec is mocked).  See docs/object-storage.md."""
 import functools
 import logging
 import os
+import re
+import shutil
 
 import pytest
 
@@ -122,3 +124,78 @@ def test_a_rewritten_object_refuses_the_resume(s3, loose, tiny_model_dir, tmp_pa
     assert summary["ok"] == 3 and summary["skipped"] == 3, summary
     assert "1 rewritten input shard(s) (en-000001.tar)" in summary["notes"][0]
     assert read_run_info(out)["input_identity"]["shards"][1][2] == s3.info(f"{url}/en-000001.tar")["ETag"].strip('"')
+
+
+# -- OUT on object storage ------------------------------------------------------------------------
+def remote_names(fs, url: str) -> list[str]:
+    fs.invalidate_cache()
+    root = url.removeprefix("s3://")
+    return sorted(p.removeprefix(root + "/") for p in fs.find(root))
+
+
+def pulled(url: str, where: str) -> str:
+    """The remote OUT as a reader sees it: its committed state pulled into a fresh folder."""
+    from mimi_extract.mirror import Mirror
+
+    Mirror(url, where).pull()
+    return where
+
+
+@pytest.mark.parametrize("fmt", ["hdf5", "parquet", "shar"])
+def test_s3_out_resumes_after_an_interruption_on_another_machine(fmt, s3, shards, tiny_model_dir, tmp_path,  # noqa: F811
+                                                                 monkeypatch):
+    """OUT on s3://: interrupted after two items (one item per shard), the remote holds committed
+    shards and their manifest segments; a resume from an empty staging (another machine), over a
+    stale lock and an orphan shard (a kill between a shard's PUT and its segment's), completes it,
+    bit for bit what a local OUT holds, and leaves no lock, orphan or older manifest generation."""
+    if fmt == "shar":
+        pytest.importorskip("lhotse")
+    from mimi_extract.mirror import SEGMENTS
+
+    monkeypatch.setenv("MIMI_EXTRACT_STAGING", str(tmp_path / "staging"))
+    run = functools.partial(extract, shards, settings=settings(tiny_model_dir, format=fmt), shard_size=1,
+                            options=Options(id_field="id"))
+    local = str(tmp_path / "local")
+    assert run(out_dir=local)["ok"] == len(FILES)
+    url = f"s3://{BUCKET}/out-{fmt}"
+    seen = []
+
+    def interrupted_after_two_items(n, seconds, errors):
+        seen.extend([1] * (n - errors))
+        if len(seen) >= 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run(out_dir=url, on_progress=interrupted_after_two_items)
+    names = remote_names(s3, url)
+    assert "lock" not in names and "run.json" in names and any(n.startswith(SEGMENTS + "/") for n in names)
+    partial = check_consistency(pulled(url, str(tmp_path / "partial")))
+    assert 2 <= len(partial) < len(FILES)
+    # what a kill -9 leaves: a lock whose lease ran out, a shard PUT whose segment never was
+    s3.pipe(f"{url}/lock", b'{"pid": 1, "host": "gone", "expires": 0}')
+    shard = next(r["shard"] for r in read_manifest(str(tmp_path / "partial")) if r["status"] == "ok")
+    orphan = re.sub(r"\d+(?=\D*$)", lambda m: "9" * len(m.group()), shard)  # a later shard number
+    s3.pipe(f"{url}/{orphan}", b"a half-committed shard")
+    shutil.rmtree(tmp_path / "staging")  # another machine: nothing staged
+    summary = run(out_dir=url)
+    assert summary["skipped"] == len(partial) and summary["ok"] == len(FILES) - len(partial)
+    names = remote_names(s3, url)
+    assert "lock" not in names and orphan not in names, names
+    assert len({n.split("/")[1].split("-")[0] for n in names if n.startswith(SEGMENTS)}) == 1  # one generation
+    same_outputs(pulled(url, str(tmp_path / "final")), local)
+
+
+def test_a_live_lock_object_refuses_a_second_run(s3, shards, tiny_model_dir, tmp_path, monkeypatch):  # noqa: F811
+    """A lock object whose lease runs (another machine writing this OUT) refuses the run, and
+    nothing of the remote OUT is touched."""
+    import json
+    import time
+
+    from mimi_extract.formats.common import LockedError
+
+    monkeypatch.setenv("MIMI_EXTRACT_STAGING", str(tmp_path / "staging"))
+    url = f"s3://{BUCKET}/locked"
+    s3.pipe(f"{url}/lock", json.dumps({"pid": 7, "host": "elsewhere", "expires": time.time() + 600}).encode())
+    with pytest.raises(LockedError, match="pid 7 on elsewhere is writing this OUT"):
+        extract(shards, url, settings(tiny_model_dir), options=Options(id_field="id"))
+    assert remote_names(s3, url) == ["lock"]
