@@ -19,11 +19,16 @@ import os
 import posixpath
 import re
 import threading
+from collections import OrderedDict
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
-# what a remote file is opened with: a read-ahead window (sequential reads of a shard's headers and
-# members are served from it; a forward seek past it costs one ranged GET), never s3fs's 50 MiB default
-READ_BLOCK = 8 << 20
+# an object's shared handle (:func:`read_range`) caches the last READ_BLOCKS blocks of READ_BLOCK
+# bytes it read (an LRU, block-aligned): the members or row groups a process reads near each other
+# -- in order, or out of order by planning's 16 probing threads -- come from one ranged GET per
+# block, not one per item (a GET costs a round trip: tens of ms on a cloud store); never s3fs's
+# 50 MiB default.  At most 8 x 4 MiB per object, _HANDLES_KEPT objects per process.
+READ_BLOCK = 4 << 20
+READ_BLOCKS = 8
 
 
 def is_url(path: str) -> bool:
@@ -161,6 +166,16 @@ def _info(path: str, fresh: bool = False) -> dict:
     return info
 
 
+def forget() -> None:
+    """Drop this process's object infos and handles: a new run (its discovery) sees the objects
+    as they are now, not as an earlier run of the same process saw them."""
+    with _INFO_LOCK:
+        _INFO.clear()
+    with _HANDLES_LOCK:
+        while _HANDLES:
+            _HANDLES.popitem()[1].close()
+
+
 def _version(info: dict) -> str:
     value = next((info[f] for f in _VERSION_FIELDS if info.get(f) not in (None, "")), "")
     return str(value).strip('"')
@@ -186,13 +201,59 @@ def version(path: str) -> tuple:
     return int(info["size"]), _version(info)
 
 
-def open_input(path: str, block_size: int = READ_BLOCK):
-    """A seekable binary file: the local file, or the object read through a read-ahead window of
-    ``block_size`` bytes (ranged GETs: nothing is downloaded whole, nothing unpacked to disk)."""
-    if not is_url(path):
-        return open(path, "rb")
-    fs, p = filesystem(path)
-    return fs.open(p, "rb", block_size=block_size, cache_type="readahead")
+def open_input(path: str):
+    """A seekable binary file: the local file, or an :class:`ObjectFile` (ranged GETs: nothing is
+    downloaded whole, nothing unpacked to disk)."""
+    return open(path, "rb") if not is_url(path) else ObjectFile(path)
+
+
+class ObjectFile(io.RawIOBase):
+    """A read-only, seekable view of an object, read through :func:`read_range` (this process's
+    one read-ahead handle on it): its size is the process's :func:`_info`, so opening one costs
+    no request."""
+
+    def __init__(self, path: str):
+        super().__init__()
+        self.path, self.pos, self.size = path, 0, getsize(path)
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        data = read_range(self.path, self.pos, len(buffer))
+        buffer[:len(data)] = data
+        self.pos += len(data)
+        return len(data)
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        self.pos = max(0, {0: 0, 1: self.pos, 2: self.size}[whence] + pos)
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+
+_HANDLES: OrderedDict = OrderedDict()  # (pid, URL) -> an fsspec file with a read-ahead cache
+_HANDLES_LOCK = threading.Lock()
+_HANDLES_KEPT = 4
+
+
+def _handle(path: str):
+    """This process's read-ahead handle on an object (under ``_HANDLES_LOCK``; the few last used
+    are kept; keyed by pid too: a forked worker opens its own)."""
+    key = (os.getpid(), path)
+    f = _HANDLES.pop(key, None)
+    if f is None:
+        fs, p = filesystem(path)
+        f = fs.open(p, "rb", block_size=READ_BLOCK, cache_type="blockcache", cache_options={"maxblocks": READ_BLOCKS},
+                    size=getsize(path))
+    _HANDLES[key] = f
+    while len(_HANDLES) > _HANDLES_KEPT:
+        _HANDLES.popitem(last=False)[1].close()
+    return f
 
 
 def open_text(path: str):
@@ -213,10 +274,9 @@ def read_range(path: str, offset: int, size: int) -> bytes:
             return os.pread(fd, size, offset)
         finally:
             os.close(fd)
-    if size <= 0:
+    if size <= 0 or offset >= getsize(path):
         return b""
-    fs, p = filesystem(path)
-    total = getsize(path)
-    if offset >= total:
-        return b""
-    return fs.cat_file(p, start=offset, end=min(offset + size, total))
+    with _HANDLES_LOCK:  # (threads of one process take turns on the handle: most reads are read-ahead hits)
+        f = _handle(path)
+        f.seek(offset)
+        return f.read(size)

@@ -122,6 +122,7 @@ def test_a_rewritten_object_refuses_the_resume(s3, loose, tiny_model_dir, tmp_pa
         run()
     summary = run(reencode_changed=True)
     assert summary["ok"] == 3 and summary["skipped"] == 3, summary
+    assert summary["errors"] == 1  # the new version's extra member (no audio): the object is read as it is now
     assert "1 rewritten input shard(s) (en-000001.tar)" in summary["notes"][0]
     assert read_run_info(out)["input_identity"]["shards"][1][2] == s3.info(f"{url}/en-000001.tar")["ETag"].strip('"')
 
@@ -174,7 +175,7 @@ def test_s3_out_resumes_after_an_interruption_on_another_machine(fmt, s3, shards
     # what a kill -9 leaves: a lock whose lease ran out, a shard PUT whose segment never was
     s3.pipe(f"{url}/lock", b'{"pid": 1, "host": "gone", "expires": 0}')
     shard = next(r["shard"] for r in read_manifest(str(tmp_path / "partial")) if r["status"] == "ok")
-    orphan = re.sub(r"\d+(?=\D*$)", lambda m: "9" * len(m.group()), shard)  # a later shard number
+    orphan = re.sub(r"\d{5,}", lambda m: "9" * len(m.group()), shard, count=1)  # a later shard number
     s3.pipe(f"{url}/{orphan}", b"a half-committed shard")
     shutil.rmtree(tmp_path / "staging")  # another machine: nothing staged
     summary = run(out_dir=url)

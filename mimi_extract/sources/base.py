@@ -654,6 +654,7 @@ def discover(source: str, channel: str = "mix", framing: Framing = Framing(), li
     ``part_shards`` says so); otherwise every item is found and the caller divides them by key."""
     from concurrent.futures import ThreadPoolExecutor
 
+    remote.forget()  # (objects read by an earlier run of this process may have changed since)
     options = options or Options()
     options.recordings = recordings or options.recordings
     options.exclude = exclude or options.exclude

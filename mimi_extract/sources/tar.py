@@ -35,11 +35,11 @@ _PATTERN = re.compile(r"[*?\[{]")
 class MemberView(io.RawIOBase):
     """``size`` bytes of ``path`` from ``offset``, as a read-only seekable file: a tar member read
     in place.  ``name`` is the member's name (decoders pick their format from its extension).  A
-    shard on an object store is read through a window the member's size (ranged GETs, no download)."""
+    shard on an object store is read by ranged GETs (:class:`remote.ObjectFile`), never downloaded."""
 
     def __init__(self, path: str, offset: int, size: int, name: str = ""):
         super().__init__()
-        self.file = remote.open_input(path, block_size=max(1 << 16, min(size, remote.READ_BLOCK)))
+        self.file = remote.open_input(path)
         self.offset, self.size, self.pos, self.name = offset, size, 0, name
 
     def readable(self) -> bool:
@@ -527,6 +527,6 @@ class TarSource(Source):
         """A member up to 4 MiB is read in one ``pread`` and probed from memory: as cheap as probing
         a loose file (75 us per FLAC header here), where the file view's Python reads cost 95 us."""
         offset, size, name = entry.loc
-        if int(size) > _PROBE_IN_MEMORY:
+        if int(size) > _PROBE_IN_MEMORY or remote.is_url(entry.path):  # (an object's: its header's bytes only)
             return cls.open(entry)
         return read_member(entry.path, int(offset), int(size), name)
