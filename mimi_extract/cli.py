@@ -314,6 +314,7 @@ def _run(input_path: str, out_dir: str, strict: bool = False, progress_seconds: 
         raise typer.Exit(EXIT_INTERRUPTED)
     say(("done", "green"), f": {summary['ok']} ok, {summary['errors']} errors, {summary['skipped']} skipped "
         f"({summary['frame_rate']:g} Hz frames) -> {where}/manifest.jsonl"
+        + (f" (staged; mirrored to {summary['remote']})" if summary.get("remote") else "")
         + (f"; encoder idle {100 * stats.idle_fraction:.0f}% of {stats.wall:.1f} s" if stats.wall else ""))
     if summary["errors"]:
         say(f"error rows: mimi-extract info {out_dir}  (or grep '\"status\": \"error\"' {where}/manifest.jsonl)")

@@ -17,7 +17,7 @@ import threading
 import time
 from dataclasses import asdict, replace
 
-from . import __version__
+from . import __version__, remote
 from .audio import SAMPLE_RATE, decoder_versions
 from .encoder import PaddedMimiEncoder
 from .model import config_hash, from_pretrained, weights_hash
@@ -28,6 +28,7 @@ from .request import RunRequest
 from .settings import Part, Settings
 from .sources import Discovered, Item, Options, discover, item_identity, plan_group
 from .formats import get_format
+from .mirror import extract_remote
 from .store.directory import RunDirectory
 from .store.files import OutputError
 from .store.identity import ITEMS, check_run_info, read_run_info
@@ -248,7 +249,7 @@ def extract(source: str, out_dir: str, settings: Settings, *, on_plan=None, on_p
 
 
 def run_request(request: RunRequest, *, on_plan=None, on_progress=None, on_signal=None,
-                stop: threading.Event | None = None, on_phase=None) -> dict:
+                stop: threading.Event | None = None, on_phase=None, on_commit=None) -> dict:
     """Encode every item of ``request.source`` (or of its part) into ``request.out_dir``; resumes.
 
     ``on_plan(summary)`` is called once the work is planned, ``on_progress(items, seconds, errors)``
@@ -256,7 +257,14 @@ def run_request(request: RunRequest, *, on_plan=None, on_progress=None, on_signa
     start-up phase begins (loading the model, finding inputs, planning).  ``request.reencode_damaged``:
     first read every stored item of the run directory and check its checksums; shards holding a
     damaged one are quarantined and their items encoded again.  ``request.reencode_changed``: see
-    ``RunDirectory.check_identity``.  Returns counts."""
+    ``RunDirectory.check_identity``.  ``on_commit()``: called after each shard is committed.  An
+    ``out_dir`` on object storage (``s3://...``) is staged on local disk and mirrored to it after
+    each commit (``mirror.py``).  Returns counts."""
+    if remote.is_url(request.out_dir):
+        return extract_remote(request.out_dir, None if request.part.whole else request.part.dirname,
+                              lambda staging, on_commit: run_request(
+                                  replace(request, out_dir=staging), on_plan=on_plan, on_progress=on_progress,
+                                  on_signal=on_signal, stop=stop, on_phase=on_phase, on_commit=on_commit))
     stop = stop or threading.Event()
     on_phase = on_phase or (lambda text: None)
     source, out_dir, settings, part = request.source, request.out_dir, request.settings, request.part
@@ -279,7 +287,7 @@ def run_request(request: RunRequest, *, on_plan=None, on_progress=None, on_signa
     started = False
     try:
         with _Signals(stop, on_signal) as signals:
-            summary = _extract_locked(found, request, run, on_plan, on_progress, stop, on_phase)
+            summary = _extract_locked(found, request, run, on_plan, on_progress, stop, on_phase, on_commit)
             started = True
             summary["interrupted"] = signals.received if stop.is_set() else None
             return summary
@@ -288,19 +296,19 @@ def run_request(request: RunRequest, *, on_plan=None, on_progress=None, on_signa
 
 
 def _extract_locked(found: Discovered, request: RunRequest, run: RunDirectory, on_plan, on_progress, stop,
-                    on_phase) -> dict:
+                    on_phase, on_commit=None) -> dict:
     settings = request.settings
     on_phase(f"starting {len(settings.devices)} encoder worker(s) on {', '.join(sorted(set(settings.devices)))}"
              if settings.engine == "local" else f"starting the {settings.engine} engine")
     engine = make_engine(settings)  # first: worker processes load the weights while we check them
     try:
-        return _extract_with(engine, found, request, run, on_plan, on_progress, stop, on_phase)
+        return _extract_with(engine, found, request, run, on_plan, on_progress, stop, on_phase, on_commit)
     finally:
         engine.close()
 
 
 def _extract_with(engine: Engine, found: Discovered, request: RunRequest, run: RunDirectory, on_plan, on_progress,
-                  stop, on_phase=lambda text: None) -> dict:
+                  stop, on_phase=lambda text: None, on_commit=None) -> dict:
     settings, part, options = request.settings, request.part, request.options
     get_format(settings.format).require()  # its library installed, before anything is encoded
     on_phase(f"loading the model {settings.model} and hashing its weights")
@@ -383,7 +391,7 @@ def _extract_with(engine: Engine, found: Discovered, request: RunRequest, run: R
     if layout is not None:
         writer = run.extend_writer(fmt, attrs, layout)
     else:
-        writer = run.writer(fmt, attrs, request.shard_size, int(request.shard_mb * 2**20))
+        writer = run.writer(fmt, attrs, request.shard_size, int(request.shard_mb * 2**20), on_commit)
     attrs_of = lambda it: {"duration": it.duration, "source_sample_rate": it.sample_rate,  # noqa: E731
                            **({"start": it.segment[0], "end": it.segment[1]} if it.segment else {})}
     pieces = None

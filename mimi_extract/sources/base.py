@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, fields, replace
 from decimal import ROUND_HALF_UP, Decimal
 
 
+from .. import remote
 from ..audio import DECODED_EXTENSIONS, Framing, open_decoder
 from ..choices import KEY_MODES, SIDECAR_DURATION_MODES
 from ..input_options import Options, is_scalar
@@ -596,6 +597,7 @@ def discover(source: str, channel: str = "mix", framing: Framing = Framing(), li
     ``part_shards`` says so); otherwise every item is found and the caller divides them by key."""
     from concurrent.futures import ThreadPoolExecutor
 
+    remote.forget()  # (objects read by an earlier run of this process may have changed since)
     options = options or Options()
     options = replace(options, recordings=recordings or options.recordings, exclude=exclude or options.exclude)
     if options.key not in KEY_MODES:
@@ -624,7 +626,7 @@ def discover(source: str, channel: str = "mix", framing: Framing = Framing(), li
     with ThreadPoolExecutor(16) as pool:  # header reads are I/O bound (network file systems)
         probed = [it for found in pool.map(lambda e: safe_probe(src, e, channel, framing), entries) for it in found]
     items, bad = dedup(probed)
-    return Discovered(items, bad, warnings, os.path.realpath(source), kind, src.identity(), metadata, part_shards)
+    return Discovered(items, bad, warnings, remote.real(source), kind, src.identity(), metadata, part_shards)
 
 
 def source_kind(source: str, input_format: str | None = None) -> str:
@@ -633,7 +635,7 @@ def source_kind(source: str, input_format: str | None = None) -> str:
         if input_format not in REGISTRY:
             raise ValueError(f"--input-format {input_format!r}: choose from {', '.join(sorted(REGISTRY))}")
         return input_format
-    if not os.path.exists(source) and not any(c in source for c in "*?{["):
+    if not remote.exists(source) and not any(c in source for c in "*?{["):
         raise FileNotFoundError(f"input {source!r} does not exist")
     for kind, cls in REGISTRY.items():
         if cls.detect(source):

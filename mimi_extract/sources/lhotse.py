@@ -6,10 +6,10 @@ that row's error and never the manifest's; needs lhotse (``pip install 'mimi-ext
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 
+from .. import remote
 from .._optional import lhotse as _lhotse
 from ..input_options import Keep
 from .base import Entry, Source, printable, register, supervisions_for_channel, text_problem
@@ -46,8 +46,7 @@ def _file_source(recording, channel: int):
 def _manifest_rows(path: str):
     """(where, row) for each row of a lhotse manifest, parsed one at a time: a JSONL file (gzipped
     or not) by line, a JSON list by item; a row that is not JSON comes as its ValueError."""
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8", errors="surrogateescape") as f:
+    with remote.open_text(path) as f:
         if ".jsonl" in os.path.basename(path):
             for n, line in enumerate(f, 1):
                 if line.strip():

@@ -10,10 +10,10 @@ read in place by offset, exactly as tar shards are (``tar.py``'s indexer and mem
 
 from __future__ import annotations
 
-import glob
 import os
 import re
 
+from .. import remote
 from .base import Entry, Source, register, supervisions_for_channel, text_problem, printable
 from .lhotse import _manifest_items, cut_meta
 from .tar import MemberLoc, index_tar, shard_identity
@@ -24,10 +24,10 @@ _CUTS = re.compile(r"cuts\.(\d+)\.jsonl(\.gz)?$")
 def shar_shards(path: str) -> list[tuple[str, str, str]]:
     """(index, cuts file, recording tar path) per shard of a Shar folder, in index order."""
     out = []
-    for name in sorted(os.listdir(path)):
+    for name in sorted(remote.listdir(path)):
         m = _CUTS.match(name)
         if m:
-            out.append((m.group(1), os.path.join(path, name), os.path.join(path, f"recording.{m.group(1)}.tar")))
+            out.append((m.group(1), remote.join(path, name), remote.join(path, f"recording.{m.group(1)}.tar")))
     return out
 
 
@@ -39,7 +39,7 @@ class SharSource(Source):
 
     @classmethod
     def detect(cls, path: str) -> bool:
-        return os.path.isdir(path) and bool(glob.glob(os.path.join(glob.escape(path), "cuts.*.jsonl*")))
+        return remote.isdir(path) and bool(remote.glob(remote.join(remote.escape(path), "cuts.*.jsonl*")))
 
     def entries(self, warnings: list[str]) -> list[Entry]:
         from .._optional import lhotse as _lhotse
@@ -49,8 +49,8 @@ class SharSource(Source):
         wanted = tuple(e.lower().lstrip(".") for e in self.options.audio_ext) if self.options.audio_ext else None
         for _index, cuts_file, tar in self.mine(shar_shards(self.path)):
             shown_tar = os.path.basename(tar)
-            full = os.path.abspath(tar)
-            if os.path.isfile(tar):
+            full = remote.absolute(tar)
+            if remote.isfile(tar):
                 members, damage = index_tar(full)
             else:
                 members, damage = [], f"{shown_tar} is missing"
@@ -104,10 +104,10 @@ class SharSource(Source):
 
     def input_shards(self) -> list[str]:
         """A shard is its cuts file and recording tar: named by the tar (what is downloaded again)."""
-        return [os.path.abspath(tar) for _, _, tar in shar_shards(self.path)]
+        return [remote.absolute(tar) for _, _, tar in shar_shards(self.path)]
 
     def identity(self) -> dict:
         files = []
         for _, cuts_file, tar in self.mine(shar_shards(self.path)):
-            files += [cuts_file] + ([tar] if os.path.isfile(tar) else [])
+            files += [cuts_file] + ([tar] if remote.isfile(tar) else [])
         return shard_identity(files)

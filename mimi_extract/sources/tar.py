@@ -15,7 +15,6 @@ are complete; the rest become one error row naming the offset where the damage s
 
 from __future__ import annotations
 
-import glob
 import io
 import json
 import os
@@ -25,6 +24,7 @@ import tarfile
 
 from dataclasses import dataclass
 
+from .. import remote
 from ..audio import DECODED_EXTENSIONS
 from .base import ITEM_FIELDS, Entry, Loc, SourceError, Source, climbs, id_text, key_stem, printable, register, \
     segment_fields, text_problem
@@ -46,11 +46,12 @@ _PATTERN = re.compile(r"[*?\[{]")
 
 class MemberView(io.RawIOBase):
     """``size`` bytes of ``path`` from ``offset``, as a read-only seekable file: a tar member read
-    in place.  ``name`` is the member's name (decoders pick their format from its extension)."""
+    in place.  ``name`` is the member's name (decoders pick their format from its extension).  A
+    shard on an object store is read by ranged GETs (:class:`remote.ObjectFile`), never downloaded."""
 
     def __init__(self, path: str, offset: int, size: int, name: str = ""):
         super().__init__()
-        self.file = open(path, "rb")
+        self.file = remote.open_input(path)
         self.offset, self.size, self.pos, self.name = offset, size, 0, name
 
     def readable(self) -> bool:
@@ -88,10 +89,10 @@ def open_member(path: str, offset: int, size: int, name: str):
         view = MemberView(path, offset, size, name)
     except OSError as e:
         raise SourceError(f"shard {path}: {e.strerror or e}") from e
-    total = os.fstat(view.file.fileno()).st_size
+    total = remote.getsize(path) if remote.is_url(path) else os.fstat(view.file.fileno()).st_size
     if offset + size > total:
         view.close()
-        raise SourceError(f"shard {os.path.basename(path)} is truncated: member {name!r} needs bytes "
+        raise SourceError(f"shard {remote.basename(path)} is truncated: member {name!r} needs bytes "
                           f"{offset}..{offset + size}, the file has {total}")
     return io.BufferedReader(view, 1 << 16)  # .name: the member's
 
@@ -103,15 +104,11 @@ def read_member(path: str, offset: int, size: int, name: str) -> io.BytesIO:
     """The member's bytes in memory (a small member, for its header probe); SourceError as
     :func:`open_member` if the shard no longer holds them."""
     try:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            data = os.pread(fd, size, offset)
-        finally:
-            os.close(fd)
+        data = remote.read_range(path, offset, size)
     except OSError as e:
         raise SourceError(f"shard {path}: {e.strerror or e}") from e
     if len(data) < size:
-        raise SourceError(f"shard {os.path.basename(path)} is truncated: member {name!r} needs bytes "
+        raise SourceError(f"shard {remote.basename(path)} is truncated: member {name!r} needs bytes "
                           f"{offset}..{offset + size}, the file has {offset + len(data)}")
     view = io.BytesIO(data)
     view.name = name
@@ -150,15 +147,15 @@ def expand_braces(pattern: str) -> list[str]:
 def shard_list(path: str, extensions=TAR_EXTENSIONS + COMPRESSED_TAR_EXTENSIONS) -> list[str]:
     """The shard files ``path`` names: itself, the shards in a folder (sorted), or a pattern's
     matches (braces expanded, then globbed; a brace-named file that does not exist is an error)."""
-    if os.path.isfile(path):
+    if remote.isfile(path):
         return [path]
-    if os.path.isdir(path):
-        return sorted(os.path.join(path, f) for f in os.listdir(path) if f.lower().endswith(extensions))
+    if remote.isdir(path):
+        return sorted(remote.join(path, f) for f in remote.listdir(path) if f.lower().endswith(extensions))
     found = []
     for name in expand_braces(path):
         if _PATTERN.search(name):
-            found += sorted(glob.glob(name))
-        elif os.path.isfile(name):
+            found += remote.glob(name)
+        elif remote.isfile(name):
             found.append(name)
         else:
             raise FileNotFoundError(f"shard {name} (from {path}) does not exist")
@@ -167,7 +164,7 @@ def shard_list(path: str, extensions=TAR_EXTENSIONS + COMPRESSED_TAR_EXTENSIONS)
 
 def missing_shard(path: str) -> str | None:
     """For a pattern no kind detects: the shard it names that does not exist, if that is why."""
-    if not _PATTERN.search(path) or os.path.exists(path):
+    if not _PATTERN.search(path) or remote.exists(path):
         return None
     try:
         shard_list(path)
@@ -177,10 +174,10 @@ def missing_shard(path: str) -> str | None:
 
 
 def _is_shard_input(path: str, extensions) -> bool:
-    if os.path.isfile(path):
+    if remote.isfile(path):
         return path.lower().endswith(extensions)
-    if os.path.isdir(path):
-        names = os.listdir(path)
+    if remote.isdir(path):
+        names = remote.listdir(path)
         return any(n.lower().endswith(extensions) for n in names) and not any(
             n.lower().endswith(DECODED_EXTENSIONS) or n.startswith("cuts.") for n in names)  # cuts.*: lhotse Shar
     if _PATTERN.search(path):
@@ -203,9 +200,9 @@ def index_tar(path: str, keep=lambda name: False, keep_max: int = 1 << 20):
     times faster than ``tarfile``'s iteration); what this parser does not know (a PAX global path,
     a malformed PAX record) is indexed by ``tarfile`` instead."""
     members, damage = [], None
-    total = os.path.getsize(path)
+    total = remote.getsize(path)
     long_name, long_size = None, None  # from a PAX or GNU long-name header, for the next member
-    with open(path, "rb") as f:
+    with remote.open_input(path) as f:
         pos = 0
         while True:
             if pos + 512 > total:  # no end-of-archive marker: truncated (the samples after it, if any, are lost)
@@ -310,12 +307,14 @@ def _checksum(header: bytes) -> bool:
 
 def _index_with_tarfile(path: str, keep=lambda name: False, keep_max: int = 1 << 20):
     members, damage = [], None
-    size = os.path.getsize(path)
+    size = remote.getsize(path)
+    stream = remote.open_input(path)
     try:
-        tf = tarfile.open(path, "r:")
+        tf = tarfile.open(fileobj=stream, mode="r:")
     except tarfile.ReadError as e:
+        stream.close()
         return [], f"not a tar file ({e})"
-    with tf, open(path, "rb") as f:
+    with stream, tf, remote.open_input(path) as f:
         while True:
             try:
                 info = tf.next()
@@ -374,9 +373,7 @@ def _audio_member(parts: dict, audio_ext):
 
 
 def _read_bytes(path: str, offset: int, size: int) -> bytes:
-    with open(path, "rb") as f:
-        f.seek(offset)
-        return f.read(size)
+    return remote.read_range(path, offset, size)
 
 
 def sample_entries(shard: str, shown: str, key: str, parts: dict, options, kind: str, data_of=None) -> Entry:
@@ -472,21 +469,21 @@ def check_first_samples(options, shown: str, samples: list[tuple[dict, bytes | N
 def _shown_names(shards: list[str]) -> list[str]:
     """Shard names as keys show them: the file name, or the path relative to the shards' common
     folder when two shards share a file name."""
-    names = [os.path.basename(s) for s in shards]
+    names = [remote.basename(s) for s in shards]
     if len(set(names)) == len(names):
         return names
+    if remote.is_url(shards[0]):  # (posixpath folds the URL's '//' alike in both)
+        common = posixpath.commonpath(shards)
+        return [posixpath.relpath(s, common) for s in shards]
     common = os.path.commonpath([os.path.abspath(s) for s in shards])
     return [os.path.relpath(os.path.abspath(s), common).replace(os.sep, "/") for s in shards]
 
 
 def shard_identity(shards: list[str]) -> dict:
-    """The input's identity for run.json: every shard with its size and modification time, so a
-    resume over shards that were rewritten, added or removed is refused."""
-    out = []
-    for s in shards:
-        st = os.stat(s)
-        out.append([os.path.abspath(s), st.st_size, st.st_mtime_ns])
-    return {"shards": out}
+    """The input's identity for run.json: every shard with its size and modification time (an
+    object's ETag: :func:`remote.identity`), so a resume over shards that were rewritten, added or
+    removed is refused."""
+    return {"shards": [remote.identity(s) for s in shards]}
 
 
 @register
@@ -510,13 +507,13 @@ class TarSource(Source):
         return missing_shard(path)
 
     def input_shards(self) -> list[str]:
-        return [os.path.abspath(s) for s in self.shards()]
+        return [remote.absolute(s) for s in self.shards()]
 
     def entries(self, warnings: list[str]) -> list[Entry]:
         shards = self.shards()
         entries, checked = [], False
         for shard, shown in self.mine(list(zip(shards, _shown_names(shards)))):  # (names: over every shard)
-            full = os.path.abspath(shard)
+            full = remote.absolute(shard)
             members, damage = index_tar(full, keep=lambda name: name.lower().endswith(".json"))
             samples = group_samples(members)
             if samples and not checked:  # the first shard's samples say whether --id-field, --audio-ext fit
@@ -543,6 +540,6 @@ class TarSource(Source):
         """A member up to 4 MiB is read in one ``pread`` and probed from memory: as cheap as probing
         a loose file (75 us per FLAC header here), where the file view's Python reads cost 95 us."""
         loc = entry.loc
-        if int(loc.size) > _PROBE_IN_MEMORY:
+        if int(loc.size) > _PROBE_IN_MEMORY or remote.is_url(entry.path):  # (an object's: its header's bytes only)
             return cls.open(entry)
         return read_member(entry.path, int(loc.offset), int(loc.size), loc.name)

@@ -23,6 +23,7 @@ import zlib
 from dataclasses import dataclass, replace
 from types import SimpleNamespace
 
+from .. import remote
 from .base import Entry, Loc, Source, SourceError, register
 from .tar import COMPRESSED_TAR_EXTENSIONS, _is_shard_input, _shown_names, check_first_samples, missing_end, \
     sample_entries, shard_identity, split_name, tar_shards
@@ -80,7 +81,7 @@ def group_bytes(path: str, group: int, start: int, end: int) -> bytes:
             for old in _STREAM.values():
                 old.close()
             _STREAM.clear()
-            f = _STREAM[path] = gzip.open(path, "rb")
+            f = _STREAM[path] = gzip.open(remote.open_input(path) if remote.is_url(path) else path, "rb")
         try:
             f.seek(start)
             data = f.read(end - start)
@@ -100,7 +101,7 @@ class _Counted(io.RawIOBase):
 
     def __init__(self, path: str):
         super().__init__()
-        self.raw = open(path, "rb")
+        self.raw = remote.open_input(path)
         gzipped = self.raw.read(2) == b"\x1f\x8b"
         self.raw.seek(0)
         self.file = gzip.GzipFile(fileobj=self.raw) if gzipped else self.raw
@@ -171,7 +172,7 @@ class CompressedTarSource(Source):
             state["open"] = []
 
         for shard, shown in self.mine(list(zip(shards, _shown_names(shards)))):  # (names: over every shard)
-            full = os.path.abspath(shard)
+            full = remote.absolute(shard)
             sample_key, parts, end, damage = None, {}, 0, None
             close_group(end)
             state["group"] += 1
@@ -249,7 +250,7 @@ class CompressedTarSource(Source):
         return shard_identity(self.mine(self.shards()))
 
     def input_shards(self) -> list[str]:
-        return [os.path.abspath(s) for s in self.shards()]
+        return [remote.absolute(s) for s in self.shards()]
 
     @staticmethod
     def open(entry):

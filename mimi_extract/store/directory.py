@@ -84,8 +84,9 @@ class RunDirectory:
         write_atomic(os.path.join(self.path, PLAN_INFO), json.dumps(
             {"inputs": inputs, "seconds": seconds, "updated": time.strftime("%Y-%m-%d %H:%M:%S %z"), "part": part}))
 
-    def writer(self, fmt: Format, attrs: dict, max_items: int, max_bytes: int) -> ShardWriter:
-        return ShardWriter(self.path, fmt, attrs, max_items, max_bytes)
+    def writer(self, fmt: Format, attrs: dict, max_items: int, max_bytes: int, on_commit=None) -> ShardWriter:
+        """``on_commit()``: called after each commit (an OUT on object storage uploads it: ``mirror.py``)."""
+        return ShardWriter(self.path, fmt, attrs, max_items, max_bytes, on_commit)
 
     def extend_writer(self, fmt: Format, attrs: dict, layout: dict[str, list[str]]) -> SharExtendWriter:
         """``--shar-extend``: one tar per input Shar shard of ``layout`` (``shar_extend.plan_extend``)."""

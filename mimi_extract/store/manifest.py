@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .. import remote
 from ..formats import registry
 from ..formats.base import Format, array_checksum
 from ..formats.registry import format_of
@@ -97,7 +98,7 @@ class ManifestRow:
         source = None
         if item.error is None:  # what a lhotse Recording needs, without probing the file again; the path
             # absolute, so that the cuts load their audio (and verify --out re-reads it) from any directory
-            source = {"path": os.path.abspath(item.path), "frames": item.file_frames, "channels": item.file_channels}
+            source = {"path": remote.absolute(item.path), "frames": item.file_frames, "channels": item.file_channels}
             if item.kind != "file":  # a member of a container: how to reach its bytes again (verify --out)
                 source.update(kind=item.kind, loc=item.loc.values() if item.loc is not None else None)
         start, end = item.segment if item.segment is not None else (None, None)

@@ -81,8 +81,9 @@ class ShardWriter:
     the commit protocol (:func:`commit_files`)."""
 
     def __init__(self, run_dir: str, fmt: Format, file_attrs: dict, max_items: int = 1000,
-                 max_bytes: int = 256 << 20):
+                 max_bytes: int = 256 << 20, on_commit=None):
         self.run_dir = run_dir
+        self.on_commit = on_commit  # called after each commit (an OUT on object storage uploads it: mirror.py)
         self.format = fmt.for_run(file_attrs)  # a format whose shard names depend on the run (Shar's field)
         self.file_attrs = file_attrs
         self.max_items, self.max_bytes = max_items, max_bytes
@@ -133,6 +134,8 @@ class ShardWriter:
         self._rows, self._bytes = [], 0
         self.index += 1
         self.commits += 1
+        if self.on_commit is not None:
+            self.on_commit()
 
     def abort(self) -> None:
         """Discard what is not committed (an unrecoverable write error)."""

@@ -1,0 +1,321 @@
+"""OUT on object storage (``s3://bucket/out``...): the run directory is staged on local disk and
+mirrored to the bucket shard by shard, with the local guarantees kept on both sides.
+
+An object store has no rename and no ``flock``, but a PUT of a whole object is atomic (a reader
+sees the old object, the new one, or none; never a part) and S3 has conditional PUTs.  So:
+
+* The run runs, unchanged, in a local *staging* run directory (``MIMI_EXTRACT_STAGING``, else
+  ``~/.cache/mimi-extract/staging/<hash of the URL>/out``): the local commit protocol, recovery
+  and checks apply there as on any OUT.
+* The remote copy is the truth, the staging a cache of it: a run first makes the staging equal to
+  the remote (:meth:`Mirror.pull`: what it lacks is downloaded, what the remote does not hold is
+  removed, the manifest is rebuilt from the remote's segments), so a resume on another machine
+  resumes the same OUT.
+* After each local commit (:meth:`Mirror.push`), every staged file the remote lacks is PUT under
+  its final name (the shard's files), then one *manifest segment* object
+  (``manifest.d/g<generation>-<n>.jsonl``: the manifest lines appended since the last one).  The
+  segment is the commit point: a shard that no segment names is an orphan, ignored by readers and
+  replaced or removed by the next run.  The manifest is the concatenation, in order, of the
+  segments of the highest generation; a run whose recovery rewrote the manifest (dropped error
+  rows, quarantined shards) starts a new generation with one segment holding all of it, then
+  deletes the older generations and the orphans (after its commit point: a kill leaves only garbage).
+* The lock is an object (``lock``) created only if absent (``If-None-Match: *``, atomic on S3),
+  holding its holder and an expiry that a heartbeat renews; a lock whose expiry has passed (its
+  holder was killed) is taken over with a PUT conditional on its ETag, so two runs cannot both
+  take it.  On stores without conditional writes the lock is only advisory (docs/object-storage.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import posixpath
+import re
+import socket
+import sys
+import threading
+import time
+
+from . import remote
+from .store.files import LOCK, MANIFEST, LockedError, OutputError
+
+SEGMENTS = "manifest.d"
+STAGING_ENV = "MIMI_EXTRACT_STAGING"
+LEASE_ENV = "MIMI_EXTRACT_LOCK_LEASE"  # seconds a lock object stays valid without its heartbeat
+_SEGMENT_RE = re.compile(r"g(\d+)-(\d+)\.jsonl")
+_SKIPPED = (LOCK, MANIFEST)  # staged files never mirrored: the local lock; the manifest, sent as segments
+
+
+def staging_dir(url: str) -> str:
+    """The local OUT that stages ``url`` (one per URL, kept between runs as a cache)."""
+    base = os.environ.get(STAGING_ENV) or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "mimi-extract", "staging")
+    return os.path.join(base, hashlib.sha256(remote.absolute(url).encode()).hexdigest()[:16], "out")
+
+
+def _lease() -> float:
+    try:
+        return max(1.0, float(os.environ.get(LEASE_ENV, "120")))
+    except ValueError:
+        return 120.0
+
+
+class RemoteLock:
+    """The lock object of one remote run directory; see the module docstring."""
+
+    def __init__(self, run_url: str):
+        self.url = remote.join(run_url, LOCK)
+        self.fs, self.path = remote.filesystem(self.url)
+        self._stop = threading.Event()
+        self._beat: threading.Thread | None = None
+
+    def _body(self) -> bytes:
+        return json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "command": " ".join(sys.argv),
+                           "expires": time.time() + _lease()}).encode()
+
+    def acquire(self) -> None:
+        try:
+            self._create()
+        except FileExistsError:
+            self._take_over()
+        self._beat = threading.Thread(target=self._renew, name="mimi-extract-lock-heartbeat", daemon=True)
+        self._beat.start()
+
+    def _take_over(self) -> None:
+        """The lock object exists: refused while its lease runs, else replaced -- on S3 by a PUT
+        conditional on the ETag read (of two runs taking over, one wins)."""
+        try:
+            info = self.fs.info(self.path)
+            held = json.loads(self.fs.cat_file(self.path))
+        except FileNotFoundError:  # released meanwhile
+            return self._create()
+        except ValueError:
+            held = {}
+        expires = float(held.get("expires", 0))
+        who = f"pid {held.get('pid')} on {held.get('host')}" if held else "another run"
+        if expires > time.time():
+            raise LockedError(f"{self.url}: {who} is writing this OUT (its lock's lease runs "
+                              f"{expires - time.time():.0f} s more); wait for it or use another OUT")
+        call = getattr(self.fs, "call_s3", None)
+        if call is None or not info.get("ETag"):
+            raise LockedError(f"{self.url}: an expired lock of {who} remains (its run was killed?); this store has no "
+                              "conditional PUT to take it over safely: delete that object to go on")
+        bucket, key, _ = self.fs.split_path(self.path)
+        try:
+            call("put_object", Bucket=bucket, Key=key, Body=self._body(), IfMatch=info["ETag"])
+        except (OSError, ValueError) as e:
+            raise LockedError(f"{self.url}: another run took over the expired lock of {who} ({e})") from e
+
+    def _create(self) -> None:
+        """The lock object, created only if absent (``If-None-Match: *`` on S3): FileExistsError if not."""
+        with self.fs.open(self.path, "xb") as f:
+            f.write(self._body())
+
+    def _renew(self) -> None:
+        while not self._stop.wait(_lease() / 4):
+            try:
+                self.fs.pipe_file(self.path, self._body())
+            except Exception:  # (a missed beat: the lease is four beats long)
+                pass
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._beat is not None:
+            self._beat.join()
+            self._beat = None
+            try:
+                self.fs.rm_file(self.path)
+            except FileNotFoundError:
+                pass
+
+
+def _md5(path: str) -> str:
+    digest = hashlib.md5(usedforsecurity=False)
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+class Mirror:
+    """One run directory on an object store (``url``) and its staging copy (``local``)."""
+
+    def __init__(self, url: str, local: str):
+        self.url, self.local = url.rstrip("/"), local
+        self.fs, self.root = remote.filesystem(self.url)
+        self.root = self.root.rstrip("/")
+        self.sent: dict[str, tuple[int, int]] = {}  # staged name -> (size, mtime_ns) as the remote holds it
+        self.pulled = b""  # the remote manifest as pulled
+        self.last = (0, -1)  # (generation, last segment number) of the remote manifest
+        self.generation, self.next, self.offset = 0, 0, 0  # what this run writes; 0: not begun
+
+    def _remote(self) -> dict[str, dict]:
+        """Every object of the remote run directory: name relative to it -> info."""
+        if not self.fs.exists(self.root):
+            return {}
+        self.fs.invalidate_cache(self.root)
+        return {posixpath.relpath(p, self.root): info for p, info in self.fs.find(self.root, detail=True).items()}
+
+    @staticmethod
+    def _segments(names) -> list[tuple[int, int, str]]:
+        found = []
+        for name in names:
+            folder, _, base = name.rpartition("/")
+            if folder == SEGMENTS and (m := _SEGMENT_RE.fullmatch(base)):
+                found.append((int(m.group(1)), int(m.group(2)), name))
+        return sorted(found)
+
+    def _staged(self) -> dict[str, tuple[int, int]]:
+        """Every staged file to mirror (not the lock, the manifest or a ``.tmp``): name -> (size, mtime_ns)."""
+        out = {}
+        for path in remote.walk_files(self.local) if os.path.isdir(self.local) else []:
+            name = os.path.relpath(path, self.local).replace(os.sep, "/")
+            if name not in _SKIPPED and not name.endswith(".tmp") and not name.startswith("part-"):
+                st = os.stat(path)
+                out[name] = (st.st_size, st.st_mtime_ns)
+        return out
+
+    def _same(self, name: str, info: dict) -> bool:
+        path = os.path.join(self.local, name)
+        if not os.path.isfile(path) or os.path.getsize(path) != int(info["size"]):
+            return False
+        etag = str(info.get("ETag", "")).strip('"')
+        return not re.fullmatch(r"[0-9a-f]{32}", etag) or _md5(path) == etag  # (a single-part upload's ETag: its MD5)
+
+    def pull(self) -> None:
+        """Make the staging equal to the remote: see the module docstring."""
+        objects = self._remote()
+        segments = self._segments(objects)
+        data = {n: i for n, i in objects.items() if n not in _SKIPPED and not n.startswith(SEGMENTS + "/")
+                and not n.startswith("part-")}
+        os.makedirs(self.local, exist_ok=True)
+        for name, info in sorted(data.items()):
+            path = os.path.join(self.local, name)
+            if not self._same(name, info):
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                self.fs.get_file(f"{self.root}/{name}", path + ".pull")
+                os.replace(path + ".pull", path)
+        for name in set(self._staged()) - set(data):  # staged, never committed remotely: not this OUT's
+            os.remove(os.path.join(self.local, name))
+        self.sent = self._staged()
+        if segments:
+            generation = segments[-1][0]
+            mine = [s for s in segments if s[0] == generation]
+            self.pulled = b"".join(self.fs.cat_file(f"{self.root}/{name}") for _, _, name in mine)
+            self.last = (generation, mine[-1][1])
+        manifest = os.path.join(self.local, MANIFEST)
+        if segments:
+            with open(manifest + ".pull", "wb") as f:
+                f.write(self.pulled)
+            os.replace(manifest + ".pull", manifest)
+        elif os.path.exists(manifest):
+            os.remove(manifest)
+
+    def push(self) -> None:
+        """Upload what the staging holds and the remote lacks, then the manifest segment that
+        commits it (the first of a new generation when the manifest is not the one pulled plus
+        appended lines).  Nothing before the staging has a ``run.json`` (no run began)."""
+        staged = self._staged()
+        if "run.json" not in staged:
+            return
+        try:
+            for name, stamp in sorted(staged.items()):
+                if self.sent.get(name) != stamp:
+                    self.fs.put_file(os.path.join(self.local, name), f"{self.root}/{name}")
+                    self.sent[name] = stamp
+            path = os.path.join(self.local, MANIFEST)
+            if self.generation == 0:
+                with open(path, "rb") if os.path.exists(path) else _Empty() as f:
+                    head = f.read(len(self.pulled))
+                if self.pulled and head == self.pulled:  # the pulled manifest, appended to: the same generation
+                    self.generation, self.next, self.offset = self.last[0], self.last[1] + 1, len(head)
+                else:
+                    self._new_generation(path)
+                self._collect_garbage(staged)
+            with open(path, "rb") if os.path.exists(path) else _Empty() as f:
+                f.seek(self.offset)
+                tail = f.read()
+            if tail:
+                tail = tail[: tail.rfind(b"\n") + 1]  # (whole lines only)
+                self._put_segment(tail)
+                self.offset += len(tail)
+        except OSError as e:
+            raise OutputError(f"{self.url}: cannot upload ({e})") from e
+
+    def _put_segment(self, data: bytes) -> None:
+        self.fs.pipe_file(f"{self.root}/{SEGMENTS}/g{self.generation:06d}-{self.next:010d}.jsonl", data)
+        self.next += 1
+
+    def _new_generation(self, manifest: str) -> None:
+        """The whole manifest as segment 0 of the next generation: the commit point of a manifest
+        that recovery rewrote."""
+        with open(manifest, "rb") if os.path.exists(manifest) else _Empty() as f:
+            data = f.read()
+        data = data[: data.rfind(b"\n") + 1]
+        self.generation, self.next = self.last[0] + 1, 0
+        self._put_segment(data)
+        self.offset = len(data)
+
+    def _collect_garbage(self, staged: dict) -> None:
+        """Once this run's manifest is committed: the older generations' segments, and the objects
+        no staged file matches (orphans, shards the staging quarantined), which no row names."""
+        objects = self._remote()
+        old = [name for g, _, name in self._segments(objects) if g != self.generation]
+        stray = [n for n in objects if n not in staged and n not in _SKIPPED and not n.startswith(SEGMENTS + "/")
+                 and not n.startswith("part-")]
+        for name in old + stray:
+            self.fs.rm_file(f"{self.root}/{name}")
+
+
+class _Empty:
+    """An empty file (a staging without a manifest yet)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def read(self, n: int = -1) -> bytes:
+        return b""
+
+    def seek(self, pos: int) -> int:
+        return 0
+
+
+def pull_siblings(url: str, staging: str) -> None:
+    """The ``run.json`` of every part of a job array's remote OUT, staged read-only: a part checks
+    that its siblings ran with its settings (they push their own run directories)."""
+    fs, root = remote.filesystem(url)
+    for path in fs.glob(f"{root.rstrip('/')}/part-*/run.json"):
+        local = os.path.join(staging, posixpath.relpath(path, root.rstrip("/")))
+        os.makedirs(os.path.dirname(local), exist_ok=True)
+        fs.get_file(path, local)
+
+
+def extract_remote(url: str, part_dirname: str | None, run) -> dict:
+    """``run(staging OUT, on_commit)`` (the extraction, into the staging) with ``url`` locked,
+    pulled first and pushed after each commit and at the end; ``part_dirname``: the job array's
+    part (its own run directory, ``part-I-of-N``), None for a whole run."""
+    staging = staging_dir(url)
+    run_url = remote.join(url, part_dirname) if part_dirname else url.rstrip("/")
+    mirror = Mirror(run_url, os.path.join(staging, part_dirname) if part_dirname else staging)
+    lock = RemoteLock(run_url)
+    lock.acquire()
+    try:
+        mirror.pull()
+        if part_dirname:
+            pull_siblings(url, staging)
+        try:
+            summary = run(staging, mirror.push)
+        except BaseException:
+            try:
+                mirror.push()  # what was committed before the error
+            except OutputError:
+                pass
+            raise
+        mirror.push()
+        return {**summary, "remote": url.rstrip("/"), "staging": staging}
+    finally:
+        lock.release()

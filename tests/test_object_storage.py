@@ -1,0 +1,204 @@
+"""Object storage as INPUT (and OUT): tar, Parquet and Shar read from ``s3://`` give, bit for bit,
+what the same files give from local disk, and a rewritten object refuses a resume as a rewritten
+local shard does.  The S3 endpoint is real: moto's server on a free loopback port, spoken to by
+s3fs through HTTP (nothing of fsspec is mocked).  See docs/object-storage.md."""
+
+import functools
+import logging
+import os
+import re
+import shutil
+
+import pytest
+
+from mimi_extract.store.files import OutputError
+from mimi_extract.store.identity import read_run_info
+from mimi_extract.store.manifest import read_manifest
+from mimi_extract.runner import extract
+from mimi_extract.sources import Options, discover
+from helpers import check_consistency
+from conftest import ONE_WORKER, cli
+from test_packed_sources import FILES, assert_equal_arrays, settings, write_tar
+from test_packed_sources import hf_dataset, loose, loose_run, shar, shards  # noqa: F401  (fixtures)
+
+BUCKET = "mimi-test"
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    """A moto S3 server on 127.0.0.1 (a free port), the environment that points s3fs at it (dummy
+    keys, this module only), and one bucket; yields an s3fs filesystem on it."""
+    pytest.importorskip("moto.server")
+    s3fs = pytest.importorskip("s3fs")
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # (one line per request otherwise)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                            "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": f"http://{host}:{port}"}.items():
+            mp.setenv(name, value)
+        s3fs.S3FileSystem.clear_instance_cache()  # (an instance made before would not see the endpoint)
+        fs = s3fs.S3FileSystem()
+        fs.mkdir(BUCKET)
+        yield fs
+        s3fs.S3FileSystem.clear_instance_cache()
+    server.stop()
+
+
+def upload(fs, local: str, name: str) -> str:
+    """A local folder copied to ``s3://BUCKET/name`` (its files, recursively); the URL."""
+    url = f"s3://{BUCKET}/{name}"
+    fs.put(local.rstrip("/") + "/", url + "/", recursive=True)
+    fs.invalidate_cache()
+    return url
+
+
+def same_outputs(got: str, want: str) -> None:
+    """Two OUTs with the same keys, bit-identical arrays and the same manifest rows (but paths)."""
+    assert_equal_arrays(check_consistency(got), check_consistency(want))
+
+    def rows(out):
+        return sorted((r["key"], r["status"], r.get("frames"), r.get("sha256") or r.get("checksum"))
+                      for r in read_manifest(out))
+
+    assert rows(got) == rows(want)
+
+
+@pytest.mark.parametrize("kind", ["tar", "parquet", "parquet-saved", "shar"])
+def test_s3_input_equals_the_local_copy(kind, s3, shards, hf_dataset, shar, tiny_model_dir, tmp_path):  # noqa: F811 (fixtures)
+    """Each packed kind read through s3:// (a folder, a brace pattern, a glob) equals, key for key
+    and bit for bit, the same files read from disk; run.json records the URLs and their ETags."""
+    local, remote_path, options = {
+        "tar": (shards, "en-{000000..000001}.tar", Options(id_field="id")),
+        "parquet": (os.path.join(hf_dataset, "data"), "train-*.parquet", Options(id_column="id")),
+        "parquet-saved": (os.path.join(hf_dataset, "saved"), "", Options(id_column="id")),
+        "shar": (shar, "", Options()),
+    }[kind]
+    url = upload(s3, local, kind)
+    source = f"{url}/{remote_path}" if remote_path else url
+    found = discover(source, options=options)
+    assert found.kind == kind.split("-")[0] and len(found.items) == len(FILES) and not found.bad
+    here, there = str(tmp_path / "local"), str(tmp_path / "s3")
+    assert extract(local, here, settings(tiny_model_dir), options=options)["ok"] == len(FILES)
+    assert extract(source, there, settings(tiny_model_dir), options=options)["ok"] == len(FILES)
+    same_outputs(there, here)
+    info = read_run_info(there)
+    assert info["input"] == source.rstrip("/")
+    listed = next(iter(info["input_identity"].values()))
+    assert listed and all(path.startswith(f"s3://{BUCKET}/{kind}/") and size > 0 and len(tag) == 32
+                          for path, size, tag in listed)  # (moto's ETag: the MD5 of a single-part upload)
+    rows = [r for r in read_manifest(there) if r["status"] == "ok"]
+    assert all(r["source"]["path"].startswith(f"s3://{BUCKET}/{kind}/") for r in rows)
+
+
+def test_cli_codes_from_s3_in_a_worker_process(s3, shards, loose_run, tiny_model_dir, tmp_path):  # noqa: F811
+    """The CLI, one worker process opening the objects itself (each process its own s3fs client)."""
+    url = upload(s3, shards, "cli-tar")
+    out = str(tmp_path / "out")
+    result = cli("codes", url, out, "--model", tiny_model_dir, "--id-field", "id", *ONE_WORKER)
+    assert result.exit_code == 0, result.text
+    assert_equal_arrays(check_consistency(out), loose_run)
+
+
+def test_a_rewritten_object_refuses_the_resume(s3, loose, tiny_model_dir, tmp_path):  # noqa: F811
+    """The identity of an object is its size and ETag: rewritten with other bytes, the resume is
+    refused (as for a local shard with another mtime) and --reencode-changed encodes its items
+    again; the same bytes uploaded again are the same version (the ETag is their MD5)."""
+    names = sorted(FILES)
+    first, second = write_tar(tmp_path / "en-000000.tar", loose, names[:3]), \
+        write_tar(tmp_path / "en-000001.tar", loose, names[3:])
+    url = f"s3://{BUCKET}/changed"
+    s3.put(first, f"{url}/en-000000.tar")
+    s3.put(second, f"{url}/en-000001.tar")
+    out = str(tmp_path / "out")
+    run = functools.partial(extract, url, out, settings(tiny_model_dir), shard_size=1, options=Options(id_field="id"))
+    assert run()["ok"] == len(FILES)
+    s3.put(second, f"{url}/en-000001.tar")  # the same bytes again: not a change (resumed, nothing to do)
+    assert run()["skipped"] == len(FILES)
+    write_tar(tmp_path / "other.tar", loose, names[3:], extra=[("zz.txt", b"another member")])
+    s3.put(str(tmp_path / "other.tar"), f"{url}/en-000001.tar")
+    with pytest.raises(OutputError, match="en-000001.tar"):
+        run()
+    summary = run(reencode_changed=True)
+    assert summary["ok"] == 3 and summary["skipped"] == 3, summary
+    assert summary["errors"] == 1  # the new version's extra member (no audio): the object is read as it is now
+    assert "1 rewritten input shard(s) (en-000001.tar)" in summary["notes"][0]
+    assert read_run_info(out)["input_identity"]["shards"][1][2] == s3.info(f"{url}/en-000001.tar")["ETag"].strip('"')
+
+
+# -- OUT on object storage ------------------------------------------------------------------------
+def remote_names(fs, url: str) -> list[str]:
+    fs.invalidate_cache()
+    root = url.removeprefix("s3://")
+    return sorted(p.removeprefix(root + "/") for p in fs.find(root))
+
+
+def pulled(url: str, where: str) -> str:
+    """The remote OUT as a reader sees it: its committed state pulled into a fresh folder."""
+    from mimi_extract.mirror import Mirror
+
+    Mirror(url, where).pull()
+    return where
+
+
+@pytest.mark.parametrize("fmt", ["hdf5", "parquet", "shar"])
+def test_s3_out_resumes_after_an_interruption_on_another_machine(fmt, s3, shards, tiny_model_dir, tmp_path,  # noqa: F811
+                                                                 monkeypatch):
+    """OUT on s3://: interrupted after two items (one item per shard), the remote holds committed
+    shards and their manifest segments; a resume from an empty staging (another machine), over a
+    stale lock and an orphan shard (a kill between a shard's PUT and its segment's), completes it,
+    bit for bit what a local OUT holds, and leaves no lock, orphan or older manifest generation."""
+    if fmt == "shar":
+        pytest.importorskip("lhotse")
+    from mimi_extract.mirror import SEGMENTS
+
+    monkeypatch.setenv("MIMI_EXTRACT_STAGING", str(tmp_path / "staging"))
+    run = functools.partial(extract, shards, settings=settings(tiny_model_dir, format=fmt), shard_size=1,
+                            options=Options(id_field="id"))
+    local = str(tmp_path / "local")
+    assert run(out_dir=local)["ok"] == len(FILES)
+    url = f"s3://{BUCKET}/out-{fmt}"
+    seen = []
+
+    def interrupted_after_two_items(n, seconds, errors):
+        seen.extend([1] * (n - errors))
+        if len(seen) >= 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run(out_dir=url, on_progress=interrupted_after_two_items)
+    names = remote_names(s3, url)
+    assert "lock" not in names and "run.json" in names and any(n.startswith(SEGMENTS + "/") for n in names)
+    partial = check_consistency(pulled(url, str(tmp_path / "partial")))
+    assert 2 <= len(partial) < len(FILES)
+    # what a kill -9 leaves: a lock whose lease ran out, a shard PUT whose segment never was
+    s3.pipe(f"{url}/lock", b'{"pid": 1, "host": "gone", "expires": 0}')
+    shard = next(r["shard"] for r in read_manifest(str(tmp_path / "partial")) if r["status"] == "ok")
+    orphan = re.sub(r"\d{5,}", lambda m: "9" * len(m.group()), shard, count=1)  # a later shard number
+    s3.pipe(f"{url}/{orphan}", b"a half-committed shard")
+    shutil.rmtree(tmp_path / "staging")  # another machine: nothing staged
+    summary = run(out_dir=url)
+    assert summary["skipped"] == len(partial) and summary["ok"] == len(FILES) - len(partial)
+    names = remote_names(s3, url)
+    assert "lock" not in names and orphan not in names, names
+    assert len({n.split("/")[1].split("-")[0] for n in names if n.startswith(SEGMENTS)}) == 1  # one generation
+    same_outputs(pulled(url, str(tmp_path / "final")), local)
+
+
+def test_a_live_lock_object_refuses_a_second_run(s3, shards, tiny_model_dir, tmp_path, monkeypatch):  # noqa: F811
+    """A lock object whose lease runs (another machine writing this OUT) refuses the run, and
+    nothing of the remote OUT is touched."""
+    import json
+    import time
+
+    from mimi_extract.store.files import LockedError
+
+    monkeypatch.setenv("MIMI_EXTRACT_STAGING", str(tmp_path / "staging"))
+    url = f"s3://{BUCKET}/locked"
+    s3.pipe(f"{url}/lock", json.dumps({"pid": 7, "host": "elsewhere", "expires": time.time() + 600}).encode())
+    with pytest.raises(LockedError, match="pid 7 on elsewhere is writing this OUT"):
+        extract(shards, url, settings(tiny_model_dir), options=Options(id_field="id"))
+    assert remote_names(s3, url) == ["lock"]
