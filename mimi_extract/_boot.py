@@ -28,14 +28,19 @@ def die_with_parent(parent: int) -> None:
     threading.Thread(target=watch, daemon=True, name="parent-watch").start()
 
 
+def ignore_stop_signals() -> None:
+    """The parent decides what an interrupt means (Ctrl-C, and Slurm's or systemd's SIGTERM reach
+    the whole process group): it commits what was encoded, then stops us; dying with it is
+    PDEATHSIG's job."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 def worker_main(parent: int, settings, main: str, *args) -> None:
     """Tie this process to ``parent``, then run ``main`` (``"module:function"``, named rather than
     imported here: this module imports nothing of the package) with the settings and ``args``."""
     die_with_parent(parent)
-    # the parent decides what an interrupt means (Ctrl-C, and Slurm's or systemd's SIGTERM reach the
-    # whole process group): it commits what was encoded, then stops us; dying with it is PDEATHSIG's job
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    ignore_stop_signals()
     import importlib
 
     module, name = main.split(":")

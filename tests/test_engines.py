@@ -71,6 +71,30 @@ def test_mixed_directory_streams_long_files(tmp_path, tiny_model, tiny_model_dir
     check_consistency(out)
 
 
+def test_cpu_workers_are_forked_with_the_runners_model(tmp_path, tiny_model, tiny_model_dir):
+    """CPU workers are forked from the process holding the model (no second import of torch, no
+    second weight load) and give the single-item reference; without a model (or on GPU) they are
+    spawned and load the weights themselves, with the same result."""
+    from mimi_extract.engines import ProcessEngine
+    from mimi_extract.model import load_model
+
+    write(str(tmp_path), [FRAME * 7 + 5, 3000, FRAME * 3])
+    settings = Settings(model=tiny_model_dir, tap="codes", devices=("cpu", "cpu"), num_workers=1, batch_size=2)
+    found = discover(str(tmp_path))
+    got = {}
+    for model in (load_model(tiny_model_dir), None):
+        units = plan_units(found.items, settings.chunk_samples(), settings.step_seconds, settings.rows)
+        engine = ProcessEngine(settings)
+        pieces = list(engine.run(units, threading.Event(), model))
+        got[engine.start_method] = {p.item.key: p.data for p in pieces}
+        assert all(p.first and p.final and p.error is None for p in pieces)
+    assert set(got) == {"fork", "spawn"}
+    for item in found.items:
+        ref = reference_single(tiny_model, load(item.path), 8)["codes"]
+        assert torch.equal(torch.as_tensor(got["fork"][item.key]), ref), item.key
+        assert torch.equal(torch.as_tensor(got["spawn"][item.key]), ref), item.key
+
+
 @pytest.mark.slow
 def test_units_go_to_whichever_worker_is_free(tmp_path, tiny_model_dir):
     """Dynamic hand-out: worker 0 is frozen (SIGSTOP) from its start until 30 of 40 units are

@@ -182,10 +182,11 @@ def test_kill_9_at_random_points_then_resume(many, tiny_model_dir, reference_run
 
 
 def worker_pids(parent: int) -> list[int]:
-    """The spawned device workers of ``parent`` (not multiprocessing's resource tracker)."""
+    """The device workers of ``parent`` (forked on CPU, spawned on GPU; not multiprocessing's
+    resource tracker)."""
     with open(f"/proc/{parent}/task/{parent}/children") as f:
         children = [int(p) for p in f.read().split()]
-    return [p for p in children if b"spawn_main" in open(f"/proc/{p}/cmdline", "rb").read()]
+    return [p for p in children if b"resource_tracker" not in open(f"/proc/{p}/cmdline", "rb").read()]
 
 
 @pytest.mark.parametrize("sig,group,fmt", [(signal.SIGINT, False, "hdf5"), (signal.SIGTERM, False, "hdf5"),

@@ -24,14 +24,15 @@ from ..settings import Settings
 from .base import Engine, Piece, Stats, is_out_of_memory
 from .device import LATER, DeviceRunner, build_encoder
 from .inprocess import InProcessEngine
-from .processes import ProcessEngine
+from .processes import ProcessEngine, forks_workers
 
 
 def _local(settings: Settings) -> Engine:
     if len(settings.devices) == 1:
         return InProcessEngine(settings)
     engine = ProcessEngine(settings)
-    engine.start()
+    if not forks_workers(settings):  # spawned GPU workers load their weights while the runner plans;
+        engine.start()  # forked CPU workers are started by run(), from the model the runner loaded
     return engine
 
 

@@ -1,9 +1,16 @@
-"""``ProcessEngine``: one spawned process per device (GPUs, or single-threaded CPU workers), units
-handed out on request (an idle worker takes the next one), a dead worker's units handed to the
-others, workers that exit when their parent dies (:mod:`mimi_extract._boot` ties them first)."""
+"""``ProcessEngine``: one process per device (GPUs, or single-threaded CPU workers), units handed
+out on request (an idle worker takes the next one), a dead worker's units handed to the others,
+workers that exit when their parent dies (:mod:`mimi_extract._boot` ties them first).
+
+CPU workers are forked from this process once it holds the model (the runner loads it anyway, to
+hash its weights): they inherit torch, transformers and the weights, so a CPU run pays the imports
+(~3.5 CPU seconds) and the weight load once instead of once per worker -- on two cores that was
+most of a short job's start-up.  GPU workers are spawned (CUDA cannot cross a fork) and load their
+own copy, overlapped with the runner's discovery and planning."""
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
 import queue as queue_mod
 import threading
@@ -14,7 +21,7 @@ from dataclasses import replace
 
 import torch
 
-from .._boot import worker_main
+from .._boot import die_with_parent, ignore_stop_signals, worker_main
 from ..plan import WorkUnit
 from ..settings import Settings, threads_per_worker
 from .base import Engine, Stats
@@ -23,12 +30,14 @@ from .device import LATER, DeviceRunner
 WORKER_MAIN = "mimi_extract.engines.processes:_process_main"  # what _boot.worker_main runs, by name
 
 
-def _process_main(settings: Settings, device: str, wid: int, requests, inbox, out_q, stop) -> None:
+def _process_main(settings: Settings, device: str, wid: int, requests, inbox, out_q, stop, model=None) -> None:
     """A device worker (started by ``_boot.worker_main``, which ties it to its parent first, and
-    finds this function by its name, ``WORKER_MAIN``)."""
+    finds this function by its name, ``WORKER_MAIN``; or forked by :func:`_forked_main` with the
+    parent's ``model``)."""
     torch.set_num_threads(threads_per_worker(settings))
     try:
-        runner = DeviceRunner(settings, device)
+        runner = DeviceRunner(settings, device, model)
+        del model
         asked = [False]
 
         def next_unit(block=True):
@@ -48,6 +57,18 @@ def _process_main(settings: Settings, device: str, wid: int, requests, inbox, ou
         out_q.put(("fail", wid, f"{device}: {traceback.format_exc()}"))
 
 
+def _forked_main(parent: int, settings: Settings, model, device: str, wid: int, requests, inbox, out_q, stop) -> None:
+    """A CPU worker forked from the runner's process: it already has torch and the ``model``."""
+    die_with_parent(parent)
+    ignore_stop_signals()
+    _process_main(settings, device, wid, requests, inbox, out_q, stop, model)
+
+
+def forks_workers(settings: Settings) -> bool:
+    """Whether CPU workers are forked from the process holding the model (see the module docstring)."""
+    return not any(d.startswith("cuda") for d in settings.devices) and "fork" in mp.get_all_start_methods()
+
+
 class ProcessEngine(Engine):
     """One spawned process per device; units handed out as workers ask, re-handed if one dies."""
 
@@ -56,19 +77,27 @@ class ProcessEngine(Engine):
         self.worker_stats: dict[int, Stats] = {}  # per worker: who did how much (dynamic hand-out)
         self.procs: list = []
         self.handed = False  # has any worker been given a unit (then it may hold results to deliver)
+        self.start_method: str | None = None  # "fork" (CPU, from the runner's model) or "spawn", once started
 
-    def start(self) -> None:
-        """Spawn the workers (``make_engine`` does, before the runner's own start-up): each spends
-        seconds importing torch and loading the weights, overlapped with the runner's identity check,
-        discovery and planning."""
+    def start(self, model=None) -> None:
+        """Start the workers.  Spawned ones (GPUs; ``make_engine`` starts them before the runner's
+        own start-up) spend seconds importing torch and loading the weights, overlapped with the
+        runner's identity check, discovery and planning.  Forked ones (CPU, given the ``model``
+        :meth:`run` receives) start encoding at once."""
         if self.procs:
             return
-        ctx = torch.multiprocessing.get_context("spawn")
+        fork = model is not None and forks_workers(self.settings)
+        self.start_method = "fork" if fork else "spawn"
+        ctx = torch.multiprocessing.get_context(self.start_method)
         self.out_q = ctx.Queue(maxsize=8 * len(self.settings.devices) + 8)
         self.inboxes = [ctx.Queue() for _ in self.settings.devices]
         self.mp_stop = ctx.Event()
-        self.procs = [ctx.Process(target=worker_main, args=(os.getpid(), self.settings, WORKER_MAIN, dev, wid, self.out_q,
-                                                            self.inboxes[wid], self.out_q, self.mp_stop), daemon=True)
+        if fork:
+            target, given = _forked_main, (self.settings, model)
+        else:
+            target, given = worker_main, (self.settings, WORKER_MAIN)
+        self.procs = [ctx.Process(target=target, args=(os.getpid(), *given, dev, wid, self.out_q, self.inboxes[wid],
+                                                       self.out_q, self.mp_stop), daemon=True)
                       for wid, dev in enumerate(self.settings.devices)]
         for p in self.procs:
             p.start()
@@ -97,8 +126,8 @@ class ProcessEngine(Engine):
         self.procs = []
 
     def run(self, units: list[WorkUnit], stop: threading.Event, model=None):
-        del model  # every worker loads its own copy; this frame must not keep the caller's alive
-        self.start()
+        self.start(model)  # (forked CPU workers inherit it)
+        del model  # spawned workers load their own copy; this frame must not keep the caller's alive
         procs, inboxes, out_q, mp_stop = self.procs, self.inboxes, self.out_q, self.mp_stop
         todo: deque[WorkUnit] = deque(units)
         keys_left = {u.index: {it.uid for it in u.items} for u in units}
