@@ -50,8 +50,7 @@ def test_tar_kill_9_then_resume_equals_uninterrupted(many_tar, tiny_model_dir, t
 
 
 @pytest.mark.slow
-def test_tar_on_ray_equals_local(many_tar, tiny_model_dir, tar_reference, tmp_path):
-    pytest.importorskip("ray")
+def test_tar_on_ray_equals_local(many_tar, tiny_model_dir, tar_reference, ray_cluster, tmp_path):
     out = str(tmp_path / "out")
     settings = Settings(model=tiny_model_dir, tap="codes", num_workers=1, engine="ray", ray_cpu_actors=2)
     summary = extract(many_tar, out, settings, limit=40)
@@ -108,10 +107,10 @@ def test_packed_kill_9_then_resume_equals_uninterrupted(kind, many_packed, packe
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind, fmt", [("parquet", "parquet"), ("shar", "shar")])
-def test_packed_inputs_on_ray_into_every_format(kind, fmt, many_packed, packed_reference, tiny_model_dir, tmp_path):
-    """Ray actors read Parquet row groups and Shar members themselves; the output written as
-    Parquet or Shar equals the local HDF5 run of the same input, array for array."""
-    pytest.importorskip("ray")
+def test_packed_inputs_on_ray_into_every_format(kind, fmt, many_packed, packed_reference, tiny_model_dir, ray_cluster,
+                                                tmp_path):
+    """Ray actors read Parquet row groups and Shar members themselves (on the session's cluster); the
+    output written as Parquet or Shar equals the local HDF5 run of the same input, array for array."""
     out = str(tmp_path / "out")
     settings = Settings(model=tiny_model_dir, tap="codes", num_workers=1, engine="ray", ray_cpu_actors=2)
     summary = extract(many_packed[kind], out, replace(settings, format=fmt), limit=40)

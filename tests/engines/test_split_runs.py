@@ -120,10 +120,9 @@ def test_kill_9_mid_split_item_then_resume(corpus, tiny_model_dir, tmp_path):
 
 
 @pytest.mark.slow
-def test_split_pieces_on_ray_actors(corpus, tiny_model, tiny_model_dir, tmp_path):
+def test_split_pieces_on_ray_actors(corpus, tiny_model, tiny_model_dir, ray_cluster, tmp_path):
     """Pieces go to Ray actors like any unit (each actor returns its pieces whole; the driver
     stitches): codes identical to the single-item reference."""
-    pytest.importorskip("ray")
     result = cli("codes", corpus, tmp_path / "out", "--model", tiny_model_dir, "-q", 8, "--device", "cpu",
                  "--engine", "ray", "--ray-cpu-actors", 2, "--num-workers", 1, *LANES)
     assert result.exit_code == 0 and "long recording(s) into" in result.text, result.output
