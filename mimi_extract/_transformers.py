@@ -6,7 +6,7 @@ weights, RoPE and attention kernels), which needs more of them than the public `
 gives.  These are internals a transformers release may rename or drop without notice; keeping them
 here makes the list short to re-check on an upgrade, and :func:`missing` names any that is gone,
 so the encoder refuses a model with that name instead of failing with an AttributeError deep in a
-forward pass (``tests/test_transformers_internals.py``).
+forward pass (``tests/encoder/test_transformers_internals.py``).
 
 Checked on transformers 5.24.0 (the pin of ``constraints.txt``).  The fallbacks marked *older*
 are the layouts of earlier 5.x releases, kept from when they were supported and not re-checked.

@@ -529,7 +529,7 @@ def _mono(data: np.ndarray, channel: int | str) -> np.ndarray:
 # read after a seek was up to 0.27 off the whole-file decode (measured).  They are read from
 # _PREROLL frames before the start and the pre-roll dropped: MPEG-1 (32-48 kHz), Vorbis and Opus
 # then equal the whole-file decode exactly, MPEG-2 (16-24 kHz) MP3 to 6e-8 (libmpg123's synthesis
-# rounds differently after any seek; measured, see tests/test_decoding.py).
+# rounds differently after any seek; measured, see tests/audio/test_decoding.py).
 _PREROLL = 1 << 16
 _PREROLL_SUBTYPES = ("MPEG_LAYER_I", "MPEG_LAYER_II", "MPEG_LAYER_III", "VORBIS", "OPUS")
 EXACT_SEEK_EXTENSIONS = (".wav", ".flac", ".aiff", ".aif", ".aifc", ".caf", ".w64", ".rf64", ".au", ".snd")

@@ -9,7 +9,7 @@
 # checkout (PYTHONPATH), then, each phase under its own `timeout`, each writing its results to $OUT
 # before the next starts (a phase that fails or times out loses only itself):
 #   env        versions, nvidia-smi, the imports the tool needs
-#   tests      tests/test_device.py -k DEVICE: padded, chunked (full-size on CUDA) and end-to-end
+#   tests      tests/encoder/test_device.py -k DEVICE: padded, chunked (full-size on CUDA) and end-to-end
 #              `verify` against the single-item reference, strict fp32 (TF32 off)
 #   bench      scripts/bench.py: per-item MimiModel loop vs `mimi-extract codes` end to end and
 #              encoding phase (x real time), encoder idle share, GPU utilisation per phase
@@ -72,7 +72,7 @@ print(\"python\", sys.version.split()[0], \"| torch\", torch.__version__, \"| cu
       \"| soundfile\", soundfile.__version__, soundfile.__libsndfile_version__, \"| numpy\", numpy.__version__)
 print(\"device:\", torch.cuda.get_device_name() if torch.cuda.is_available() else \"no CUDA\")
 '"
-phase tests "$T_TESTS" "$PY" -m pytest tests/test_device.py -q -k "$DEVICE" -p no:cacheprovider
+phase tests "$T_TESTS" "$PY" -m pytest tests/encoder/test_device.py -q -k "$DEVICE" -p no:cacheprovider
 phase bench "$T_BENCH" "$PY" scripts/bench.py --device "$DEVICE" --model "$MODEL" $BENCH_ARGS --json "$OUT/bench.json"
 phase precision "$T_PREC" "$PY" scripts/bench_precision.py --device "$DEVICE" --model "$MODEL" --shapes "$SHAPES" \
   --reps "$REPS" --json "$OUT/precision.json"

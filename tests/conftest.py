@@ -35,6 +35,22 @@ def tiny_model_dir(tmp_path_factory, tiny_model):
 
 
 @pytest.fixture(scope="session")
+def ray_cluster():
+    """One local Ray cluster for every in-process Ray test (``extract`` / ``cli`` with ``--engine ray``,
+    Ray Data): the engine uses an initialised Ray and leaves it running, so the seconds of a cluster
+    start are paid once per session, not once per test.  4 logical CPUs: Ray Data's two 1-CPU actors
+    must leave room for its read and write tasks (else they wait forever).  The engine's own private
+    cluster (started, reaped, shut down by the run) stays tested through CLI subprocesses:
+    ``test_ray_driver_killed_takes_its_private_cluster`` and ``test_hangs``' ray engine."""
+    import logging
+
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
 def corpus(tmp_path_factory):
     root = tmp_path_factory.mktemp("corpus")
     described = write_corpus(str(root))

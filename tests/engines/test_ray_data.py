@@ -42,14 +42,11 @@ def reference(clips, tiny_model):
 
 
 @pytest.fixture(scope="module")
-def ray_cluster():
-    import ray
-
-    # 4 logical CPUs: two 1-CPU actors must leave room for the read and write tasks (else they wait forever)
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    ray.data.DataContext.get_current().enable_progress_bars = False
-    yield ray
-    ray.shutdown()
+def ray_data(ray_cluster):
+    """The session's cluster (conftest's ``ray_cluster``: 4 logical CPUs, room for the read and write
+    tasks beside two 1-CPU actors), with Ray Data's progress bars off."""
+    ray_cluster.data.DataContext.get_current().enable_progress_bars = False
+    return ray_cluster
 
 
 def _codes(row) -> np.ndarray:
@@ -84,10 +81,10 @@ def test_in_process_batch_mixed_inputs(clips, reference, tiny_model_dir):
 
 
 @pytest.mark.slow
-def test_parquet_pipeline(clips, reference, tiny_model_dir, ray_cluster, tmp_path):
+def test_parquet_pipeline(clips, reference, tiny_model_dir, ray_data, tmp_path):
     """read_parquet (a `datasets` Audio column) -> map_batches(MimiEncode) -> write_parquet, read back."""
     datasets = pytest.importorskip("datasets")
-    ray = ray_cluster
+    ray = ray_data
     names = [n for n, _, _ in CLIPS]
     audio = [{"bytes": open(clips[n], "rb").read(), "path": f"{n}.flac"} for n in names]
     ds = datasets.Dataset.from_dict({"audio": audio, "id": names}).cast_column("audio", datasets.Audio())
@@ -106,10 +103,10 @@ def test_parquet_pipeline(clips, reference, tiny_model_dir, ray_cluster, tmp_pat
 
 
 @pytest.mark.slow
-def test_webdataset_pipeline_with_garbage(clips, reference, tiny_model_dir, ray_cluster, tmp_path):
+def test_webdataset_pipeline_with_garbage(clips, reference, tiny_model_dir, ray_data, tmp_path):
     """read_webdataset (flac + json members) -> MimiEncode on the flac column -> keys from the sample
     key; a garbage flac is an error row and the other rows of its batch are fine."""
-    ray = ray_cluster
+    ray = ray_data
     shard = tmp_path / "shard-000.tar"
     with tarfile.open(shard, "w") as tar:
         for name in [n for n, _, _ in CLIPS[:4]] + ["bad"] + [n for n, _, _ in CLIPS[4:]]:

@@ -21,9 +21,9 @@ from mimi_extract.runner import extract
 from mimi_extract.settings import Settings
 from mimi_extract.demo import random_model, tiny_config
 from helpers import check_consistency
+from kill_trials import KillTrial, kill_9_then_resume
 from mimi_extract.store.files import LockedError
 from mimi_extract.store.lock import RunLock
-from mimi_extract.store.manifest import valid_shard_name
 
 
 @pytest.fixture(scope="module")
@@ -85,75 +85,6 @@ def finish(proc, timeout=120):
     return proc.returncode, out
 
 
-def no_processes_left(pgid, timeout=10.0) -> bool:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.2)
-    return False
-
-
-def _committed_ok(out) -> int:
-    return sum(r["status"] == "ok" for r in read_manifest(out))
-
-
-def _start_kill_trial(many, out, model_dir, workers, fmt="hdf5"):
-    """A CLI run in its own process group with 3-item shards (a commit every few ms); returns it
-    once start-up is over, with the number of items it found already done."""
-    proc = cli_process("codes", many, out, "--model", model_dir, "--shard-size", 3, "--device", "cpu",
-                       "--cpu-workers", workers, "--num-workers", "1", "--format", fmt, start_new_session=True)
-    lines = []
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        lines.append(line)
-        if "to encode" in line:
-            text = " ".join("".join(lines).split())
-            done = text.split(" already done)")[0].rsplit("(", 1)[-1]
-            assert done.isdigit(), text
-            return proc, int(done)
-    proc.kill()
-    raise AssertionError("".join(lines) or "no output")
-
-
-def _kill_9_part_way(proc, out, target, rng, group, total=120) -> int:
-    """Wait until ``target`` ok rows are committed, then a random few ms (so the kill lands
-    anywhere: encoding, writing a shard, between its commit steps); assert that the run is still
-    going part-way through (alive, 0 < committed < total), then kill -9 it.  Returns the count."""
-    deadline = time.time() + 60
-    while _committed_ok(out) < target:
-        assert proc.poll() is None, f"the run exited ({proc.returncode}) before {target} rows were committed"
-        assert time.time() < deadline, f"{target} committed rows never appeared"
-        time.sleep(0.002)
-    time.sleep(rng.uniform(0.0, 0.03))
-    committed = _committed_ok(out)
-    assert proc.poll() is None and 0 < committed < total, (
-        f"the kill would not land part-way through the run: alive={proc.poll() is None}, {committed}/{total} committed")
-    os.killpg(proc.pid, signal.SIGKILL) if group else os.kill(proc.pid, signal.SIGKILL)
-    assert proc.wait() == -signal.SIGKILL, f"the run had exited ({proc.returncode}) when the kill landed"
-    return committed
-
-
-def _check_after_kill(out, reference) -> dict:
-    """OUT as a kill -9 left it: at worst a shard's .tmp file and rows naming a shard that was
-    never renamed into place (both invisible to readers); everything else consistent, and every
-    committed array equal to the uninterrupted run's."""
-    leftovers = [n for n in os.listdir(out) if n.endswith(".tmp")]
-    named = {r["shard"] for r in read_manifest(out) if r.get("shard")}
-    for name in leftovers:
-        assert valid_shard_name(name[:-4]) and name[:-4] not in named, (
-            f"a kill left {name} (only an uncommitted shard's .tmp may be left)")
-    committed = check_consistency(out, killed=True)  # the .tmp left, if any, checked above
-    for key, data in committed.items():
-        assert np.array_equal(data, reference[key]), f"{key}: committed array differs from the uninterrupted run"
-    return committed
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["hdf5", "parquet"])
 def test_kill_9_at_random_points_then_resume(many, tiny_model_dir, reference_run, tmp_path, fmt):
@@ -163,21 +94,8 @@ def test_kill_9_at_random_points_then_resume(many, tiny_model_dir, reference_run
     format stores the same arrays).  Observation 7 too: kill -9 of a two-worker parent leaves no
     worker behind."""
     out = str(tmp_path / "out")
-    rng = random.Random(0)
-    committed = 0
-    for trial, workers in enumerate(["2", "1", "2"]):
-        proc, done = _start_kill_trial(many, out, tiny_model_dir, workers, fmt)
-        assert done == committed, f"trial {trial}: resumed {done} items, {committed} were committed"
-        target = committed + rng.randint(1, 25 if trial == 0 else 15)
-        at_kill = _kill_9_part_way(proc, out, target, rng, group=workers == "1")
-        assert no_processes_left(proc.pid), f"trial {trial}: worker processes survived their parent's kill -9"
-        kept = _check_after_kill(out, reference_run)
-        assert at_kill <= len(kept) < 120 and len(kept) > committed, (
-            f"trial {trial}: {len(kept)} committed after the kill ({at_kill} just before, {committed} at the start)")
-        committed = len(kept)
-    summary = extract(many, out, Settings(model=tiny_model_dir, tap="codes", num_workers=1, format=fmt), shard_size=7)
-    assert summary["skipped"] == committed and summary["ok"] == 120 - committed, summary
-    assert_same(out, reference_run)
+    trials = [KillTrial("2", (1, 25)), KillTrial("1", (1, 15)), KillTrial("2", (1, 15))]
+    kill_9_then_resume(many, out, tiny_model_dir, reference_run, trials, random.Random(0), fmt)
     assert {os.path.splitext(r["shard"])[1] for r in read_manifest(out) if r["shard"]} == {"." + {"hdf5": "h5"}.get(fmt, fmt)}
 
 

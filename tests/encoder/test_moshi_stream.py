@@ -7,9 +7,6 @@ short.  Its layer scales are drawn large (0.5..1) and its codebooks at the laten
 wrong mask shows up in the codes, not only in the latents.
 """
 
-import os
-import sys
-
 import h5py
 import numpy as np
 import pytest
@@ -18,7 +15,6 @@ import torch
 
 pytest.importorskip("moshi.models.compression", reason="pip install --no-deps moshi==0.2.13 einops sentencepiece")
 
-sys.path.insert(0, os.path.dirname(__file__))
 from conftest import ONE_WORKER, cli, tolerance  # noqa: E402
 from moshi_ref import moshi_encode, moshi_mimi, to_transformers  # noqa: E402
 

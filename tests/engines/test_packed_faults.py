@@ -14,7 +14,7 @@ from mimi_extract.runner import extract
 from mimi_extract.settings import Settings
 from helpers import check_consistency
 from conftest import write_noise
-from test_integrity import _check_after_kill, _kill_9_part_way, _start_kill_trial, assert_same, no_processes_left
+from kill_trials import KillTrial, kill_9_then_resume
 
 
 @pytest.fixture(scope="module")
@@ -45,21 +45,12 @@ def tar_reference(many_tar, tiny_model_dir, tmp_path_factory):
 
 @pytest.mark.slow
 def test_tar_kill_9_then_resume_equals_uninterrupted(many_tar, tiny_model_dir, tar_reference, tmp_path):
-    out = str(tmp_path / "out")
-    proc, done = _start_kill_trial(many_tar, out, tiny_model_dir, "1")
-    assert done == 0
-    at_kill = _kill_9_part_way(proc, out, random.Random(1).randint(5, 30), random.Random(2), group=True)
-    assert no_processes_left(proc.pid)
-    kept = _check_after_kill(out, tar_reference)
-    assert at_kill <= len(kept) < 120
-    summary = extract(many_tar, out, Settings(model=tiny_model_dir, tap="codes", num_workers=1), shard_size=7)
-    assert summary["skipped"] == len(kept) and summary["ok"] == 120 - len(kept)
-    assert_same(out, tar_reference)
+    kill_9_then_resume(many_tar, str(tmp_path / "out"), tiny_model_dir, tar_reference, [KillTrial("1", (5, 30))],
+                       random.Random(1))
 
 
 @pytest.mark.slow
-def test_tar_on_ray_equals_local(many_tar, tiny_model_dir, tar_reference, tmp_path):
-    pytest.importorskip("ray")
+def test_tar_on_ray_equals_local(many_tar, tiny_model_dir, tar_reference, ray_cluster, tmp_path):
     out = str(tmp_path / "out")
     settings = Settings(model=tiny_model_dir, tap="codes", num_workers=1, engine="ray", ray_cpu_actors=2)
     summary = extract(many_tar, out, settings, limit=40)
@@ -110,25 +101,16 @@ def packed_reference(many_packed, tiny_model_dir, tmp_path_factory):
 def test_packed_kill_9_then_resume_equals_uninterrupted(kind, many_packed, packed_reference, tiny_model_dir, tmp_path):
     """As for tar shards: kill -9 part-way (its process group), then the resume equals the
     uninterrupted run of the same input exactly."""
-    out = str(tmp_path / "out")
-    reference = packed_reference[kind]
-    proc, done = _start_kill_trial(many_packed[kind], out, tiny_model_dir, "1")
-    assert done == 0
-    at_kill = _kill_9_part_way(proc, out, random.Random(3).randint(5, 30), random.Random(4), group=True)
-    assert no_processes_left(proc.pid)
-    kept = _check_after_kill(out, reference)
-    assert at_kill <= len(kept) < 120
-    summary = extract(many_packed[kind], out, Settings(model=tiny_model_dir, tap="codes", num_workers=1), shard_size=7)
-    assert summary["skipped"] == len(kept) and summary["ok"] == 120 - len(kept)
-    assert_same(out, reference)
+    kill_9_then_resume(many_packed[kind], str(tmp_path / "out"), tiny_model_dir, packed_reference[kind],
+                       [KillTrial("1", (5, 30))], random.Random(3))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind, fmt", [("parquet", "parquet"), ("shar", "shar")])
-def test_packed_inputs_on_ray_into_every_format(kind, fmt, many_packed, packed_reference, tiny_model_dir, tmp_path):
-    """Ray actors read Parquet row groups and Shar members themselves; the output written as
-    Parquet or Shar equals the local HDF5 run of the same input, array for array."""
-    pytest.importorskip("ray")
+def test_packed_inputs_on_ray_into_every_format(kind, fmt, many_packed, packed_reference, tiny_model_dir, ray_cluster,
+                                                tmp_path):
+    """Ray actors read Parquet row groups and Shar members themselves (on the session's cluster); the
+    output written as Parquet or Shar equals the local HDF5 run of the same input, array for array."""
     out = str(tmp_path / "out")
     settings = Settings(model=tiny_model_dir, tap="codes", num_workers=1, engine="ray", ray_cpu_actors=2)
     summary = extract(many_packed[kind], out, replace(settings, format=fmt), limit=40)

@@ -16,7 +16,7 @@ import soundfile as sf
 lhotse = pytest.importorskip("lhotse")
 
 import mimi_extract  # noqa: E402
-from conftest import ONE_WORKER, cli, cli_process, write_noise  # noqa: E402
+from conftest import ONE_WORKER, cli, write_noise  # noqa: E402
 from mimi_extract import read, read_cuts, read_manifest  # noqa: E402
 from mimi_extract.audio import load  # noqa: E402
 from mimi_extract.reference import reference_single  # noqa: E402
@@ -28,6 +28,7 @@ from mimi_extract.plan import Part  # noqa: E402
 from mimi_extract.runner import extract  # noqa: E402
 from mimi_extract.settings import Settings  # noqa: E402
 from test_lhotse import rhu  # noqa: E402
+from kill_trials import KillTrial, kill_9_then_resume  # noqa: E402
 
 SHAR = get_format("shar")
 
@@ -248,31 +249,9 @@ def test_kill_9_at_random_points_then_resume(many, tiny_model_dir, shar_referenc
     """kill -9 twice at random points of a Shar run (3-item shards: a commit every few ms), each
     once some rows are committed: OUT is consistent after each kill (lhotse reads every committed
     pair), the next run resumes exactly what was committed, and the end equals an uninterrupted run."""
-    from test_integrity import _committed_ok, _kill_9_part_way, no_processes_left
-
-    out = str(tmp_path / "out")
-    rng = random.Random(1)
-    committed = 0
-    for _trial in range(2):
-        proc = cli_process("codes", many, out, "--model", tiny_model_dir, "--shard-size", 3, "--format", "shar",
-                           *ONE_WORKER, start_new_session=True)
-        lines = []
-        while "to encode" not in (lines[-1] if lines else ""):
-            line = proc.stdout.readline()
-            assert line, "".join(lines)
-            lines.append(line)
-        text = " ".join("".join(lines).split())
-        assert f"({committed} already done)" in text, text
-        _kill_9_part_way(proc, out, committed + rng.randint(1, 12), rng, group=True, total=60)
-        assert no_processes_left(proc.pid)
-        kept = check_shar(out, killed=True)
-        for key, data in kept.items():
-            assert np.array_equal(data, shar_reference[1][key]), key
-        assert len(kept) > committed and _committed_ok(out) == len(kept)
-        committed = len(kept)
-    summary = extract(many, out, Settings(model=tiny_model_dir, tap="codes", num_workers=1, format="shar"), shard_size=7)
-    assert summary["skipped"] == committed and summary["ok"] == 60 - committed, summary
-    assert_same(out, shar_reference)
+    trials = [KillTrial("1", (1, 12))] * 2
+    kill_9_then_resume(many, str(tmp_path / "out"), tiny_model_dir, shar_reference[1], trials, random.Random(1), "shar",
+                       check=check_shar)
 
 
 def test_commit_renames_into_shar_from_the_run_dir_and_survives_a_full_disk(shar_input, tiny_model_dir, tmp_path,

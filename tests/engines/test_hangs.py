@@ -106,6 +106,10 @@ def test_failing_item_is_an_error_row_on_every_engine(tmp_path, tiny_model_dir, 
     assert {k: r["status"] for k, r in rows.items()} == {"first.wav": "error", "middle.wav": "error",
                                                          "last.wav": "error", "clean.wav": "ok"}
     assert all(rows[k]["error"] == "contains NaN or infinite samples" for k in NAN_AT)
+    if engine == "ray":  # the engine's private cluster: every core of the machine, shared by the 2 actors
+        from mimi_extract.settings import cpu_cores
+
+        assert f"2 Ray actors on CPU ({max(1, cpu_cores() // 2)} threads each)" in " ".join(output.split()), output
 
 
 @pytest.mark.slow

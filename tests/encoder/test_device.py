@@ -2,7 +2,7 @@
 single-item reference computed on the same device, fp32 with TF32 off (what ``build_encoder`` sets).
 
 Parametrised over ``cpu`` and, where one is visible, ``cuda``: CI runs the CPU half; a GPU machine
-runs ``pytest tests/test_device.py -k cuda`` (scripts/gpu_check.sh does).  Full-size architecture
+runs ``pytest tests/encoder/test_device.py -k cuda`` (scripts/gpu_check.sh does).  Full-size architecture
 cases run on CUDA only (on two CPU cores they take minutes)."""
 
 import threading

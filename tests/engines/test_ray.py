@@ -1,4 +1,5 @@
-"""--engine ray on a real local Ray cluster (CPU actors), started by the engine itself."""
+"""--engine ray on a real local Ray cluster (CPU actors): in-process runs on the session's cluster
+(conftest's ``ray_cluster``), the CLI in a subprocess on the private cluster the engine starts itself."""
 
 import os
 import signal
@@ -12,7 +13,7 @@ import pytest
 pytest.importorskip("ray")
 
 from mimi_extract.runner import extract  # noqa: E402
-from mimi_extract.settings import Settings, cpu_cores  # noqa: E402
+from mimi_extract.settings import Settings  # noqa: E402
 from helpers import check_consistency  # noqa: E402
 from conftest import write_noise  # noqa: E402
 
@@ -40,17 +41,18 @@ def ray_settings(model_dir):
 
 
 @pytest.mark.slow
-def test_ray_engine_equals_in_process(corpus60, tiny_model_dir, in_process, tmp_path):
+def test_ray_engine_equals_in_process(corpus60, tiny_model_dir, in_process, ray_cluster, tmp_path):
     out = str(tmp_path / "out")
     summary = extract(corpus60, out, ray_settings(tiny_model_dir))
-    # threads per actor: the private cluster's CPUs (every core of the machine) / 2 actors
-    assert summary["ok"] == 61 and summary["engine"] == f"2 Ray actors on CPU ({max(1, cpu_cores() // 2)} threads each)"
+    # threads per actor: the cluster's CPUs (the session cluster's logical CPUs) / 2 actors
+    threads = max(1, int(ray_cluster.cluster_resources()["CPU"]) // 2)
+    assert summary["ok"] == 61 and summary["engine"] == f"2 Ray actors on CPU ({threads} threads each)"
     got = check_consistency(out, in_process.keys())
     assert all(np.array_equal(got[k], in_process[k]) for k in in_process)
 
 
 @pytest.mark.slow
-def test_ray_actor_killed_mid_run(corpus60, tiny_model_dir, in_process, tmp_path):
+def test_ray_actor_killed_mid_run(corpus60, tiny_model_dir, in_process, ray_cluster, tmp_path):
     out = str(tmp_path / "out")
     done, killed = [], []
 
@@ -78,7 +80,7 @@ def test_ray_actor_killed_mid_run(corpus60, tiny_model_dir, in_process, tmp_path
 
 
 @pytest.mark.slow
-def test_ray_interrupted_then_resumed(corpus60, tiny_model_dir, in_process, tmp_path):
+def test_ray_interrupted_then_resumed(corpus60, tiny_model_dir, in_process, ray_cluster, tmp_path):
     """A stop (what Ctrl-C sets) mid-run on the Ray engine commits what was completely encoded; the
     units in flight are dropped and encoded again on resume, which completes to the in-process run."""
     out = str(tmp_path / "out")
