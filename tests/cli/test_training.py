@@ -43,7 +43,7 @@ def check_batch(batch, arrays: dict, key_field: str, pad_value=0):
     return list(batch[key_field])
 
 
-@pytest.mark.parametrize("context", ["spawn", "fork"])
+@pytest.mark.parametrize("context", ["fork", pytest.param("spawn", marks=pytest.mark.slow)])  # spawn: a fresh interpreter per worker
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_out_dataset_and_pad_collate_in_workers(outs, fmt, context):
     out = outs[fmt]
@@ -60,7 +60,7 @@ def test_out_dataset_and_pad_collate_in_workers(outs, fmt, context):
     check_batch(batch, arrays, "key", pad_value=-1)
 
 
-@pytest.mark.parametrize("context", ["spawn", "fork"])
+@pytest.mark.parametrize("context", ["fork", pytest.param("spawn", marks=pytest.mark.slow)])  # spawn: a fresh interpreter per worker
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_the_lhotse_recipe_codes_with_the_supervisions_text(outs, fmt, context):
     """The README's recipe: a lhotse sampler over ``read_cuts`` (with supervisions) and

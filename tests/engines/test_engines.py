@@ -71,6 +71,7 @@ def test_mixed_directory_streams_long_files(tmp_path, tiny_model, tiny_model_dir
     check_consistency(out)
 
 
+@pytest.mark.slow
 def test_cpu_workers_are_forked_with_the_runners_model(tmp_path, tiny_model, tiny_model_dir):
     """CPU workers are forked from the process holding the model (no second import of torch, no
     second weight load) and give the single-item reference; without a model (or on GPU) they are
