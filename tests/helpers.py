@@ -64,3 +64,16 @@ def restamp_checksum(out_dir: str, key: str) -> None:
             r["checksum"] = array_checksum(format_of_path(r["shard"]).load(os.path.join(d, r["shard"]), r))
         if hit:
             write_atomic(os.path.join(d, "manifest.jsonl"), "".join(json.dumps(r) + "\n" for r in rows))
+
+
+def interrupt_after_items(n: int):
+    """An ``on_progress`` callback that raises KeyboardInterrupt once ``n`` items were stored ok
+    (an interruption at a known point of a run, whatever the machine's speed)."""
+    seen = []
+
+    def on_progress(items, seconds, errors):
+        seen.extend([1] * (items - errors))
+        if len(seen) >= n:
+            raise KeyboardInterrupt
+
+    return on_progress

@@ -11,6 +11,7 @@ import soundfile as sf
 import torch
 
 from conftest import cli, tolerance
+from helpers import interrupt_after_items
 from mimi_extract import read, read_manifest
 from mimi_extract.audio import load
 from mimi_extract.reference import reference_single
@@ -100,15 +101,8 @@ def test_resume_after_interruption(corpus, tiny_model, tiny_model_dir, tmp_path)
     root, described = corpus
     out = str(tmp_path / "out")
     settings = Settings(model=tiny_model_dir, tap="codes", num_quantizers=8, batch_size=2, num_workers=0)
-    seen = []
-
-    def killed_after_two_items(n, seconds, errors):
-        seen.extend([1] * (n - errors))
-        if len(seen) >= 2:
-            raise KeyboardInterrupt
-
     with pytest.raises(KeyboardInterrupt):
-        extract(root, out, settings, shard_size=1, on_progress=killed_after_two_items)
+        extract(root, out, settings, shard_size=1, on_progress=interrupt_after_items(2))
     partial = [r for r in read_manifest(out) if r["status"] == "ok"]
     assert 0 < len(partial) < 7
     # what a hard kill can leave behind: a half-written shard, rows of a shard that was never

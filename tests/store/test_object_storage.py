@@ -16,7 +16,7 @@ from mimi_extract.store.identity import read_run_info
 from mimi_extract.store.manifest import read_manifest
 from mimi_extract.runner import extract
 from mimi_extract.sources import Options, discover
-from helpers import check_consistency
+from helpers import check_consistency, interrupt_after_items
 from conftest import ONE_WORKER, cli
 from test_packed_sources import FILES, assert_equal_arrays, settings, write_tar
 from test_packed_sources import hf_dataset, loose, loose_run, shar, shards  # noqa: F401  (fixtures)
@@ -161,15 +161,8 @@ def test_s3_out_resumes_after_an_interruption_on_another_machine(fmt, s3, shards
     local = str(tmp_path / "local")
     assert run(out_dir=local)["ok"] == len(FILES)
     url = f"s3://{BUCKET}/out-{fmt}"
-    seen = []
-
-    def interrupted_after_two_items(n, seconds, errors):
-        seen.extend([1] * (n - errors))
-        if len(seen) >= 2:
-            raise KeyboardInterrupt
-
     with pytest.raises(KeyboardInterrupt):
-        run(out_dir=url, on_progress=interrupted_after_two_items)
+        run(out_dir=url, on_progress=interrupt_after_items(2))
     names = remote_names(s3, url)
     assert "lock" not in names and "run.json" in names and any(n.startswith(SEGMENTS + "/") for n in names)
     partial = check_consistency(pulled(url, str(tmp_path / "partial")))
