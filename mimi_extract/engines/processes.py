@@ -66,7 +66,7 @@ def _forked_main(parent: int, settings: Settings, model, device: str, wid: int, 
 
 def forks_workers(settings: Settings) -> bool:
     """Whether CPU workers are forked from the process holding the model (see the module docstring)."""
-    return not any(d.startswith("cuda") for d in settings.devices) and "fork" in mp.get_all_start_methods()
+    return not settings.on_gpu and "fork" in mp.get_all_start_methods()
 
 
 class ProcessEngine(Engine):

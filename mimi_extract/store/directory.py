@@ -98,16 +98,21 @@ class RunDirectory:
         (``Format.out_files``: Parquet's dataset card), under OUT's lock when parts share OUT."""
         write_atomic(os.path.join(self.path, STATS), json.dumps(stats, indent=2))
         write_cuts(self.path)
-        if not fmt.out_files(self.out_dir, self.info(), not self.whole):
-            return
-        # parts share OUT: one at a time, and asked again under the lock (what another part wrote counts)
-        out_lock = None if self.whole else RunLock(self.out_dir, wait=30.0, what="dataset card")
-        try:
-            for name, text in fmt.out_files(self.out_dir, self.info(), not self.whole).items():
-                write_atomic(os.path.join(self.out_dir, name), text)
-        finally:
-            if out_lock is not None:
+        info = self.info()
+        files = fmt.out_files(self.out_dir, info, not self.whole)
+        if files and not self.whole:
+            # parts share OUT: one at a time, and asked again under the lock (what another part wrote counts)
+            out_lock = RunLock(self.out_dir, wait=30.0, what="dataset card")
+            try:
+                self._write_out_files(fmt.out_files(self.out_dir, info, True))
+            finally:
                 out_lock.release()
+        else:
+            self._write_out_files(files)
+
+    def _write_out_files(self, files: dict[str, str]) -> None:
+        for name, text in files.items():
+            write_atomic(os.path.join(self.out_dir, name), text)
 
     def close(self, remove_if_unused: bool = False) -> None:
         """Let the lock go; ``remove_if_unused``: a run that never started leaves no OUT behind
