@@ -28,6 +28,15 @@ def tiny_model():
 
 
 @pytest.fixture(scope="session")
+def full_model():
+    """kyutai/mimi's architecture (MimiConfig() defaults) with seeded random weights, built once: the
+    tests that take it only read it (it stays on the CPU)."""
+    from transformers import MimiConfig
+
+    return random_model(MimiConfig(), seed=0)
+
+
+@pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, tiny_model):
     path = tmp_path_factory.mktemp("model") / "tiny-mimi"
     tiny_model.save_pretrained(path)

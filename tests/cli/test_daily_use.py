@@ -9,6 +9,7 @@ import sys
 import time
 
 import numpy as np
+import pytest
 import soundfile as sf
 import torch
 
@@ -32,16 +33,35 @@ def run_light(*args, env=None):
     return p, time.perf_counter() - start
 
 
+# runs several commands in one fresh interpreter, one after the other, and says after each which heavy
+# modules are imported by then (the first command that imports one is named, as a fresh process would)
+SEQUENCE = ("import json, sys, runpy\n"
+            "for argv in json.loads(sys.argv[1]):\n"
+            "    sys.argv = ['mimi-extract'] + argv\n"
+            "    try:\n"
+            "        runpy.run_module('mimi_extract', run_name='__main__')\n"
+            "        code = 0\n"
+            "    except SystemExit as stop:\n"
+            "        code = stop.code or 0\n"
+            "    heavy = [m for m in ('torch', 'transformers', 'lhotse') if m in sys.modules]\n"
+            "    sys.stderr.write('STEP=' + json.dumps([argv, code, heavy]) + '\\n')\n")
+
+
 def test_light_commands_do_not_import_torch(tmp_path):
     out = tmp_path / "out"
     make_out(out, [f"{i}.wav" for i in range(3)])
-    for args in (["--version"], ["--help"], ["info", out], ["info", out, "--json"], ["status", out],
-                 ["cuts", out, "-o", tmp_path / "c.jsonl.gz"], ["report", out], ["report", out, "--json"],
-                 ["report", out, "--png", tmp_path / "r.png"]):
-        p, seconds = run_light(*args)
-        assert p.returncode == 0, (args, p.stderr)
-        heavy = p.stderr.rsplit("HEAVY=", 1)[1].strip()
-        assert heavy == "", f"{args}: imported {heavy} ({seconds:.1f} s)"
+    commands = [["--version"], ["--help"], ["info", out], ["info", out, "--json"], ["status", out],
+                ["cuts", out, "-o", tmp_path / "c.jsonl.gz"], ["report", out], ["report", out, "--json"],
+                ["report", out, "--png", tmp_path / "r.png"]]
+    commands = [[str(a) for a in c] for c in commands]
+    p = subprocess.run([sys.executable, "-c", SEQUENCE, json.dumps(commands)], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": ROOT})
+    steps = [json.loads(line[5:]) for line in p.stderr.splitlines() if line.startswith("STEP=")]
+    assert [s[0] for s in steps] == commands, p.stderr  # every command ran
+    for argv, code, heavy in steps:
+        assert code == 0, (argv, p.stderr)
+        assert heavy == [], f"{argv}: imported {heavy}"
+    assert (tmp_path / "c.jsonl.gz").exists() and (tmp_path / "r.png").exists()
 
 
 def test_request_and_settings_import_without_torch():
@@ -95,6 +115,7 @@ def garbage_mp3(path):
     path.write_bytes(bytes(data))
 
 
+@pytest.mark.slow
 def test_failing_items_named_with_true_decoder_errors(tmp_path, tiny_model_dir):
     from conftest import cli_process
 

@@ -4,7 +4,6 @@ import math
 
 import pytest
 import torch
-from transformers import MimiConfig
 from transformers.models.mimi import modeling_mimi as mm
 
 from conftest import ragged, tolerance
@@ -143,10 +142,9 @@ def test_matches_streaming_encode_on_common_frames(tiny_model):
             assert torch.equal(streamed.T, frames_of(out, "codes", i)[: streamed.shape[-1]])
 
 
-def test_full_size_default_config():
+def test_full_size_default_config(full_model):
     """kyutai/mimi's architecture (MimiConfig() defaults, random weights), all 32 codebooks."""
-    model = random_model(MimiConfig(), seed=0)
-    assert_matches_single(model, [24_000 + 17, 700, FRAME * 9], num_quantizers=32)
+    assert_matches_single(full_model, [24_000 + 17, 700, FRAME * 9], num_quantizers=32)
 
 
 def test_rejects_bad_lengths(tiny_model):
@@ -187,12 +185,11 @@ def test_chunked_eager_attention():
 
 
 @pytest.mark.slow
-def test_chunked_full_size_past_the_window():
+def test_chunked_full_size_past_the_window(full_model):
     """kyutai/mimi's architecture: window 250 frames = 10 s.  A 12.4 s file in 7-frame (0.56 s)
     chunks crosses the window edge, where moshi's 250-entry ring buffer drops a key; here the
     window holds 249 past positions plus the query, as transformers' mask does."""
-    model = random_model(MimiConfig(), seed=0)
-    assert_chunked_matches(model, [24_000 * 12 + 9_777, FRAME * 130], FRAME * 7, num_quantizers=32)
+    assert_chunked_matches(full_model, [24_000 * 12 + 9_777, FRAME * 130], FRAME * 7, num_quantizers=32)
 
 
 def test_chunk_rules_and_reset(tiny_model):

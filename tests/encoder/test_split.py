@@ -27,11 +27,11 @@ def worst(got, ref):
     return excess, (got["codes"] == ref["codes"]).float().mean().item()
 
 
-def test_receptive_field_from_the_config(tiny_model):
+def test_receptive_field_from_the_config(tiny_model, full_model):
     """Computed from layers, window and every conv (not a constant): kyutai/mimi's architecture and
     the tiny test model; a wider window widens it by whole 25 Hz steps, one per layer."""
     assert PaddedMimiEncoder(tiny_model).receptive_field == 14_840
-    full = PaddedMimiEncoder(random_model(MimiConfig(), seed=0))
+    full = PaddedMimiEncoder(full_model)
     assert full.receptive_field == 1_917_560  # 79.9 s at 24 kHz
     wider = PaddedMimiEncoder(random_model(MimiConfig(sliding_window=251), seed=0))
     assert wider.receptive_field - full.receptive_field == 8 * 960  # 8 layers x one more step

@@ -119,6 +119,7 @@ def test_packed_inputs_on_ray_into_every_format(kind, fmt, many_packed, packed_r
     assert len(got) == 40 and all(np.array_equal(got[k], packed_reference[kind][k]) for k in got)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["tgz", "parquet", "shar"])
 def test_packed_parts_union_equals_a_whole_run(kind, many_packed, packed_reference, tiny_model_dir, tmp_path):
     """--part by key hash over a packaged input: two parts into one OUT hold every item once,

@@ -238,7 +238,7 @@ def _disk_full_run(many, out, model_dir, monkeypatch, fmt="hdf5"):
         monkeypatch.setattr(os, "write", real_write)
 
 
-@pytest.mark.parametrize("fmt", ["hdf5", "parquet"])
+@pytest.mark.parametrize("fmt", ["hdf5", pytest.param("parquet", marks=pytest.mark.slow)])
 def test_disk_full_injected(many, tiny_model_dir, tmp_path, monkeypatch, fmt):
     """ENOSPC from the OS after ~60 KiB, wherever the writer is (shard image, manifest, run.json)."""
     small = str(tmp_path / "small")
@@ -350,6 +350,7 @@ def test_second_signal_handler_exits_at_once(monkeypatch):
     assert all(signal.getsignal(sig) == handler for sig, handler in signals.old.items())
 
 
+@pytest.mark.slow
 def test_float_features_after_a_disk_full_resume_differ_by_batch_composition_only(many, tiny_model_dir, tmp_path,
                                                                                   monkeypatch):
     """A full disk, then a resume: the items left are planned again without the committed ones, so

@@ -39,6 +39,7 @@ def settings(model_dir, **kw):
     return Settings(model=model_dir, tap="codes", num_workers=1, **kw)
 
 
+@pytest.mark.slow
 def test_whole_and_part_runs_never_both_complete(small, tiny_model_dir, tmp_path, monkeypatch):
     """Issue 16 defect 3: a whole run writes run.json only after loading the model; a part run
     started in between must be refused (the decision is made under OUT/lock)."""

@@ -136,6 +136,7 @@ def test_parts_with_other_settings_are_refused(files, tiny_model_dir, tmp_path):
     check_consistency(str(out), {f"u{i:02d}.wav" for i in range(36)})
 
 
+@pytest.mark.slow
 def test_status_missing_lists_parts_to_resubmit(files, tiny_model_dir, tmp_path):
     """``status OUT --missing``: the parts not complete (never started, stopped after planning) as
     ``sbatch --array=`` takes them; exit 1 while something is missing, 0 once nothing is, 2 when
