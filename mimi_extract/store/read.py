@@ -1,4 +1,4 @@
-"""Reading OUT back: one item by key (checked against its checksum), a whole-OUT checksum scan,
+"""Reading OUT back: one manifest row's item (checked against its checksum), a whole-OUT checksum scan,
 and the Shar fields of a Shar OUT.  ``reader.py`` is the indexed reader built on these."""
 
 from __future__ import annotations
@@ -12,17 +12,7 @@ from ..formats.registry import format_of
 from ..formats.shar import FIELDS, cuts_name
 from .files import DamagedError
 from .identity import read_run_info
-from .manifest import committed_rows, format_of_path, read_manifest, run_dirs
-
-
-def read(out_dir: str, key: str) -> np.ndarray:
-    """Load one utterance's output by key, time first: features ``[frames, dim]``, codes
-    ``[frames, num_quantizers]`` (``.T`` gives transformers' ``[num_quantizers, frames]``).
-    ``mimi_extract.read`` is the indexed version (``reader.py``); this one scans the manifests."""
-    rows = [r for r in read_manifest(out_dir) if r.get("key") == key and r.get("status") == "ok"]
-    if not rows:
-        raise KeyError(f"{key!r} has no ok row in the manifest of {out_dir}")
-    return load_row(out_dir, rows[-1])
+from .manifest import committed_rows, format_of_path, run_dirs
 
 
 def load_row(out_dir: str, row: dict, shard=None) -> np.ndarray:

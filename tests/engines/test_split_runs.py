@@ -16,7 +16,7 @@ from mimi_extract.reference import reference_single
 from helpers import check_consistency
 from kill_trials import kill_9_part_way
 from mimi_extract.store.manifest import read_manifest
-from mimi_extract.store.read import read
+from mimi_extract import read
 
 RATES = {"long24.wav": (24_000, 40 * 24_000 + 777), "long16.wav": (16_000, 30 * 16_000 + 123),
          "long44.flac": (44_100, 20 * 44_100 + 5)}
