@@ -45,15 +45,26 @@ def _valid(lengths: torch.Tensor, size: int) -> torch.Tensor:
 def _zero_padding(x: torch.Tensor, lengths: torch.Tensor, inplace: bool = False) -> torch.Tensor:
     """Zero steps >= length of a time-major [B, T, C] tensor (``masked_fill`` also overwrites NaN/inf).
 
-    A batch without padding is returned as is: a lone item pays nothing for the masking."""
+    A batch without padding is returned as is: a lone item pays nothing for the masking.  On CPU
+    (and for one row) only each short row's tail is written, a few slices instead of a masked pass
+    over the whole batch (that pass was 10 % of a CPU step with ragged rows, measured); on a GPU
+    one masked kernel beats a launch per row."""
     if bool((lengths >= x.shape[1]).all()):
         return x
-    if x.shape[0] == 1:
+    if x.device.type == "cpu" or x.shape[0] == 1:
         x = x if inplace else x.clone()
-        x[:, int(lengths[0]):] = 0  # one row: touch only its tail (shape buckets leave a short one)
+        for row, length in enumerate(lengths.tolist()):
+            if length < x.shape[1]:
+                x[row, max(length, 0):] = 0
         return x
     invalid = ~_valid(lengths, x.shape[1])[:, :, None]
     return x.masked_fill_(invalid, 0) if inplace else x.masked_fill(invalid, 0)
+
+
+def _elu(x: torch.Tensor, alpha: float) -> torch.Tensor:
+    """ELU of a fresh activation: in place when it is contiguous, else out of place, which reads the
+    strided view once and writes a contiguous result (instead of a copy, then the ELU)."""
+    return torch.nn.functional.elu_(x, alpha) if x.is_contiguous() else torch.nn.functional.elu(x, alpha)
 
 
 def _replicate_padding(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
@@ -372,7 +383,10 @@ class PaddedMimiEncoder(nn.Module):
                 out[:, :head] = run(lead, 0)[:, :head]
                 _carry_context(state, index, x, pad)
         out_lengths = output_length(conv, lengths).to(lengths.device)
-        return _zero_padding(out.contiguous(), out_lengths, inplace=True), out_lengths
+        # `out` may be a view that drops the conv's extra right outputs (not contiguous): its consumer,
+        # an out-of-place ELU (see _layers) or the next conv, lays it out afresh anyway, so copying it
+        # here would be a second pass over it (8 % of a CPU step, measured)
+        return _zero_padding(out, out_lengths, inplace=True), out_lengths
 
     def _conv_explicit(self, conv: nn.Module, x: torch.Tensor, lengths: torch.Tensor, state: EncoderState | None):
         """The same conv with its padding built explicitly: the replicate-padded downsample (small,
@@ -413,7 +427,8 @@ class PaddedMimiEncoder(nn.Module):
         4 s of audio: that stage 113-125 ms whole, 82-95 ms in 1 s tiles (0.16 s tiles: 129 ms)."""
         layers = list(self.seanet.layers)
         if x.device.type != "cpu" or x.shape[1] <= self.front_tile:
-            return self._layers(layers, x, lengths, state)
+            x, lengths = self._layers(layers, x, lengths, state)
+            return x.contiguous(), lengths
         front = self._front
         tile_state = state if state is not None else self.init_state(x.shape[0], x.device, x.dtype)
         pieces = []
@@ -425,7 +440,8 @@ class PaddedMimiEncoder(nn.Module):
         for conv in layers[:front]:
             if isinstance(conv, MimiConv1d):
                 front_lengths = output_length(conv, front_lengths).to(lengths.device)
-        return self._layers(layers[front:], torch.cat(pieces, dim=1), front_lengths, state)
+        x, lengths = self._layers(layers[front:], torch.cat(pieces, dim=1), front_lengths, state)
+        return x.contiguous(), lengths
 
     def _layers(self, layers, x: torch.Tensor, lengths: torch.Tensor, state: EncoderState | None):
         for layer in layers:
@@ -436,15 +452,15 @@ class PaddedMimiEncoder(nn.Module):
                 for sub in layer.block:
                     if isinstance(sub, MimiConv1d):
                         h, _ = self._conv(sub, h, lengths, state)
-                    elif isinstance(sub, nn.ELU) and h is not x:  # in place, but never on the residual
-                        h = _zero_padding(torch.nn.functional.elu_(h, sub.alpha), lengths, inplace=True)
+                    elif isinstance(sub, nn.ELU) and h is not x:  # never in place on the residual
+                        h = _zero_padding(_elu(h, sub.alpha), lengths, inplace=True)
                     else:
                         h = _zero_padding(sub(h), lengths, inplace=True)
                 shortcut = layer.shortcut
                 residual = self._conv(shortcut, x, lengths, state)[0] if isinstance(shortcut, MimiConv1d) else x
                 x = _zero_padding(h.add_(residual), lengths, inplace=True)
             elif isinstance(layer, nn.ELU):  # x is the previous block's fresh output: in place is safe
-                x = _zero_padding(torch.nn.functional.elu_(x, layer.alpha), lengths, inplace=True)
+                x = _zero_padding(_elu(x, layer.alpha), lengths, inplace=True)
             else:
                 x = _zero_padding(layer(x.transpose(1, 2)).transpose(1, 2), lengths, inplace=True)
         return x, lengths
