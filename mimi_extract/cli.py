@@ -307,6 +307,7 @@ def _run(input_path: str, out_dir: str, strict: bool = False, progress_seconds: 
     for n in summary["engine_notes"]:
         say(("note: ", "yellow"), n)
     stats = summary["stats"]
+    startup = summary.get("startup") or {}
     where = summary["run_dir"]
     if summary.get("interrupted"):
         say((f"interrupted ({summary['interrupted']})", "yellow"),
@@ -315,7 +316,8 @@ def _run(input_path: str, out_dir: str, strict: bool = False, progress_seconds: 
     say(("done", "green"), f": {summary['ok']} ok, {summary['errors']} errors, {summary['skipped']} skipped "
         f"({summary['frame_rate']:g} Hz frames) -> {where}/manifest.jsonl"
         + (f" (staged; mirrored to {summary['remote']})" if summary.get("remote") else "")
-        + (f"; encoder idle {100 * stats.idle_fraction:.0f}% of {stats.wall:.1f} s" if stats.wall else ""))
+        + (f"; encoder idle {100 * stats.idle_fraction:.0f}% of {stats.wall:.1f} s" if stats.wall else "")
+        + (f"; first result {startup['to_first_result']:.1f} s after start" if startup.get("to_first_result") else ""))
     if summary["errors"]:
         say(f"error rows: mimi-extract info {out_dir}  (or grep '\"status\": \"error\"' {where}/manifest.jsonl)")
     if summary["inputs"] == 0:

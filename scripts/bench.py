@@ -212,7 +212,10 @@ for label, speed in rows.items():
     print(f"{label:<{width}}{speed:>10.2f}{speed / rows['per-item MimiModel.encode loop']:>8.2f}x{speed / bound:>10.2f}")
 print(f"tool: {stats['workers']} workers, encoder idle {100 * stats['idle_fraction']:.1f}% of its {stats['wall']:.1f} s "
       f"(waiting for input {stats['wait_input']:.1f} s, output {stats['wait_output']:.1f} s, summed over workers), "
-      f"padding {100 * stats['padding']:.1f}%; start-up and planning {t_tool - stats['elapsed']:.1f} s; "
+      f"padding {100 * stats['padding']:.1f}%; start-up and planning {t_tool - stats['elapsed']:.1f} s"
+      + (f" (encoding began {stats['startup']['to_encoding']:.1f} s and the first result came "
+         f"{stats['startup']['to_first_result']:.1f} s after the process started)"
+         if (stats.get("startup") or {}).get("to_first_result") else "") + "; "
       f"code mismatches vs the loop (every mimi-extract row): {mismatch}")
 if cuda and util:
     print(f"GPU utilisation (NVML, mean of 50 ms samples): loop {mean_util('loop') or 0:.0f} %, "

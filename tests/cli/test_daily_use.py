@@ -86,6 +86,18 @@ def test_log_gets_phase_lines_and_plain_progress(corpus, tiny_model_dir, tmp_pat
     assert len(lines) >= 2, result.output  # every piece (0 s interval) and the final line
     assert "(100%), 10 files" in lines[-1] and "3 errors" in lines[-1], lines[-1]
     assert "━" not in result.output  # no bar drawn into a log
+    # where a short job's time goes: the process's age when encoding began and at its first result
+    startup = json.load(open(tmp_path / "out" / "stats.json"))["startup"]
+    assert 0 < startup["to_encoding"] <= startup["to_first_result"], startup
+    assert f"first result {startup['to_first_result']:.1f} s after start" in text, text
+
+
+def test_process_age_is_the_age_ps_reports():
+    from mimi_extract.runner import process_age
+
+    etimes = int(subprocess.run(["ps", "-o", "etimes=", "-p", str(os.getpid())], capture_output=True,
+                                text=True, check=True).stdout)
+    assert abs(process_age() - etimes) <= 1.5, (process_age(), etimes)
 
 
 def test_exit_codes(tmp_path, tiny_model_dir):
