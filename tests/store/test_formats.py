@@ -16,7 +16,7 @@ from mimi_extract.formats import get_format, names
 from mimi_extract.runner import extract
 from mimi_extract.settings import Settings
 from mimi_extract.store.files import DamagedError
-from mimi_extract.store.read import read as store_read
+from mimi_extract.store.read import load_row
 from helpers import check_consistency
 from test_cli import check_outputs
 
@@ -317,7 +317,7 @@ def test_a_damaged_footer_or_superblock_is_a_damaged_error_naming_out_shard_and_
     path = os.path.join(out, victim["shard"])
     _flip(path, os.path.getsize(path) - 2 if fmt == "parquet" else 1)
     for reader in (lambda k: read(out, k), lambda k: mimi_extract.open(out)[k],
-                   lambda k: store_read(out, k)):
+                   lambda k: load_row(out, victim)):  # what report and verify read through
         with pytest.raises(DamagedError) as e:
             reader(victim["key"])
         assert out in str(e.value) and repr(victim["key"]) in str(e.value) and victim["shard"] in str(e.value)
