@@ -402,13 +402,13 @@ def _extract_with(engine: Engine, found: Discovered, request: RunRequest, run: R
         if on_progress:
             on_progress(len(bad), sum(it.samples for it in bad) / SAMPLE_RATE, len(bad))
         started = time.perf_counter()
-        summary["startup"] = {"to_encoding": process_age(), "to_first_result": None}
+        startup = summary["startup"] = {"to_encoding": process_age(), "to_first_result": None}
         pieces = engine.run(units, stop, model)
         del model
         assembler = Assembler()  # pieces -> whole items: nothing of an item is stored before it is whole
         for piece in pieces:
-            if summary["startup"]["to_first_result"] is None:
-                summary["startup"]["to_first_result"] = process_age()
+            if startup["to_first_result"] is None:
+                startup["to_first_result"] = process_age()
             whole = assembler.add(piece)
             if whole is None:
                 if on_progress:
@@ -440,7 +440,7 @@ def _extract_with(engine: Engine, found: Discovered, request: RunRequest, run: R
         "wall": stats.wall, "busy": stats.busy, "wait_input": stats.wait_input, "wait_output": stats.wait_output,
         "idle_fraction": stats.idle_fraction, "steps": stats.steps, "padding": stats.padding_fraction,
         "elapsed": time.perf_counter() - started, "workers": len(settings.devices), "seconds": summary["seconds"], "ok": summary["ok"],
-        "interrupted": stop.is_set(), "startup": summary["startup"]})  # interrupted too: the cuts of what is committed
+        "interrupted": stop.is_set(), "startup": startup})  # interrupted too: the cuts of what is committed
     return summary
 
 
