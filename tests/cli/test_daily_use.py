@@ -18,9 +18,11 @@ from test_reader import make_out
 
 FAST = ["--device", "cpu", "--cpu-workers", "1", "--num-workers", "1"]
 
+HEAVY = ("torch", "transformers", "lhotse")  # what a light command must not import
+
 # runs the real CLI in a fresh interpreter, then says which heavy modules it imported
 PROBE = ("import atexit, sys, runpy\n"
-         "atexit.register(lambda: sys.stderr.write('HEAVY=' + ','.join(m for m in ('torch', 'transformers', 'lhotse')"
+         f"atexit.register(lambda: sys.stderr.write('HEAVY=' + ','.join(m for m in {HEAVY!r}"
          " if m in sys.modules) + '\\n'))\n"
          "sys.argv = ['mimi-extract'] + sys.argv[1:]\n"
          "runpy.run_module('mimi_extract', run_name='__main__')\n")
@@ -43,7 +45,7 @@ SEQUENCE = ("import json, sys, runpy\n"
             "        code = 0\n"
             "    except SystemExit as stop:\n"
             "        code = stop.code or 0\n"
-            "    heavy = [m for m in ('torch', 'transformers', 'lhotse') if m in sys.modules]\n"
+            f"    heavy = [m for m in {HEAVY!r} if m in sys.modules]\n"
             "    sys.stderr.write('STEP=' + json.dumps([argv, code, heavy]) + '\\n')\n")
 
 
