@@ -20,12 +20,8 @@ zero-padded to a multiple of 960).
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
-import sys
-import tempfile
-import threading
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -42,196 +38,31 @@ class AudioError(Exception):
     """A file that cannot be used; the message is what the manifest reports."""
 
 
-_MPEG = (".mp3", ".mp2", ".mp1", ".mpga", ".mpeg")
-_STDERR_LOCK = threading.Lock()
-_CAPTURE: list = []  # this process's capture file, made at first use
-_WARNINGS_KEPT = 1000  # characters of decoder output an item keeps (a damaged file can print thousands of lines)
+_WARNINGS_KEPT = 1000  # characters of decoder output an item keeps (a damaged file can say thousands of things)
 
 
-@contextlib.contextmanager
-def _decoder_stderr(capture: bool):
-    """Collect what the decoder library writes to fd 2 while an MPEG file is opened or read
-    (libmpg123 prints raw C warnings there, e.g. "part2_3_length too large", "dequantization
-    failed": they belong in the item's manifest row, see :attr:`AudioReader.warnings`, not in the
-    run's log).  fd 2 is the whole process's: one capture at a time (a lock), held only around the
-    C call of an MPEG file's open or read, so that what it collects is that file's (MPEG reads of
-    one process's decoding threads take turns; other formats' libraries print nothing)."""
-    out: list[str] = []
-    if not capture:
-        yield out
-        return
-    with _STDERR_LOCK:
-        if not _CAPTURE:
-            _CAPTURE.append(tempfile.TemporaryFile())
-        tmp = _CAPTURE[0]
-        tmp.seek(0)
-        tmp.truncate()
-        sys.stderr.flush()
-        saved = os.dup(2)
-        os.dup2(tmp.fileno(), 2)
-        try:
-            yield out
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            size = os.fstat(tmp.fileno()).st_size
-            text = os.pread(tmp.fileno(), min(size, 1 << 16), 0).decode("utf-8", "replace")
-            out.append("\n".join(" ".join(line.split()) for line in text.splitlines() if line.strip()))
-
-
-def _decoder_error(name: str, is_file: bool, e: Exception, warnings: str) -> AudioError:
+def _decoder_error(name: str, is_file: bool, e: Exception) -> AudioError:
     """libsndfile says "File does not exist or is not a regular file (possibly a pipe?)" for a
-    file it cannot decode (e.g. a garbage .mp3): say what is true, with the decoder's own words.
+    file it cannot decode (e.g. a garbage .wav): say what is true, with the decoder's own words.
     soundfile names the file by its repr, for a member of a shard "<_io.BytesIO object at 0x...>":
     it is named by ``name`` instead, quoted (info's "errors by reason" folds quoted names)."""
     message = f"Error opening {name!r}: {e.error_string}" if isinstance(e, sf.LibsndfileError) else str(e)
     if "does not exist or is not a regular file" in message and is_file:
         kind = os.path.splitext(name)[1].lstrip(".").upper() or "audio"
         message = f"cannot be decoded: not a valid {kind} file, or a format libsndfile cannot read"
-    if warnings:
-        message += f" (decoder: {warnings[:300]})"
     return AudioError(message)
-
-
-class ForwardSoundFile(sf.SoundFile):
-    """``sf.SoundFile`` whose reads never seek.  soundfile's ``read`` seeks to where it has just read
-    up to after every read (its ``_cdata_io``: "update read & write position", for files it calls
-    seekable), and libsndfile hands that seek to the codec even though the decoder is already
-    there: libmpg123 then re-positions its MP3 stream and re-decodes only 4 frames before the
-    position, too few to refill a low-bit-rate file's bit reservoir, so the first ~10k samples of
-    every 65,536-frame block came out wrong (up to 0.3 off, 5-7 % of a 32 kbit/s 44.1/48 kHz file's
-    samples, measured).  Saying "not seekable" to soundfile skips that seek (libsndfile tracks the
-    read position itself); an explicit :meth:`seek` still seeks (it does not ask)."""
-
-    decoder_warnings = ""  # what libmpg123 printed while it was opened (see open_soundfile)
-
-    def seekable(self) -> bool:
-        return False
-
-
-_MPEG_KBPS = {  # (MPEG-1?, layer) -> bit rates of indices 1..14, kbit/s
-    (True, 1): (32, 64, 96, 128, 160, 192, 224, 256, 288, 320, 352, 384, 416, 448),
-    (True, 2): (32, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384),
-    (True, 3): (32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320),
-    (False, 1): (32, 48, 56, 64, 80, 96, 112, 128, 144, 160, 176, 192, 224, 256),
-    (False, 2): (8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 144, 160),
-    (False, 3): (8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 144, 160)}
-_MPEG_RATES = {3: (44_100, 48_000, 32_000), 2: (22_050, 24_000, 16_000), 0: (11_025, 12_000, 8_000)}
-
-
-def _mpeg_frame(data: bytes, i: int):
-    """(length in bytes, samples) of the MPEG audio frame header at ``data[i:]``, or None."""
-    if i + 4 > len(data) or data[i] != 0xFF or data[i + 1] & 0xE0 != 0xE0:
-        return None
-    version, layer = (data[i + 1] >> 3) & 3, 4 - ((data[i + 1] >> 1) & 3)
-    bitrate, rate, pad = data[i + 2] >> 4, (data[i + 2] >> 2) & 3, (data[i + 2] >> 1) & 1
-    if version == 1 or layer == 4 or bitrate in (0, 15) or rate == 3:
-        return None
-    kbps, hz = _MPEG_KBPS[(version == 3, layer)][bitrate - 1], _MPEG_RATES[version][rate]
-    if layer == 1:
-        return (12_000 * kbps // hz + pad) * 4, 384
-    lsf = version != 3 and layer == 3  # MPEG-2/2.5 layer III: half the samples per frame
-    return (72_000 if lsf else 144_000) * kbps // hz + pad, 576 if lsf else 1152
-
-
-def _first_mpeg_frame(data: bytes) -> int | None:
-    """Where the first MPEG audio frame of ``data`` starts (after an ID3v2 tag and any junk)."""
-    i = _id3_size(data)
-    while i < len(data) and _mpeg_frame(data, i) is None:
-        i += 1
-    return i if i < len(data) else None
-
-
-def _has_length_header(data: bytes, i: int) -> bool:
-    """Whether the frame at ``i`` is a Xing/Info (after the side info) or VBRI (at 32) header."""
-    return any(tag in data[i + 4: i + 4 + 40] for tag in (b"Xing", b"Info", b"VBRI"))
-
-
-def _id3_size(head: bytes) -> int:
-    """Bytes of an ID3v2 tag at the start of ``head`` (its first 10 bytes), 0 if none."""
-    if head[:3] != b"ID3" or len(head) < 10:
-        return 0
-    return 10 + int.from_bytes(bytes(b & 0x7F for b in head[6:10]), "big") + (10 if head[5] & 0x10 else 0)
-
-
-def mpeg_samples(read) -> int | None:
-    """The samples in an MPEG audio file's frames, counted from their headers, when its first frame
-    is no Xing/Info/VBRI header (None when it is one, or when no frame is found); ``read(n)`` reads
-    the file from its start (its whole length only in that case, 1 MB at a time).
-
-    Without such a header libsndfile takes the length from libmpg123's estimate (file size / the
-    first frame's bit rate), and decodes no further: a VBR file is cut short (a -V 7 file: 73,008
-    of 200,448 samples, measured), so opening compares the two (:func:`open_soundfile`).  Equal to
-    FFmpeg's count on every such test file (CBR and VBR, 16-48 kHz)."""
-    buf = read(10)
-    buf += read(_id3_size(buf) + (1 << 16))
-    i = _first_mpeg_frame(buf)
-    if i is None or _has_length_header(buf, i):
-        return None
-    total, eof = 0, False
-    while True:
-        if not eof and len(buf) - i < 1 << 16:  # at least 64 KB ahead (a frame is under 3 KB)
-            more = read(1 << 20)
-            eof = not more
-            buf, i = buf[i:] + more, 0
-        frame = _mpeg_frame(buf, i)
-        if frame is not None:
-            total, i = total + frame[1], i + frame[0]
-            continue
-        if i + 4 > len(buf) and eof:
-            return total
-        # junk or a tag: resync as libmpg123 does, at a header followed by another one
-        j = buf.find(b"\xff", i + 1)
-        while j != -1 and (_mpeg_frame(buf, j) is None or _mpeg_frame(buf, j + _mpeg_frame(buf, j)[0]) is None):
-            j = buf.find(b"\xff", j + 1)
-        if j == -1 and eof:
-            return total
-        i = j if j != -1 else max(i + 1, len(buf) - 8192)
-
-
-def _short_mpeg(result, source) -> str | None:
-    """Why libsndfile would cut an MPEG file short (see :func:`mpeg_samples`), or None."""
-    if not (isinstance(result, sf.SoundFile) and result.subtype.startswith("MPEG_")):
-        return None
-    f = open(source, "rb") if isinstance(source, (str, os.PathLike)) else source  # noqa: SIM115 (closed below)
-    at = f.tell()
-    try:
-        f.seek(0)
-        true = mpeg_samples(f.read)
-    finally:
-        f.seek(at)
-        if f is not source:
-            f.close()
-    if true is None or result.frames >= true:
-        return None
-    return (f"VBR MPEG audio without a Xing/VBRI header: libsndfile would decode only {result.frames} of its {true} "
-            f"samples (it estimates the length from the file size); re-mux it to add the header "
-            f"(ffmpeg -i IN -c:a copy OUT.mp3) or convert it")
 
 
 def open_soundfile(source, info_only: bool = False, shown: str | None = None):
     """``sf.info`` (``info_only``) or ``sf.SoundFile`` of ``source`` (a path, or a seekable binary
     file-like object such as a tar member), an :class:`AudioError` with an accurate message if it
-    cannot be decoded (naming it ``shown``, e.g. ``shard/member``, else by its path or name); what
-    the decoder printed while opening a file that opens is its ``decoder_warnings``."""
+    cannot be decoded (naming it ``shown``, e.g. ``shard/member``, else by its path or name)."""
     is_path = isinstance(source, (str, os.PathLike))
     name = os.fspath(source) if is_path else str(getattr(source, "name", "") or "")
-    with _decoder_stderr(name.lower().endswith(_MPEG)) as captured:
-        try:
-            result = sf.info(source) if info_only and is_path else ForwardSoundFile(source)
-        except Exception as e:  # soundfile raises several types for garbage
-            error = e
-        else:
-            error = None
-    warnings = captured[0] if captured else ""
-    if error is not None:
-        raise _decoder_error(shown or name, (not is_path) or os.path.isfile(name), error, warnings) from error
-    result.decoder_warnings = warnings  # the reader keeps them (probing drops them: the reader sees them again)
-    short = None if info_only else _short_mpeg(result, source)
-    if short:
-        result.close()
-        raise AudioError(short)
-    return result
+    try:
+        return sf.info(source) if info_only and is_path else sf.SoundFile(source)
+    except Exception as e:  # soundfile raises several types for garbage
+        raise _decoder_error(shown or name, (not is_path) or os.path.isfile(name), e) from e
 
 
 # -- decoders ------------------------------------------------------------------------------
@@ -239,31 +70,39 @@ def open_soundfile(source, info_only: bool = False, shown: str | None = None):
 # back per file), so every file of one format in a run -- and in its resumes -- goes through the same
 # decoder: MP3 priming and AAC edit lists are handled differently by libsndfile and FFmpeg, and two
 # decoders' sample counts for one format must never meet in one OUT.  run.json records both
-# libraries' versions (``decoder_versions``); a resume with other versions is refused.
-SOUNDFILE_EXTENSIONS = (".wav", ".flac", ".ogg", ".oga", ".opus", ".mp3", ".aiff", ".aif", ".aifc", ".caf", ".w64",
-                        ".rf64", ".au", ".snd")
-PYAV_EXTENSIONS = (".m4a", ".mp4", ".aac", ".alac", ".wma", ".asf", ".webm", ".mka", ".mkv", ".ac3", ".amr", ".3gp")
+# libraries' versions (``decoders``); a resume with other versions is refused.
+#
+# MPEG audio goes through FFmpeg (PyAV), not libsndfile's libmpg123: FFmpeg's demuxer reads every
+# tag shape corpora ship (ID3v2.2-2.4 with unsynchronisation, extended headers and footers, cover
+# art of any size, APEv2 and ID3v1 at the end, junk before the first frame), decodes a VBR file
+# without a Xing/VBRI header to its end (libsndfile stopped at a length estimated from the file
+# size), applies the LAME gapless tag, and lets a process's decoding threads run in parallel
+# (libmpg123 prints its warnings on the process's fd 2, which had to be captured under one lock).
+# Measured per core (docs/inputs.md): FFmpeg decodes MP3 at 0.84-0.95x libsndfile's speed alone,
+# and the tool's old libsndfile path ran one MP3 read at a time per process.
+SOUNDFILE_EXTENSIONS = (".wav", ".flac", ".ogg", ".oga", ".opus", ".aiff", ".aif", ".aifc", ".caf", ".w64", ".rf64",
+                        ".au", ".snd")
+MPEG_EXTENSIONS = (".mp3", ".mp2", ".mp1", ".mpga")
+PYAV_EXTENSIONS = MPEG_EXTENSIONS + (".m4a", ".mp4", ".aac", ".alac", ".wma", ".asf", ".webm", ".mka", ".mkv", ".ac3",
+                                     ".amr", ".3gp")
 DECODED_EXTENSIONS = SOUNDFILE_EXTENSIONS + PYAV_EXTENSIONS
 
 
 def decoder_for(name: str) -> str:
-    """"pyav" for the containers libsndfile cannot read (by extension), else "soundfile" (also for a
-    name without a known extension: libsndfile then identifies the format from the bytes)."""
+    """"pyav" for MPEG audio and the containers libsndfile cannot read (by extension), else
+    "soundfile" (also for a name without a known extension: libsndfile then identifies the format
+    from the bytes)."""
     return "pyav" if name.lower().endswith(PYAV_EXTENSIONS) else "soundfile"
 
 
 def decoder_versions() -> dict:
     """The decoders a run uses and their versions (run.json): a resume must decode the same way."""
-    versions = {"soundfile": f"soundfile {sf.__version__}, libsndfile {sf.__libsndfile_version__}",
-                "pyav": None, "pyav_extensions": list(PYAV_EXTENSIONS)}
-    try:
-        import av
+    import av
 
-        codec = av.library_versions.get("libavcodec")
-        versions["pyav"] = f"av {av.__version__}, libavcodec {'.'.join(map(str, codec)) if codec else '?'}"
-    except ImportError:
-        pass
-    return versions
+    codec = av.library_versions.get("libavcodec")
+    return {"soundfile": f"soundfile {sf.__version__}, libsndfile {sf.__libsndfile_version__}",
+            "pyav": f"av {av.__version__}, libavcodec {'.'.join(map(str, codec)) if codec else '?'}",
+            "pyav_extensions": list(PYAV_EXTENSIONS)}
 
 
 _SCALE = {"s16": 1 / 32768, "s32": 1 / 2147483648, "flt": None, "dbl": None, "u8": 1 / 128, "s64": 2.0 ** -63}
@@ -283,17 +122,40 @@ def _frame_array(frame) -> np.ndarray:
     return np.ascontiguousarray(data.T)
 
 
+# A lossy stream read from a seek point needs what came before it: MP3's bit reservoir reaches up to
+# 511 bytes back (85 frames of an 8 kbit/s MPEG-2 file), overlapped transforms one frame.  A seek
+# goes this many source samples before its target and decodes forward (dropping them); FFmpeg's
+# MPEG demuxer then gives every packet its exact time (it seeks by its own index of the frames, not
+# by a Xing table of contents), so the samples from the target on equal the whole-file decode's.
+_PREROLL = 1 << 16
+
+
 class PyAVFile:
     """What AudioReader needs of ``sf.SoundFile`` (``samplerate``, ``channels``, ``frames``,
     ``read``, ``seek``, ``close``), decoded by PyAV (FFmpeg) from a path or a seekable file-like
-    object.  ``frames`` is counted by a full decode (these containers do not state the decoded
-    length exactly: AAC priming, edit lists), once, when asked (probing); ``seek`` decodes and drops."""
+    object.
 
-    def __init__(self, source):
+    A packet FFmpeg cannot decode (a damaged frame) becomes silence of its duration, so every later
+    sample keeps its place, and is counted in :attr:`decoder_warnings` (FFmpeg's own command line
+    skips such a packet too; PyAV's plain loop stops the whole file there).
+
+    ``frames``, the decoded length, is what the decoder outputs, which no header of these formats
+    states exactly for every file (AAC priming and edit lists; an MP3 without a Xing/VBRI header,
+    or a LAME gapless tag).  For MPEG audio it is counted from the time of the first decoded sample
+    to the end of the last frame, decoding only the stream's last :data:`_PREROLL` samples (the
+    packet times come from the demuxer's frame index, which reads every frame header but decodes
+    none); for the other containers by a full decode.  Both are checked against a whole decode in
+    tests/audio/test_real_shapes.py.  ``seek`` of MPEG audio seeks (see ``_PREROLL``); of the
+    others, decodes and drops from where the stream is."""
+
+    def __init__(self, source, name: str = ""):
         import av
 
         self.source = source
-        self.name = os.fspath(source) if isinstance(source, (str, os.PathLike)) else getattr(source, "name", "")
+        self.name = name or (os.fspath(source) if isinstance(source, (str, os.PathLike)) else getattr(source, "name", ""))
+        self.mpeg = str(self.name).lower().endswith(MPEG_EXTENSIONS)
+        self._skipped: list[str] = []  # why each undecodable packet was silenced
+        self.container = None
         self._open(av)
         ctx = self.stream.codec_context
         self.samplerate = int(ctx.sample_rate or 0)
@@ -302,23 +164,57 @@ class PyAVFile:
             self.close()
             raise AudioError("no audio stream with a sample rate and channels")
         self._frames = None
+        self._origin = None  # the stream time of the first decoded sample (MPEG seeks count from it)
 
     def _open(self, av) -> None:
         if not isinstance(self.source, (str, os.PathLike)):
             self.source.seek(0)
-        self.container = av.open(self.source, mode="r", metadata_errors="ignore")
+        # the MP3 demuxer seeks by its index of frame headers (exact times), never by a Xing TOC
+        options = {"usetoc": "0"} if self.mpeg else {}
+        self.container = av.open(self.source, mode="r", metadata_errors="ignore", options=options)
         if not self.container.streams.audio:
             self.container.close()
             raise AudioError("no audio stream")
         self.stream = self.container.streams.audio[0]
-        self.stream.thread_type = "SLICE"
-        self._decoded = self._frames_of(self.container.decode(self.stream))
+        self._decoded = self._decode(self.container.demux(self.stream))
         self.buffer = np.zeros((0, 0), np.float32)
+        self.position = 0  # source samples read or dropped so far
 
-    @staticmethod
-    def _frames_of(frames):
-        for frame in frames:
-            yield _frame_array(frame)
+    def _decode(self, packets):
+        """(time of its first sample in samples since the stream's zero or None, float32 [samples,
+        channels]) per decoded frame; an undecodable packet: silence of its duration."""
+        import av
+
+        for packet in packets:
+            try:
+                frames = packet.decode()
+            except (av.error.FFmpegError, ValueError) as e:
+                n = self._samples(packet.duration, packet.time_base) or 0
+                self._skipped.append(getattr(e, "strerror", None) or str(e))
+                if n > 0:
+                    yield self._samples(packet.pts, packet.time_base), np.zeros((n, self.channels), np.float32)
+                continue
+            for frame in frames:
+                if frame.sample_rate != self.samplerate or len(frame.layout.channels) != self.channels:
+                    # a damaged header read as another rate or layout: not this stream's audio
+                    self._skipped.append(f"a frame of {frame.sample_rate} Hz, {len(frame.layout.channels)} channel(s)")
+                    n = round(frame.samples * self.samplerate / frame.sample_rate)
+                    yield self._samples(frame.pts, frame.time_base), np.zeros((n, self.channels), np.float32)
+                    continue
+                yield self._samples(frame.pts, frame.time_base), _frame_array(frame)
+
+    def _samples(self, t, time_base) -> int | None:
+        """Stream time ``t`` (in ``time_base`` units) in samples; None if unknown."""
+        if t is None or time_base is None:
+            return None
+        return round(t * time_base * self.samplerate)
+
+    @property
+    def decoder_warnings(self) -> str:
+        if not self._skipped:
+            return ""
+        reasons = "; ".join(dict.fromkeys(self._skipped))
+        return f"{len(self._skipped)} undecodable packet(s) replaced by silence ({reasons})"
 
     @property
     def frames(self) -> int:
@@ -326,36 +222,96 @@ class PyAVFile:
             import av
 
             counter = PyAVFile.__new__(PyAVFile)
-            counter.source, counter.name = self.source, self.name
-            if isinstance(self.source, (str, os.PathLike)):
-                counter._open(av)
-                self._frames = sum(len(a) for a in counter._decoded)
-                counter.container.close()
-            else:  # one handle: count, then rewind this reader
-                self._frames = sum(len(a) for a in self._decoded)
+            counter.source, counter.name, counter.mpeg, counter._skipped = self.source, self.name, self.mpeg, []
+            counter.samplerate, counter.channels = self.samplerate, self.channels
+            counter._open(av)
+            try:
+                self._frames = counter._count_to_end()
+            finally:
+                counter.close()
+            if not isinstance(self.source, (str, os.PathLike)):  # one handle: rewind this reader
                 self.container.close()
                 self._open(av)
         return self._frames
 
+    def _count_to_end(self) -> int:
+        """The samples a decode from the start gives (see the class docstring)."""
+        if not self.mpeg:
+            return sum(len(a) for _, a in self._decoded)
+        origin, first = next(self._decoded, (None, None))
+        if first is None:
+            return 0
+        if origin is None:
+            return len(first) + sum(len(a) for _, a in self._decoded)
+        self.container.seek(2 ** 62, stream=self.stream, backward=True)  # indexes every frame: the last one
+        last = next((p for p in self.container.demux(self.stream) if p.pts is not None), None)
+        end = self._samples(last.pts, last.time_base) if last is not None else origin
+        if end - _PREROLL <= origin + len(first):  # a short stream: decode it all, from the start
+            import av
+
+            self.container.close()
+            self._open(av)
+            return sum(len(a) for _, a in self._decoded)
+        self._seek_to(end - _PREROLL)
+        at, size = origin, 0
+        for at, block in self._decoded:
+            if at is None:
+                raise AudioError("a frame without a time after a seek")
+            size = len(block)
+        return at + size - origin
+
+    def _seek_to(self, t: int) -> None:
+        """Position the demuxer at the frame holding stream sample ``t`` or before it (decoder flushed)."""
+        self.container.seek(int(t / (self.stream.time_base * self.samplerate)), stream=self.stream, backward=True)
+        self._decoded = self._decode(self.container.demux(self.stream))
+
     def read(self, n: int, dtype: str = "float32", always_2d: bool = True) -> np.ndarray:
         parts, have = [self.buffer] if len(self.buffer) else [], len(self.buffer)
         while have < n:
-            block = next(self._decoded, None)
+            _, block = next(self._decoded, (None, None))
             if block is None:
                 break
             parts.append(block)
             have += len(block)
         data = np.concatenate(parts) if parts else np.zeros((0, self.channels), np.float32)
         self.buffer = data[n:]
+        self.position += min(n, len(data))
         return data[:n]
 
     def seek(self, frames: int) -> int:
-        while frames > 0:
-            got = len(self.read(min(frames, 1 << 16)))
+        """Position at source sample ``frames`` (from the start only: the reader seeks once)."""
+        if self.mpeg and self.position == 0 and frames > 2 * _PREROLL and self._mpeg_seek(frames):
+            return frames
+        left = frames - self.position
+        while left > 0:
+            got = len(self.read(min(left, 1 << 16)))
             if got == 0:
-                raise AudioError(f"cannot seek past the end ({frames} samples short)")
-            frames -= got
+                raise AudioError(f"cannot seek past the end ({left} samples short)")
+            left -= got
         return frames
+
+    def _mpeg_seek(self, target: int) -> bool:
+        """Seek to ``target`` through a pre-roll (see ``_PREROLL``); False (nothing consumed that a
+        decode from the start needs: the stream is reopened) where frame times are missing."""
+        import av
+
+        origin, first = next(self._decoded, (None, None))
+        if origin is None or first is None:
+            self.container.close()
+            self._open(av)
+            return False
+        self._seek_to(origin + target - _PREROLL)
+        landed = False
+        for at, block in self._decoded:
+            if at is None or (not landed and at - origin > target - _PREROLL // 2):  # too late to be exact
+                break
+            landed = True
+            if at - origin + len(block) > target:
+                self.buffer, self.position = block[target - (at - origin):], target
+                return True
+        self.container.close()
+        self._open(av)
+        return False
 
     def close(self) -> None:
         container = getattr(self, "container", None)
@@ -372,16 +328,16 @@ def open_decoder(source, name: str | None = None, shown: str | None = None):
         name = os.fspath(source) if isinstance(source, (str, os.PathLike)) else str(getattr(source, "name", "") or "")
     if decoder_for(name) == "soundfile":
         return open_soundfile(source, shown=shown)
+    import av
+
     try:
-        import av
-    except ImportError:
-        raise AudioError(f"{os.path.splitext(name)[1]} files are decoded by PyAV: pip install 'mimi-extract[av]'") from None
-    try:
-        return PyAVFile(source)
+        return PyAVFile(source, name)
     except AudioError:
         raise
     except (av.error.FFmpegError, ValueError, OSError, StopIteration) as e:
-        raise AudioError(f"cannot be decoded by FFmpeg: {e}") from e
+        # FFmpeg's words, naming the bytes as the user knows them (shard/member), not a temporary path
+        said = getattr(e, "strerror", None) or str(e) or type(e).__name__
+        raise AudioError(f"Error opening {shown or name!r}: {said} (FFmpeg)") from e
 
 
 @lru_cache(maxsize=16)
@@ -523,15 +479,11 @@ def _mono(data: np.ndarray, channel: int | str) -> np.ndarray:
     return data[:, int(channel)]
 
 
-# Lossy codecs carry decoder state across frames (MP3's bit reservoir reaches up to 511 bytes back:
-# 85 frames of an 8 kbit/s MPEG-2 file; overlapped transforms), which libsndfile's seek does not
-# fully rebuild: libmpg123 re-decodes 4 frames before the target, so a segment of a 32 kbit/s MP3
-# read after a seek was up to 0.27 off the whole-file decode (measured).  They are read from
-# _PREROLL frames before the start and the pre-roll dropped: MPEG-1 (32-48 kHz), Vorbis and Opus
-# then equal the whole-file decode exactly, MPEG-2 (16-24 kHz) MP3 to 6e-8 (libmpg123's synthesis
-# rounds differently after any seek; measured, see tests/audio/test_decoding.py).
-_PREROLL = 1 << 16
-_PREROLL_SUBTYPES = ("MPEG_LAYER_I", "MPEG_LAYER_II", "MPEG_LAYER_III", "VORBIS", "OPUS")
+# Vorbis and Opus carry decoder state across packets (overlapped transforms), which libsndfile's
+# seek does not fully rebuild: they are read from _PREROLL samples before the start and the pre-roll
+# dropped, and then equal the whole-file decode exactly (measured, see tests/audio/test_decoding.py).
+# MPEG audio seeks through FFmpeg the same way (PyAVFile).
+_PREROLL_SUBTYPES = ("VORBIS", "OPUS")
 EXACT_SEEK_EXTENSIONS = (".wav", ".flac", ".aiff", ".aif", ".aifc", ".caf", ".w64", ".rf64", ".au", ".snd")
 
 
@@ -542,42 +494,22 @@ def seek_is_exact(name: str) -> bool:
     return name.lower().endswith(EXACT_SEEK_EXTENSIONS)
 
 
-def _is_mpeg(file) -> bool:
-    return isinstance(file, sf.SoundFile) and file.subtype.startswith("MPEG_")
+def _read(file, n: int) -> np.ndarray:
+    """``n`` frames of ``file`` as float32 [frames, channels]."""
+    return file.read(n, dtype="float32", always_2d=True)
 
 
-def _decoding(call, file, warn):
-    """``call()`` (a read or seek of ``file``), what an MPEG decoder prints meanwhile given to ``warn``
-    (a callable taking the text), never to fd 2; raises what ``call`` raised, after that."""
-    error = None
-    with _decoder_stderr(_is_mpeg(file)) as said:
-        try:
-            result = call()
-        except Exception as e:
-            error = e
-    if said and said[0] and warn is not None:
-        warn(said[0])
-    if error is not None:
-        raise error
-    return result
-
-
-def _read(file, n: int, warn=None) -> np.ndarray:
-    """``n`` frames of ``file`` as float32 [frames, channels] (see :func:`_decoding` for ``warn``)."""
-    return _decoding(lambda: file.read(n, dtype="float32", always_2d=True), file, warn)
-
-
-def _seek(file, start: int, warn=None) -> None:
+def _seek(file, start: int) -> None:
     """Position ``file`` (an opened decoder) at source sample ``start``, lossy libsndfile codecs
-    through a pre-roll (see ``_PREROLL``); PyAVFile decodes and drops from where it is."""
+    through a pre-roll (see ``_PREROLL``); PyAVFile seeks itself."""
     if not (isinstance(file, sf.SoundFile) and file.subtype in _PREROLL_SUBTYPES):
         file.seek(start)
         return
     at = max(0, start - _PREROLL)
     if at:
-        _decoding(lambda: file.seek(at), file, warn)
+        file.seek(at)
     while at < start:
-        got = len(_read(file, min(start - at, _BLOCK), warn))
+        got = len(_read(file, min(start - at, _BLOCK)))
         if got == 0:
             raise AudioError(f"ends at sample {at}")
         at += got
@@ -628,29 +560,28 @@ class AudioReader:
     ``start``/``frames`` select a segment, in source samples.  ``path`` is a file name or a
     seekable binary file-like object (a member of a tar shard, a Parquet cell: see
     ``sources.open_audio``), which the reader closes with itself: one decoding path for every kind
-    of input.  ``warnings`` is what the decoder library printed while opening and reading it (the
-    engines put it in the item's manifest row, ``decoder_warnings``; see :func:`_decoder_stderr`)."""
+    of input.  ``warnings`` is what the decoder said of the item while reading it (the engines put
+    it in the item's manifest row, ``decoder_warnings``; see :class:`PyAVFile`)."""
 
     def __init__(self, path, channel: int | str = "mix", framing: Framing = Framing(), start: int = 0,
                  frames: int | None = None):
         self.path, self.channel, self.framing = path, channel, framing
         self.handle = None if isinstance(path, (str, bytes, os.PathLike)) else path
-        self._lines: dict[str, int] = {}
+        self._warnings = ""
         try:
             self.file = open_decoder(path)
         except AudioError as e:
             self._close_handle()
             raise AudioError(f"cannot decode: {e}") from e
-        self._warn(getattr(self.file, "decoder_warnings", ""))
         self.rate = self.file.samplerate
         if channel not in ("mix", "first") and int(channel) >= self.file.channels:
             channels = self.file.channels
             self.close()
             raise AudioError(f"has {channels} channel(s), no channel {channel}")
-        self.remaining = frames if frames is not None else max(0, self.file.frames - start)
+        self.remaining = frames  # None: to the end of the stream
         if start:
             try:
-                _seek(self.file, start, self._warn)
+                _seek(self.file, start)
             except Exception as e:
                 self.close()
                 raise AudioError(f"cannot seek to sample {start}: {e}{self._said()}") from e
@@ -663,20 +594,18 @@ class AudioReader:
 
     @property
     def warnings(self) -> str:
-        """The decoder's lines, each once, with how often it said it ("...; error: x (7 times)")."""
-        text = "; ".join(line if n == 1 else f"{line} ({n} times)" for line, n in self._lines.items())
+        """What the decoder said of the item so far (kept after the reader closes)."""
+        if getattr(self, "file", None) is not None:
+            self._warnings = getattr(self.file, "decoder_warnings", "")
+        text = self._warnings
         return text if len(text) <= _WARNINGS_KEPT else text[: _WARNINGS_KEPT - 1] + "…"
-
-    def _warn(self, text: str) -> None:
-        for line in text.splitlines():
-            if line in self._lines or len(self._lines) < 50:
-                self._lines[line] = self._lines.get(line, 0) + 1
 
     def _said(self) -> str:
         return f" (decoder: {self.warnings[:300]})" if self.warnings else ""
 
     def close(self) -> None:
         if getattr(self, "file", None) is not None:
+            self._warnings = getattr(self.file, "decoder_warnings", "")
             self.file.close()
             self.file = None
         self._close_handle()
@@ -689,7 +618,7 @@ class AudioReader:
     def _read_block(self) -> None:
         want = min(_BLOCK, self.remaining) if self.remaining is not None else _BLOCK
         try:
-            data = _read(self.file, want, self._warn) if want > 0 else np.zeros((0, 1), np.float32)
+            data = _read(self.file, want) if want > 0 else np.zeros((0, 1), np.float32)
         except AudioError:
             raise
         except Exception as e:
@@ -697,9 +626,10 @@ class AudioReader:
         if len(data) and not np.isfinite(data).all():
             raise AudioError("contains NaN or infinite samples")
         self.source_samples += len(data)
-        self.remaining -= len(data)
+        if self.remaining is not None:
+            self.remaining -= len(data)
         x = torch.from_numpy(np.ascontiguousarray(_mono(data, self.channel))) if len(data) else torch.zeros(0)
-        end = len(data) < want or self.remaining <= 0
+        end = len(data) < want or (self.remaining is not None and self.remaining <= 0)
         if self.resampler is not None:
             x = self.resampler.push(x)
             if end:

@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-.venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[test,ray,lhotse,parquet,s3,av,moshi-ref,lint,report]'
+.venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[test,ray,lhotse,parquet,s3,moshi-ref,lint,report]'
 # moshi (test reference for --framing moshi-stream) pins an older numpy: installed without its dependencies
 .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps -c constraints.txt moshi
 .venv/bin/python -c "import torch, torchaudio, ray, lhotse, pyarrow, datasets, av, moshi; print('torch', torch.__version__, '| torchaudio', torchaudio.__version__, '| ray', ray.__version__, '| lhotse', lhotse.__version__, '| pyarrow', pyarrow.__version__, '| datasets', datasets.__version__, '| av', av.__version__, '| moshi', moshi.__version__)"

@@ -317,7 +317,7 @@ def test_tar_bad_inputs_are_error_rows(loose, tmp_path):
     assert "no audio member" in errors["s-0.tar/noaudio"]
     assert "unreadable or corrupt audio header" in errors["g"]
     assert "no .json sidecar" in errors["s-0.tar/a"]  # the second 'a' sample, with no sidecar
-    assert "not a JSON object" in errors["s-0.tar/badjson"]
+    assert "is not valid JSON" in errors["s-0.tar/badjson"]
     assert "truncated at byte" in errors["s-1.tar@damage"]
     assert any("duplicate key 'a.flac'" in e for e in errors.values())  # s-1's first sample (intact)
     assert any("duplicate key 'b.wav'" in e for e in errors.values())  # s-2
@@ -467,7 +467,8 @@ def test_pyav_formats_decode_and_encode(tmp_path, tiny_model_dir):
     root.mkdir()
     write_with_pyav(str(root / "x.m4a"), "mp4", "aac", 44_100, 30_000)
     write_with_pyav(str(root / "y.webm"), "webm", "libopus", 48_000, 40_000, seed=1)
-    assert decoder_for("x.m4a") == decoder_for("y.webm") == "pyav" and decoder_for("z.mp3") == "soundfile"
+    assert decoder_for("x.m4a") == decoder_for("y.webm") == decoder_for("z.mp3") == "pyav"
+    assert decoder_for("w.flac") == "soundfile"
     found = discover(str(root))
     assert not found.bad
     for it in found.items:
@@ -488,8 +489,8 @@ def test_pyav_formats_decode_and_encode(tmp_path, tiny_model_dir):
 
 
 def test_mp3_decoder_is_fixed_and_recorded(tmp_path, tiny_model_dir, monkeypatch):
-    """MP3 goes to libsndfile whether or not PyAV is there (priming differs between decoders);
-    a resume whose decoders differ from run.json's is refused, never mixed."""
+    """MP3 goes to FFmpeg (priming and gapless trimming differ between decoders: one decoder per
+    format); a resume whose decoders differ from run.json's is refused, never mixed."""
     import mimi_extract.audio as audio
     import mimi_extract.runner as runner
 
@@ -499,12 +500,12 @@ def test_mp3_decoder_is_fixed_and_recorded(tmp_path, tiny_model_dir, monkeypatch
         write_with_pyav(str(root / f"m{i}.mp3"), "mp3", "libmp3lame", 24_000, 12_000 + 5000 * i, seed=i)
     found = discover(str(root))
     assert len(found.items) == 2
-    soundfile_frames = [sf.info(it.path).frames for it in found.items]
-    assert [it.frames for it in found.items] == soundfile_frames  # libsndfile's count, not FFmpeg's
+    assert [it.frames for it in found.items] == [ffmpeg_samples(it.path) for it in found.items]  # FFmpeg's count
     out = str(tmp_path / "out")
     assert extract(str(root), out, settings(tiny_model_dir), limit=1)["ok"] == 1
-    assert "libsndfile" in read_run_info(out)["decoders"]["soundfile"]
-    other = dict(audio.decoder_versions(), soundfile="soundfile 0.0, libsndfile 0.0")
+    decoders = read_run_info(out)["decoders"]
+    assert "libavcodec" in decoders["pyav"] and ".mp3" in decoders["pyav_extensions"]
+    other = dict(audio.decoder_versions(), pyav="av 0.0, libavcodec 0.0")
     monkeypatch.setattr(runner, "decoder_versions", lambda: other)
     with pytest.raises(OutputError, match="decoders"):
         extract(str(root), out, settings(tiny_model_dir))
