@@ -16,8 +16,25 @@ RESERVED_FIELDS = frozenset({"key", "path", "start", "end", "duration", "channel
                              "codes", "latent", "encoder", "mimi_codes", "mimi_latent", "mimi_encoder", "supervisions"})
 
 
+# bounds on what one row may hold, so one odd row is its own error row, never the run's end (a row's
+# kept fields travel into the manifest's JSON rows, the cuts and Parquet columns)
+MAX_ROW_BYTES = 1 << 20  # a list line, sidecar, manifest row or a row's kept fields (a transcript: a few KB)
+MAX_NESTING = 64  # levels of nested lists/objects (Python's JSON gives up near 1,000, and a writer's dumps too)
+
+
 def is_scalar(value) -> bool:
     return isinstance(value, (str, bool, int, float))
+
+
+def nesting(value) -> int:
+    """Levels of lists/objects in a JSON-like value (0: a scalar), counted without recursion."""
+    depth, level = 0, [value]
+    while True:
+        level = [x for x in level if isinstance(x, (dict, list, tuple))]
+        if not level:
+            return depth
+        depth += 1
+        level = [v for x in level for v in (x.values() if isinstance(x, dict) else x)]
 
 
 @dataclass
@@ -83,8 +100,12 @@ class Keep:
             if isinstance(value, (bytes, bytearray)):
                 continue
             if not is_scalar(value):  # nested (or a type JSON lacks: a date): its JSON form
+                if nesting(value) > MAX_NESTING:
+                    raise ValueError(f"field {name!r} is nested over {MAX_NESTING} levels deep")
                 value = json.loads(json.dumps(value, default=str))
             out[name] = value
+        if out and len(json.dumps(out, default=str)) > MAX_ROW_BYTES:
+            raise ValueError(f"the kept fields take over {MAX_ROW_BYTES} bytes (--keep-fields names fewer)")
         return out or None
 
 

@@ -3,6 +3,7 @@ import signal
 import subprocess
 import sys
 
+import hypothesis
 import numpy as np
 import pytest
 import soundfile as sf
@@ -12,6 +13,12 @@ from mimi_extract.demo import random_model, write_corpus
 
 torch.set_num_threads(2)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+# property-based fuzzing (the parsers the tool owns): a small budget per test in the suite; a longer
+# run with HYPOTHESIS_PROFILE=long (docs/inputs.md says how long it ran and what it found)
+hypothesis.settings.register_profile("suite", max_examples=30, deadline=None)
+hypothesis.settings.register_profile("long", max_examples=3000, deadline=None)
+hypothesis.settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "suite"))
 ONE_WORKER = ["--device", "cpu", "--cpu-workers", "1", "--num-workers", "1"]  # a CLI run in one process
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -13,6 +13,7 @@ size), and whoever encodes it (a worker process, a Ray actor) opens them itself.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from dataclasses import dataclass, field, fields, replace
@@ -22,7 +23,7 @@ from decimal import ROUND_HALF_UP, Decimal
 from .. import remote
 from ..audio import DECODED_EXTENSIONS, Framing, open_decoder
 from ..choices import KEY_MODES, SIDECAR_DURATION_MODES
-from ..input_options import Options, is_scalar
+from ..input_options import MAX_NESTING, MAX_ROW_BYTES, Options, is_scalar, nesting
 
 # what a directory walk picks up: every extension a decoder reads, but not video containers
 AUDIO_EXTENSIONS = tuple(e for e in DECODED_EXTENSIONS if e not in (".mp4", ".mkv", ".3gp", ".asf", ".snd", ".au"))
@@ -154,29 +155,79 @@ def _printable(name: str) -> str | None:
         return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
+# -- what a row may hold (bounds, so one odd row is its own error row, never the run's end) ---
+MAX_SECONDS = 1e8  # a start, end or duration past ~3 years is no recording's: refused, not multiplied out
+MAX_NAME_BYTES = 4096  # a key, id or path (Linux's PATH_MAX)
+MAX_CHANNEL = 1 << 16
+
+
+def shown_value(value, limit: int = 60) -> str:
+    """``repr(value)`` for a message, cut to ``limit`` characters (a 401-digit number, a 1 MB
+    string), never raising (Python refuses str() of an int over 4,300 digits)."""
+    try:
+        text = repr(value)
+    except ValueError:
+        return f"<a number of {value.bit_length()} bits>" if isinstance(value, int) else f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def _seconds(value, name: str) -> float | None:
-    """Seconds from a row, or None; anything but a finite number is refused (NaN and infinity
-    would otherwise reach the sample arithmetic and abort the whole run)."""
+    """Seconds from a row, or None; anything but a finite number within :data:`MAX_SECONDS` is
+    refused (NaN, infinity and a 401-digit integer would otherwise reach the sample arithmetic and
+    abort the whole run)."""
     if value is None or (isinstance(value, str) and not value.strip()):
         return None
     try:
         if isinstance(value, bool):
             raise TypeError
         seconds = float(value)
+    except OverflowError:
+        raise ValueError(f"{name} {shown_value(value)} is out of range (over {MAX_SECONDS:g} s)") from None
     except (TypeError, ValueError):
-        raise ValueError(f"{name} {value!r} is not a number") from None
+        raise ValueError(f"{name} {shown_value(value)} is not a number") from None
     if not math.isfinite(seconds):
-        raise ValueError(f"{name} {value!r} is not a finite number")
+        raise ValueError(f"{name} {shown_value(value)} is not a finite number")
+    if abs(seconds) > MAX_SECONDS:
+        raise ValueError(f"{name} {seconds:g} s is out of range (over {MAX_SECONDS:g} s)")
     return seconds
+
+
+def json_object(text: str | bytes, what: str = "row") -> dict:
+    """A row's JSON object (a list line, a sidecar, a manifest row), or a ValueError that says why
+    not in one line: not JSON, not an object, over :data:`MAX_ROW_BYTES`, nested deeper than
+    :data:`MAX_NESTING` (Python's parser gives up near 1,000 levels with a RecursionError, and a
+    row nested almost that deep would fail later in a writer's ``json.dumps`` instead)."""
+    if len(text) > MAX_ROW_BYTES:
+        raise ValueError(f"{what} is {len(text)} bytes long, over the {MAX_ROW_BYTES} a row may take")
+    try:
+        row = json.loads(text)
+    except RecursionError:
+        raise ValueError(f"{what} is nested too deeply to parse (over {MAX_NESTING} levels)") from None
+    except ValueError as e:  # (JSONDecodeError, UnicodeDecodeError, an int over 4,300 digits)
+        raise ValueError(f"{what} is not valid JSON ({e})") from None
+    if not isinstance(row, dict):
+        raise ValueError(f"{what} is not a JSON object ({type(row).__name__})")
+    if nesting(row) > MAX_NESTING:
+        raise ValueError(f"{what} is nested over {MAX_NESTING} levels deep")
+    return row
+
+
+def row_failed(where: str, error: Exception, path: str = "", kind: str = "file") -> Entry:
+    """The error row of a row whose reading raised what no rule foresaw: named by its ``where``
+    (``shard:member``, ``line 12``), so that one row never ends the run or loses its neighbours."""
+    return Entry(path, where, key=where, where=where, kind=kind,
+                 error=f"{where}: cannot read this row ({type(error).__name__}: {shown_value(str(error), 200)})")
 
 
 def id_text(value) -> str:
     """An id from a row as text: a string or a whole number; anything else (a list, an object, a
     float, a boolean) is refused -- its Python repr (``{'a': 1}``) is no one's id."""
     if isinstance(value, int) and not isinstance(value, bool):
+        if abs(value) >= 10 ** 64:
+            raise ValueError(f"id {shown_value(value)} is not an id (a number of over 64 digits)")
         return str(value)
     if not isinstance(value, str):
-        raise ValueError(f"id {value!r} is not a string or a whole number")
+        raise ValueError(f"id {shown_value(value)} is not a string or a whole number")
     if climbs(value):
         raise ValueError(f"id {value!r} climbs out of its folder (a '..' component): a key names a member of "
                          "OUT's files (a Shar tar's), never a path outside them")
@@ -192,11 +243,12 @@ def _channel(value) -> int | None:
     """A channel index from a row: a whole number >= 0 (``1.7`` or ``-1`` is an error, not channel 1)."""
     if value is None or (isinstance(value, str) and not value.strip()):
         return None
-    if isinstance(value, str) and value.strip().isdigit():
-        return int(value)
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+    if isinstance(value, str) and value.strip().isdigit() and len(value.strip()) <= 6:
+        value = int(value)
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < MAX_CHANNEL:
         return value
-    raise ValueError(f"channel {value!r} is not a channel index (a whole number >= 0)")
+    raise ValueError(f"channel {shown_value(value)} is not a channel index (a whole number from 0 to "
+                     f"{MAX_CHANNEL - 1})")
 
 
 def text_problem(text: str) -> str | None:
@@ -204,6 +256,8 @@ def text_problem(text: str) -> str | None:
     rows), or None: an embedded NUL, or a lone surrogate (not encodable as UTF-8)."""
     if "\x00" in text:
         return "contains a NUL character"
+    if len(text) > MAX_NAME_BYTES // 4 and len(text.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+        return f"is longer than {MAX_NAME_BYTES} bytes"
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
@@ -493,6 +547,10 @@ def probe_info(entry: Entry, info, channel_mode: str = "mix", framing: Framing =
 
     if entry.error:
         return error(entry.error)
+    for name, value in (("start", entry.start), ("duration", entry.duration)):  # (every kind's numbers: one rule)
+        if value is not None and not (math.isfinite(value) and abs(value) <= MAX_SECONDS):
+            return error(f"segment {name} {shown_value(value)} is out of range (a finite number of at most "
+                         f"{MAX_SECONDS:g} s)")
     if info is None or isinstance(info, str):
         return error(info or "cannot open")
     if isinstance(info, BaseException):

@@ -6,8 +6,8 @@ import csv
 import json
 import os
 
-from .base import (AUDIO_EXTENSIONS, ITEM_FIELDS, Entry, Options, Source, _printable, id_text, printable, register,
-                   segment_fields, text_problem)
+from .base import (AUDIO_EXTENSIONS, ITEM_FIELDS, Entry, Options, Source, _printable, id_text, json_object, printable,
+                   register, row_failed, segment_fields, text_problem)
 
 LIST_EXTENSIONS = (".txt", ".lst", ".scp", ".jsonl", ".csv", ".tsv")
 
@@ -90,7 +90,10 @@ def _list_entry(row: dict, base: str, where: str, options: Options | None = None
     except ValueError as e:
         entry.error = f"{where}: {e}"
     # the row's other fields (text, speaker...): --keep-fields
-    entry.meta = options.keep.pick(row, skip=(*ITEM_FIELDS, "audio_filepath", "offset") if nemo else ITEM_FIELDS)
+    try:
+        entry.meta = options.keep.pick(row, skip=(*ITEM_FIELDS, "audio_filepath", "offset") if nemo else ITEM_FIELDS)
+    except ValueError as e:  # over the bounds a row's fields may take
+        entry.error = entry.error or f"{where}: {e}"
     return entry
 
 
@@ -109,25 +112,38 @@ def read_list(path: str, options: Options | None = None) -> list[Entry]:
                 if not line.strip():
                     continue
                 try:
-                    row = json.loads(line)
-                    if not isinstance(row, dict):
-                        raise ValueError("not an object")
+                    row = json_object(line, f"line {n}")
                 except ValueError as e:
-                    entries.append(Entry("", f"line {n}", key=f"line {n}", where=f"line {n}",
-                                         error=f"line {n}: not a JSON object ({e})"))
+                    entries.append(Entry("", f"line {n}", key=f"line {n}", where=f"line {n}", error=str(e)))
                     continue
-                entries.append(_list_entry(row, base, f"line {n}", options))
+                entries.append(_guarded_entry(row, base, f"line {n}", options))
         elif name.endswith((".csv", ".tsv")):
             reader = csv.DictReader(f, delimiter="\t" if name.endswith(".tsv") else ",")
             if "path" not in (reader.fieldnames or []):
                 raise ValueError(f"{path}: a CSV list needs a 'path' column (has {reader.fieldnames})")
-            for n, row in enumerate(reader, 2):
-                entries.append(_list_entry(row, base, f"line {n}", options))
+            while True:
+                where = f"line {reader.line_num + 1}"
+                try:
+                    row = next(reader)
+                except StopIteration:
+                    break
+                except csv.Error as e:  # (a field over csv's limit, 128 KiB): that row; the reader goes on
+                    entries.append(Entry("", where, key=where, where=where, error=f"{where}: not a CSV row ({e})"))
+                    continue
+                entries.append(_guarded_entry(row, base, where, options))
         else:
             for n, line in enumerate(f, 1):
                 if line.strip() and not line.lstrip().startswith("#"):
-                    entries.append(_list_entry({"path": line.strip()}, base, f"line {n}", options))
+                    entries.append(_guarded_entry({"path": line.strip()}, base, f"line {n}", options))
     return entries
+
+
+def _guarded_entry(row: dict, base: str, where: str, options: Options | None) -> Entry:
+    """:func:`_list_entry`, whatever the row holds: what it raises is that row's error row."""
+    try:
+        return _list_entry(row, base, where, options)
+    except Exception as e:
+        return row_failed(where, e)
 
 
 def is_nemo_manifest(path: str) -> bool:

@@ -12,7 +12,7 @@ import os
 from .. import remote
 from .._optional import lhotse as _lhotse
 from ..input_options import Keep
-from .base import Entry, Source, printable, register, supervisions_for_channel, text_problem
+from .base import Entry, Source, json_object, printable, register, supervisions_for_channel, text_problem
 
 
 def is_lhotse_manifest(path: str) -> bool:
@@ -51,11 +51,14 @@ def _manifest_rows(path: str):
             for n, line in enumerate(f, 1):
                 if line.strip():
                     try:
-                        yield f"line {n}", json.loads(line)
+                        yield f"line {n}", json_object(line, "the row")
                     except ValueError as e:
                         yield f"line {n}", e
         else:
-            data = json.load(f)
+            try:
+                data = json.load(f)
+            except RecursionError:
+                raise ValueError(f"{path}: nested too deeply to parse as JSON") from None
             for n, row in enumerate(data if isinstance(data, list) else [data], 1):
                 yield f"item {n}", row
 
@@ -101,7 +104,7 @@ def _manifest_items(path: str):
 
     for where, row in _manifest_rows(path):
         if isinstance(row, Exception):
-            yield where, f"not a JSON object ({row})", None, None
+            yield where, str(row), None, None
             continue
         if not isinstance(row, dict):
             yield where, f"not a JSON object ({type(row).__name__})", None, None

@@ -283,7 +283,10 @@ class ParquetSource(Source):
                     if isinstance(metas, Exception):
                         entry.error = f"row group {group} unreadable: {type(metas).__name__}: {metas}"
                     elif metas is not None:
-                        entry.meta = self.options.keep.pick(metas[row])
+                        try:
+                            entry.meta = self.options.keep.pick(metas[row])
+                        except ValueError as e:  # over the bounds a row's fields may take
+                            entry.error = str(e)
                     if isinstance(ids, Exception):
                         entry.error = f"row group {group} unreadable: {type(ids).__name__}: {ids}"
                     elif ids is not None:

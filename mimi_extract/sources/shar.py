@@ -14,7 +14,7 @@ import os
 import re
 
 from .. import remote
-from .base import Entry, Source, register, supervisions_for_channel, text_problem, printable
+from .base import Entry, Source, printable, register, row_failed, supervisions_for_channel, text_problem
 from .lhotse import _manifest_items, cut_meta
 from .tar import MemberLoc, index_tar, shard_identity
 
@@ -78,7 +78,10 @@ class SharSource(Source):
                     entries.append(Entry(full, base, key=key, where=where, kind="tar",
                                          error=f"member {name!r} does not belong to cut {cut.id!r}"))
                     continue
-                entries += self._cut_entries(cut, full, base, where, MemberLoc(offset, size, name), self.options.keep)
+                try:
+                    entries += self._cut_entries(cut, full, base, where, MemberLoc(offset, size, name), self.options.keep)
+                except Exception as e:  # whatever the cut holds: its own error row, never the shard's end
+                    entries.append(row_failed(where, e, full, "tar"))
         return entries
 
     @staticmethod

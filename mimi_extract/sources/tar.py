@@ -16,7 +16,6 @@ are complete; the rest become one error row naming the offset where the damage s
 from __future__ import annotations
 
 import io
-import json
 import os
 import posixpath
 import re
@@ -26,8 +25,8 @@ from dataclasses import dataclass
 
 from .. import remote
 from ..audio import DECODED_EXTENSIONS
-from .base import ITEM_FIELDS, Entry, Loc, SourceError, Source, climbs, id_text, key_stem, printable, register, \
-    segment_fields, text_problem
+from .base import ITEM_FIELDS, Entry, Loc, SourceError, Source, climbs, id_text, json_object, key_stem, printable, \
+    register, row_failed, segment_fields, text_problem
 
 TAR_EXTENSIONS = (".tar",)
 
@@ -398,11 +397,9 @@ def sample_entries(shard: str, shown: str, key: str, parts: dict, options, kind:
     entry = Entry(shard, f"{shown}/{name}", key=default_key, where=where, kind=kind, loc=MemberLoc(offset, size, name))
     if "json" in parts:
         try:
-            row = json.loads(data_of(parts["json"]).decode("utf-8"))
-            if not isinstance(row, dict):
-                raise ValueError("not a JSON object")
+            row = json_object(data_of(parts["json"]), f"sidecar {parts['json'][0]!r}")
         except ValueError as e:
-            entry.error = f"sidecar {parts['json'][0]!r} is not a JSON object ({e})"
+            entry.error = str(e)
             return entry
         if options.id_field:
             ident = row.get(options.id_field)
@@ -422,10 +419,22 @@ def sample_entries(shard: str, shown: str, key: str, parts: dict, options, kind:
             segment_fields(row, entry, options.sidecar_duration)
         except ValueError as e:
             entry.error = f"sidecar {parts['json'][0]!r}: {e}"
-        entry.meta = options.keep.pick(row, skip=(options.id_field, *ITEM_FIELDS[2:]))  # text, speaker... (--keep-fields)
+        try:
+            entry.meta = options.keep.pick(row, skip=(options.id_field, *ITEM_FIELDS[2:]))  # text, speaker... (--keep-fields)
+        except ValueError as e:  # over the bounds a row's fields may take
+            entry.error = entry.error or f"sidecar {parts['json'][0]!r}: {e}"
     elif options.id_field:
         entry.error = f"sample has no .json sidecar with {options.id_field!r}"
     return entry
+
+
+def guarded_sample(shard: str, shown: str, key: str, parts: dict, options, kind: str, data_of=None) -> Entry:
+    """:func:`sample_entries`, whatever the sample holds: what it raises is that sample's error row
+    (named ``shard:key``), never the shard's or the run's end."""
+    try:
+        return sample_entries(shard, shown, key, parts, options, kind, data_of)
+    except Exception as e:
+        return row_failed(f"{shown}:{printable(key)}", e, shard, kind)
 
 
 def sidecar_bytes(shard: str, parts: dict) -> bytes | None:
@@ -453,10 +462,10 @@ def check_first_samples(options, shown: str, samples: list[tuple[dict, bytes | N
     fields: dict[str, None] = {}
     for _, data in samples:
         try:
-            row = json.loads(data.decode("utf-8")) if data is not None else None
+            row = json_object(data) if data is not None else None
         except ValueError:
             continue
-        if isinstance(row, dict):
+        if row is not None:
             if options.id_field in row:
                 return
             fields.update(dict.fromkeys(row))
@@ -520,7 +529,7 @@ class TarSource(Source):
                 check_first_samples(self.options, shown, [(parts, sidecar_bytes(full, parts)) for _, parts in samples])
                 checked = True
             for key, parts in samples:
-                entries.append(sample_entries(full, shown, key, parts, self.options, self.kind))
+                entries.append(guarded_sample(full, shown, key, parts, self.options, self.kind))
             if damage:
                 entries.append(Entry(full, f"{shown}@damage", key=f"{shown}@damage", where=shown, kind=self.kind,
                                      error=f"{shown}: {damage}; the samples after it are not read"))

@@ -25,8 +25,8 @@ from types import SimpleNamespace
 
 from .. import remote
 from .base import Entry, Loc, Source, SourceError, register
-from .tar import COMPRESSED_TAR_EXTENSIONS, _is_shard_input, _shown_names, check_first_samples, missing_end, \
-    sample_entries, shard_identity, split_name, tar_shards
+from .tar import COMPRESSED_TAR_EXTENSIONS, _is_shard_input, _shown_names, check_first_samples, guarded_sample, \
+    missing_end, shard_identity, split_name, tar_shards
 
 FIRST_SAMPLES = 64  # --id-field and --audio-ext are checked against this many first samples (a stream)
 
@@ -191,7 +191,7 @@ class CompressedTarSource(Source):
                     if len(state["first"]) >= FIRST_SAMPLES:
                         check_first_samples(self.options, shown, state["first"])
                         state["first"] = None
-                entry = sample_entries(full, shown, sample_key, parts, self.options, self.kind)
+                entry = guarded_sample(full, shown, sample_key, parts, self.options, self.kind)
                 if entry.loc is not None:
                     member = entry.loc
                     entry.loc = GroupMemberLoc(state["group"], state["start"], None, member.offset, member.size,

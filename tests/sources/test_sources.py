@@ -106,7 +106,7 @@ def test_list_inputs_segments_and_bad_rows(tmp_path):
     assert any("past the end" in e for e in errors)
     assert any("not positive" in e for e in errors)
     assert any("duplicate key 'seg-two'" in e for e in errors)
-    assert any("not a JSON object" in e for e in errors)
+    assert any("is not valid JSON" in e for e in errors)
     txt = tmp_path / "list.txt"
     txt.write_text("audio/b.wav\n# a comment\n\n" + str(tmp_path / "audio" / "long.wav") + "\n")
     assert {it.key for it in discover(str(txt)).items} == {"audio/b.wav", str(tmp_path / "audio" / "long.wav")}
