@@ -334,6 +334,8 @@ class Megatron(Format):
         """The token layout (``--token-layout``, ``--token-offset``), and with the model's config
         its codebook size and megatron-core's dtype for the ids (module docstring)."""
         found = {"token_layout": settings.token_layout, "token_offset": settings.token_offset}
+        if settings.tap not in self.taps:  # (the CLI refuses it first: request.token_settings)
+            raise ValueError(f"--format {self.name} writes token ids, made from codes only, not {settings.tap} features")
         if settings.token_layout not in LAYOUTS:
             raise ValueError(f"--token-layout {settings.token_layout!r}: choose one of {', '.join(LAYOUTS)}")
         if model_config is not None:

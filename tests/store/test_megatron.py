@@ -310,6 +310,9 @@ def test_token_settings_are_checked_and_a_resume_that_changes_them_is_refused(ou
     features = cli("features", root, str(tmp_path / "f"), "--model", tiny_model_dir, "--format", "megatron", *ONE_WORKER)
     assert features.exit_code == 2 and "--format megatron writes token ids, made from codes only" in features.text
     assert len(features.output.strip().splitlines()) == 1 and not os.path.exists(tmp_path / "f")
+    with pytest.raises(ValueError, match="--format megatron writes token ids, made from codes only, not latent"):
+        extract(root, str(tmp_path / "f"), Settings(model=tiny_model_dir, tap="latent", format="megatron"))
+    assert not os.path.exists(tmp_path / "f")  # (the Python API: refused before anything is encoded)
     other = cli("codes", root, str(tmp_path / "h"), "--model", tiny_model_dir, "--token-offset", 5, *ONE_WORKER)
     assert other.exit_code == 2 and "--token-layout and --token-offset are for a format that writes token ids (--format megatron)" in other.text
     out = str(tmp_path / "out")
