@@ -91,6 +91,37 @@ def test_the_documented_example_and_round_trips():
         Tokens("per-codebook", 0, 2048, 2).decode([np.array([1, 2]), np.array([3])])
 
 
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_ids_past_uint16_are_int32_tokens_megatron_core_reads(tmp_path, layout):
+    """``--token-offset 128256`` (after Llama 3's vocabulary), Mimi's 8 x 2048 codebooks: megatron-core
+    picks int32 for the ids; its reader gets them, mimi-extract's gives the int16 codes back."""
+    from types import SimpleNamespace
+
+    from mimi_extract.formats import get_format
+    from mimi_extract.store.manifest import ManifestRow
+    from mimi_extract.store.writer import ShardWriter
+
+    fmt = get_format("megatron")
+    settings = Settings(tap="codes", format="megatron", token_layout=layout, token_offset=128256)
+    attrs = {"tap": "codes", "num_quantizers": 8, **fmt.run_settings(settings, SimpleNamespace(codebook_size=2048))}
+    assert attrs["token_dtype"] == "int32"
+    rng = np.random.default_rng(1)
+    items = {f"k{i}": rng.integers(0, 2048, (int(rng.integers(1, 30)), 8)).astype(np.int16) for i in range(5)}
+    writer = ShardWriter(str(tmp_path), fmt, attrs, max_items=3)
+    for key, codes in items.items():
+        writer.add(key, codes, ManifestRow(key=key, path=key, duration=codes.shape[0] * 0.08), {"duration": 1.0})
+    writer.close()
+    rows = [r for r in read_manifest(str(tmp_path)) if r["status"] == "ok"]
+    assert [r["document"] for r in rows] == [0, 1, 2, 0, 1] and len({r["shard"] for r in rows}) == 2
+    for r in rows:
+        dataset = indexed_dataset().IndexedDataset(str(tmp_path / r["shard"].removesuffix(".idx")))
+        first, end = int(dataset.document_indices[r["document"]]), int(dataset.document_indices[r["document"] + 1])
+        sequences = dataset[first:end]
+        assert sequences[0].dtype == np.int32
+        assert [q.tolist() for q in sequences] == expected_tokens(items[r["key"]], layout, 128256, 2048)
+        assert np.array_equal(read(str(tmp_path), r["key"]), items[r["key"]])
+
+
 # -- the .idx reader, held to megatron-core's --------------------------------------------------
 def _write(tmp_path, documents: list[list[list[int]]], dtype) -> str:
     """An indexed dataset written by megatron-core's builder: each document a list of sequences."""
