@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import importlib
 
-_EXTRAS = {"lhotse": "lhotse", "pyarrow": "parquet", "matplotlib": "report"}
+_EXTRAS = {"lhotse": "lhotse", "pyarrow": "parquet", "matplotlib": "report", "megatron": "megatron"}
 
 
 class MissingDependency(RuntimeError, ValueError):

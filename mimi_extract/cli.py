@@ -32,8 +32,8 @@ from rich.table import Table
 from rich.text import Text
 
 from . import __version__, _limits
-from .choices import (CHANNEL_MODES, DTYPES, ENGINES, FEATURE_DTYPES, FRAMINGS, KEY_MODES, RESAMPLERS,
-                      SIDECAR_DURATION_MODES)
+from .choices import (CHANNEL_MODES, DTYPES, ENGINES, FEATURE_DTYPES, FRAMINGS, KEY_MODES, MAX_TOKEN_ID, RESAMPLERS,
+                      SIDECAR_DURATION_MODES, TOKEN_LAYOUTS)
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NO_INPUT, EXIT_ALL_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
 EXIT_ADDRESS_SPACE = _limits.EXIT_ADDRESS_SPACE
@@ -47,7 +47,7 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     rich_markup_mode="rich",
-    help="Bulk Mimi (Kyutai neural audio codec) feature/code extraction into HDF5, Parquet or lhotse Shar shards, "
+    help="Bulk Mimi (Kyutai neural audio codec) feature/code extraction into HDF5, Parquet, lhotse Shar or Megatron shards, "
     "padding-aware: a file encoded in a padded batch gives what it gives alone.\n\n" + EXIT_CODES_HELP,
 )
 console = Console(stderr=True, highlight=False)
@@ -70,6 +70,7 @@ FeatureDType = _choices("FeatureDType", FEATURE_DTYPES)
 FramingOpt = _choices("FramingOpt", FRAMINGS)
 EngineOpt = _choices("EngineOpt", ENGINES)
 Resampler = _choices("Resampler", RESAMPLERS)
+TokenLayout = _choices("TokenLayout", TOKEN_LAYOUTS)
 
 
 def _format_choices() -> type[Enum]:
@@ -146,7 +147,7 @@ RUN_OPTIONS = [
     _option("progress_seconds", Annotated[Optional[float], typer.Option(min=0, help=f"When the output is not a terminal (Slurm, nohup, CI): a plain progress line every this many seconds \\[default: ${PROGRESS_ENV} or 30].", show_default=False)], None),
     _option("split", Annotated[bool, typer.Option(help="Split a recording longer than a lane's fair share of the run (lanes: streams run side by side, workers x rows) into independent pieces of that share, run on any worker or row (exact: each piece is encoded from the model's receptive field, 80 s, before its first frame; pieces of at least 8.9 min, so the warm-up costs <= 15%). The plan line says what was split.")], True),
     _option("shar_extend", Annotated[bool, typer.Option("--shar-extend", help="INPUT is a lhotse Shar dataset: add our field to it. Writes only OUT/shar/<field>.NNNNNN.tar, one per input shard, in that shard's cut order (a failed cut: lhotse's placeholder), so CutSet.from_shar(fields={'cuts': INPUT's cuts, 'recording': INPUT's recordings, 'mimi_codes': OUT's tars}) lines up. Implies --format shar; holds about one shard's outputs in memory; with --part I/N, whole input shards are divided among the parts.")], False),
-    _option("output_format", Annotated[OutFormat, typer.Option("--format", help="Output format: hdf5 = shard-N.h5 (one dataset per item; lhotse cuts read it in place); parquet = shard-N.parquet (one row per item, zstd; datasets.load_dataset('parquet'), pyarrow, polars; a Hub dataset card); shar = lhotse Shar in OUT/shar/ (cuts.N.jsonl.gz + mimi_codes.N.tar; CutSet.from_shar(in_dir=OUT/shar)). Recorded in run.json: a resume must use the same.")], OutFormat["hdf5"]),
+    _option("output_format", Annotated[OutFormat, typer.Option("--format", help="Output format: hdf5 = shard-N.h5 (one dataset per item; lhotse cuts read it in place); parquet = shard-N.parquet (one row per item, zstd; datasets.load_dataset('parquet'), pyarrow, polars; a Hub dataset card); shar = lhotse Shar in OUT/shar/ (cuts.N.jsonl.gz + mimi_codes.N.tar; CutSet.from_shar(in_dir=OUT/shar)); megatron = codes as token ids in Megatron indexed datasets, shard-N.bin/.idx (one document per item; --token-layout, --token-offset; OUT/megatron-data-args.txt for --data-args-path). Recorded in run.json: a resume must use the same.")], OutFormat["hdf5"]),
     _option("reencode_damaged", Annotated[bool, typer.Option("--reencode-damaged", help="Before resuming, read every stored item and check its checksums (bit rot, edited files: what verify --out --checksums lists); shards holding a damaged item are moved to quarantine/ and their items encoded again.")], False),
     _option("reencode_changed", Annotated[bool, typer.Option("--reencode-changed", help="Resume although input shards were rewritten since OUT began (re-downloaded: same names, other size or mtime; nothing else changed): the output shards holding their items are moved to quarantine/ and those items encoded again from the new shards.")], False),
 ]
@@ -368,6 +369,8 @@ def codes(
     input_path: InputArg,
     out_dir: OutArg,
     num_quantizers: Annotated[int, typer.Option("--num-quantizers", "-q", min=1, max=32, help="Codebooks to keep (1..32).")] = 8,
+    token_layout: Annotated[Optional[TokenLayout], typer.Option(help="--format megatron: flat = one sequence per item, per frame codebook 0..N-1, id = offset + codebook x codebook_size + code; per-codebook = one sequence per codebook, id = offset + code (an item's sequences are one document). Recorded in run.json \\[default: flat].", show_default=False)] = None,
+    token_offset: Annotated[Optional[int], typer.Option(min=0, max=MAX_TOKEN_ID - 2**16, help="--format megatron: the id of code 0 of codebook 0, so audio ids can sit after a text vocabulary (e.g. 128256 after Llama 3's). Recorded in run.json \\[default: 0].", show_default=False)] = None,
     **options,
 ):
     """Discrete Mimi codes, one int16 \\[frames, num_quantizers] dataset per input (12.5 Hz).
@@ -378,8 +381,10 @@ def codes(
       mimi-extract codes corpus/ codes/ -q 32 --device cuda:0,cuda:1 --max-batch-seconds 1200
       mimi-extract codes corpus/ codes/ --part slurm            # one task of sbatch --array=0-15
       mimi-extract codes corpus/ codes/ --engine ray --ray-address auto
+      mimi-extract codes corpus/ tokens/ --format megatron --token-offset 128256   # Megatron .bin/.idx
     """
-    _run(input_path, out_dir, tap="codes", num_quantizers=num_quantizers, **options)
+    _run(input_path, out_dir, tap="codes", num_quantizers=num_quantizers, token_layout=token_layout,
+         token_offset=token_offset, **options)
 
 
 codes.__doc__ += _RUN_HELP

@@ -81,6 +81,8 @@ def run_settings(values: dict, offline_check: bool = True) -> Settings:
     values.update(format_settings(values.pop("output_format", "hdf5"), values.pop("shar_extend", False)))
     if "tap" in values and values["tap"] is None:
         values["tap"] = "encoder" if values.get("framing") == "muvap" else "latent"
+    values.update(token_settings(values["format"], values.get("tap", "latent"), values.pop("token_layout", None),
+                                 values.pop("token_offset", None)))
     if values.get("frames_per_call", 1) != 1 and values.get("framing") != "moshi-stream":
         raise ValueError("--frames-per-call is for --framing moshi-stream (moshi's streaming encode) only")
     problem = offline_problem(model) if offline_check else None  # before OUT is touched, and before torch
@@ -109,6 +111,23 @@ def format_settings(output_format: str, shar_extend: bool) -> dict:
     if output_format not in ("hdf5", "shar"):  # hdf5: the default, not chosen
         raise ValueError(f"--shar-extend adds a lhotse Shar field: it writes --format shar, not {output_format}")
     return {"shar_extend": True, "format": "shar"}
+
+
+def token_settings(output_format: str, tap: str, layout: str | None, offset: int | None) -> dict:
+    """What --format stores (a token format: codes only), and --token-layout / --token-offset (only
+    for a format that writes token ids): usage errors here, before OUT is touched."""
+    from .formats import formats, get_format  # (the registry imports no torch)
+
+    fmt = get_format(output_format)
+    if tap not in fmt.taps:
+        raise ValueError(f"--format {fmt.name} writes token ids, made from codes only: use `mimi-extract codes ... "
+                         f"--format {fmt.name}`, or another --format for {tap} features")
+    if not fmt.tokens:
+        if layout is not None or offset is not None:
+            raise ValueError("--token-layout and --token-offset are for a format that writes token ids (--format "
+                             + " or ".join(f.name for f in formats() if f.tokens) + ")")
+        return {}
+    return {k: v for k, v in (("token_layout", layout), ("token_offset", offset)) if v is not None}
 
 
 def _plain(values: dict) -> dict:

@@ -59,13 +59,15 @@ def file_attrs(settings: Settings, config, identity: dict, metadata: dict | None
         attrs["frames_per_call"] = settings.frames_per_call
     if metadata:  # the kept fields' columns (name -> type, JSON text: an HDF5 attribute holds no dict)
         attrs["metadata"] = json.dumps(metadata, sort_keys=True)
+    attrs.update(get_format(settings.format).run_settings(settings, config))  # (megatron: its token layout)
     return attrs
 
 
 def run_info(settings: Settings, identity: dict, input_root: str, kind: str, part: Part,
              input_identity: dict | None = None, metadata: dict | None = None, options: Options | None = None,
-             part_shards: list[str] | None = None) -> dict:
-    """What run.json records: the settings, model identity and input a resume must share.  ``items``:
+             part_shards: list[str] | None = None, config=None) -> dict:
+    """What run.json records: the settings, model identity and input a resume must share, and the
+    output format's own settings (``Format.run_settings``; ``config``: the model's, once loaded).  ``items``:
     the input options that shape the items and their keys (``sources.ITEM_OPTIONS``), so a resume
     that changes one is refused instead of storing every item again under other keys; ``metadata``:
     the columns the outputs carry, with ``options.keep_fields`` as given; ``part_shards``: the input's
@@ -89,6 +91,7 @@ def run_info(settings: Settings, identity: dict, input_root: str, kind: str, par
     info[ITEMS] = item_identity(options)
     if part_shards is not None:  # how the parts divide the input: every part must agree
         info["part_shards"] = part_shards
+    info.update(get_format(settings.format).run_settings(settings, config))
     return {**info, **identity, "input": input_root, "input_kind": kind, "part": str(part),
             "tool_version": __version__}
 
@@ -332,7 +335,7 @@ def _extract_with(engine: Engine, found: Discovered, request: RunRequest, run: R
         warnings += more
     attrs = file_attrs(settings, config, identity, found.metadata)
     info = run_info(settings, identity, found.root, found.kind, part, found.identity, found.metadata, options,
-                    found.part_shards)
+                    found.part_shards, config)
     requeued = run.check_identity(info, attrs, fmt, rewritten_since(run.path, info, part) if request.reencode_changed
                                   else [])
     damaged = None

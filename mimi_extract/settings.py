@@ -38,8 +38,10 @@ class Settings:
     feature_dtype: str = "float32"
     engine: str = "local"
     split: bool = True  # long recordings split across idle workers/rows (plan.split_items)
-    format: str = "hdf5"  # output format: a name of mimi_extract.formats' registry (--format: hdf5, parquet, shar)
+    format: str = "hdf5"  # output format: a name of mimi_extract.formats' registry (--format: hdf5, parquet, shar, megatron)
     shar_extend: bool = False  # --shar-extend: one field tar per input Shar shard (format shar)
+    token_layout: str = "flat"  # --token-layout (formats that write token ids: megatron): flat | per-codebook
+    token_offset: int = 0  # --token-offset: the id of code 0 of codebook 0 (audio ids after a text vocabulary)
     ray_address: str | None = None
     ray_cpu_actors: int | None = None
 

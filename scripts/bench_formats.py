@@ -2,11 +2,13 @@
 
     python scripts/bench_formats.py --items 20000 --workdir /tmp/bench-formats
 
-For each format (every one registered: hdf5, parquet, shar) on the same synthetic corpus of
-codes (int16 [frames, 8], frames uniform in 25..250: 2-20 s items at 12.5 Hz):
+For each format (every one registered: hdf5, parquet, shar, megatron) on the same synthetic corpus
+of codes (int16 [frames, 8], frames uniform in 25..250: 2-20 s items at 12.5 Hz):
 
 * **write**: the real ShardWriter (the format's in-memory shard + the shared commit protocol with
-  its fsyncs), items/s and MiB/s of arrays, relative to HDF5;
+  its fsyncs), items/s and MiB/s of arrays, relative to HDF5, per wall second and per CPU second
+  of the writing process (what a writer costs the host's cores, with the disk's waits left out);
+  Megatron with its default token layout (flat, offset 0; ``--megatron-layout`` for the other);
 * **bytes on disk** of the shards;
 * **end to end** (``--e2e-items``): ``extract`` with a tiny random Mimi on short wav files, wall
   seconds relative to HDF5 (encoding dominates; the writer's share is what differs);
@@ -46,8 +48,11 @@ def synthetic(n: int, seed: int = 0):
         yield f"spk{i % 97:02d}/utt{i:06d}.wav", rng.integers(0, 2048, (frames, 8), dtype=np.int16)
 
 
-def write(fmt_name: str, out: str, n: int) -> dict:
+def write(fmt_name: str, out: str, n: int, layout: str = "flat") -> dict:
+    from types import SimpleNamespace
+
     from mimi_extract.formats import get_format
+    from mimi_extract.settings import Settings
     from mimi_extract.store.files import write_atomic
     from mimi_extract.store.manifest import ManifestRow
     from mimi_extract.store.writer import ShardWriter
@@ -59,11 +64,14 @@ def write(fmt_name: str, out: str, n: int) -> dict:
     write_atomic(os.path.join(out, "run.json"), json.dumps({**INFO, "format": fmt_name}))
     attrs = {"tap": "codes", "frame_rate": 12.5, "sample_rate": 24000, "num_quantizers": 8,
              "layout": "[frames, num_quantizers]"}
+    # the format's own settings (Megatron: token layout, offset, codebook size, dtype), as a run records them
+    attrs.update(get_format(fmt_name).run_settings(Settings(tap="codes", format=fmt_name, token_layout=layout),
+                                                   SimpleNamespace(codebook_size=2048)))
     items = list(synthetic(n))
     nbytes = sum(a.nbytes for _, a in items)
     if not out.endswith("-warmup"):  # one small untimed shard first: every import and first call done
-        write(fmt_name, out + "-warmup", 50)
-    started = time.perf_counter()
+        write(fmt_name, out + "-warmup", 50, layout)
+    started, cpu_started = time.perf_counter(), time.process_time()
     w = ShardWriter(out, get_format(fmt_name), attrs, max_items=1000)
     for key, data in items:
         frames = data.shape[0]
@@ -72,7 +80,7 @@ def write(fmt_name: str, out: str, n: int) -> dict:
                "source": {"path": f"/synthetic/{key}", "frames": frames * 1920, "channels": 1}}
         w.add(key, data, ManifestRow(**row), {"duration": frames * 0.08})
     w.close()
-    seconds = time.perf_counter() - started
+    seconds, cpu = time.perf_counter() - started, time.process_time() - cpu_started
     if out.endswith("-warmup"):
         shutil.rmtree(out)
         return {}
@@ -81,6 +89,7 @@ def write(fmt_name: str, out: str, n: int) -> dict:
 
     shards = [name for name, _ in format_files(out)]  # every format's files (Shar: shar/cuts.* + shar/<field>.*)
     return {"items": n, "write_s": seconds, "items_per_s": n / seconds, "array_mib_per_s": nbytes / 2**20 / seconds,
+            "cpu_s": cpu, "items_per_cpu_s": n / cpu, "array_mib_per_cpu_s": nbytes / 2**20 / cpu,
             "array_mib": nbytes / 2**20, "disk_mib": sum(os.path.getsize(os.path.join(out, f)) for f in shards) / 2**20,
             "shards": len(shards)}
 
@@ -89,9 +98,9 @@ def write(fmt_name: str, out: str, n: int) -> dict:
 READERS = {
     "mimi_extract.open": ("""
 import mimi_extract
-from mimi_extract.formats import formats
-for f in formats():
-    f.require()  # the format's library imported before the clock starts
+from mimi_extract.formats import get_format
+if FORMAT != "megatron":  # (Megatron's shards are read with numpy alone: megatron-core is the writer's library)
+    get_format(FORMAT).require()  # the format's library imported before the clock starts (only its own)
 reader = mimi_extract.open(OUT)
 """, """
 for key, data in reader:
@@ -141,9 +150,9 @@ def _peak_rss_mib() -> str:
     return "open('/proc/self/status').read().split('VmHWM:')[1].split()[0]"  # kB; reset by exec, unlike ru_maxrss
 
 
-def read(reader: str, out: str, cache: str) -> dict:
+def read(reader: str, out: str, cache: str, fmt_name: str) -> dict:
     setup, loop = READERS[reader]
-    code = ("import sys, time\nOUT = sys.argv[1]\n" + setup + "\nn = 0\nt0 = time.perf_counter()\n" + loop
+    code = (f"import sys, time\nOUT = sys.argv[1]\nFORMAT = {fmt_name!r}\n" + setup + "\nn = 0\nt0 = time.perf_counter()\n" + loop
             + f"\nprint(n, time.perf_counter() - t0, {_peak_rss_mib()})\n")
     env = {**os.environ, "PYTHONPATH": ROOT, "HF_DATASETS_CACHE": cache, "HF_HUB_OFFLINE": "1",
            "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
@@ -171,18 +180,21 @@ def main():
     p.add_argument("--items", type=int, default=20_000)
     p.add_argument("--e2e-items", type=int, default=300, help="short wav files for the end-to-end run (0: skip)")
     p.add_argument("--workdir", default="/tmp/bench-formats")
+    p.add_argument("--formats", default=None, help="comma-separated (default: every registered format; hdf5 always)")
+    p.add_argument("--megatron-layout", default="flat", choices=["flat", "per-codebook"])
     args = p.parse_args()
     from mimi_extract.formats import names
 
+    chosen = ["hdf5"] + [n for n in (args.formats.split(",") if args.formats else names()) if n != "hdf5"]
     os.makedirs(args.workdir, exist_ok=True)
     results = {}
-    for name in names():
+    for name in chosen:
         out = os.path.join(args.workdir, f"out-{name}")
-        results[name] = {"write": write(name, out, args.items), "read": {}}
+        results[name] = {"write": write(name, out, args.items, args.megatron_layout), "read": {}}
         for reader in READERS:
             if reader.startswith("datasets") and name != "parquet":
                 continue
-            results[name]["read"][reader] = read(reader, out, os.path.join(args.workdir, "hf-cache"))
+            results[name]["read"][reader] = read(reader, out, os.path.join(args.workdir, "hf-cache"), name)
         print(name, json.dumps(results[name]), flush=True)
     if args.e2e_items:
         import soundfile as sf
@@ -197,19 +209,22 @@ def main():
             rng = np.random.default_rng(0)
             for i in range(args.e2e_items):
                 sf.write(os.path.join(corpus, f"f{i:05d}.wav"), (0.1 * rng.standard_normal(int(24000 * rng.uniform(0.3, 1.0)))).astype(np.float32), 24000)
-        for name in names():
+        for name in chosen:
             results[name]["e2e_s"] = end_to_end(name, corpus, os.path.join(args.workdir, f"e2e-{name}"), model)
     base = results["hdf5"]
-    lines = ["| format | write items/s (x HDF5) | array MiB/s | disk MiB (x HDF5) | end to end s (x HDF5) | reader | read items/s | peak RSS MiB |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| format | write items/s (x HDF5) | array MiB/s | items / CPU s (x HDF5) | array MiB / CPU s | disk MiB (x HDF5) "
+             "| end to end s (x HDF5) | reader | read items/s | peak RSS MiB |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in results.items():
         w = r["write"]
         e2e = f"{r['e2e_s']:.1f} ({r['e2e_s'] / base['e2e_s']:.2f})" if "e2e_s" in r else "-"
         first = True
         for reader, rr in r["read"].items():
             head = (f"| {name} | {w['items_per_s']:.0f} ({w['items_per_s'] / base['write']['items_per_s']:.2f}) | "
-                    f"{w['array_mib_per_s']:.1f} | {w['disk_mib']:.1f} ({w['disk_mib'] / base['write']['disk_mib']:.2f}) | {e2e} "
-                    if first else "| | | | | ")
+                    f"{w['array_mib_per_s']:.1f} | {w['items_per_cpu_s']:.0f} "
+                    f"({w['items_per_cpu_s'] / base['write']['items_per_cpu_s']:.2f}) | {w['array_mib_per_cpu_s']:.1f} | "
+                    f"{w['disk_mib']:.1f} ({w['disk_mib'] / base['write']['disk_mib']:.2f}) | {e2e} "
+                    if first else "| | | | | | | ")
             body = (f"| {reader} | {rr['items_per_s']:.0f} | {rr['peak_rss_mib']:.0f} |" if "error" not in rr
                     else f"| {reader} | error: {rr['error']} | |")
             lines.append(head + body)

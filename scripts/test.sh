@@ -5,10 +5,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-.venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[test,ray,lhotse,parquet,s3,moshi-ref,lint,report]'
+.venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[test,ray,lhotse,parquet,s3,moshi-ref,lint,report,megatron]'
 # moshi (test reference for --framing moshi-stream) pins an older numpy: installed without its dependencies
 .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps -c constraints.txt moshi
-.venv/bin/python -c "import torch, torchaudio, ray, lhotse, pyarrow, datasets, av, moshi; print('torch', torch.__version__, '| torchaudio', torchaudio.__version__, '| ray', ray.__version__, '| lhotse', lhotse.__version__, '| pyarrow', pyarrow.__version__, '| datasets', datasets.__version__, '| av', av.__version__, '| moshi', moshi.__version__)"
+.venv/bin/python -W ignore -c "import torch, torchaudio, ray, lhotse, pyarrow, datasets, av, moshi, megatron.core; print('torch', torch.__version__, '| torchaudio', torchaudio.__version__, '| ray', ray.__version__, '| lhotse', lhotse.__version__, '| pyarrow', pyarrow.__version__, '| datasets', datasets.__version__, '| av', av.__version__, '| moshi', moshi.__version__, '| megatron-core', megatron.core.__version__)"
 # static checks first (seconds): pyflakes + bugbear, and the declared dependencies against the imports
 .venv/bin/ruff check -q mimi_extract tests scripts
 .venv/bin/deptry . > .venv/deptry.log 2>&1 || { cat .venv/deptry.log; exit 1; }

@@ -18,7 +18,7 @@ from helpers import check_consistency
 from mimi_extract import read_manifest
 from mimi_extract.runner import extract
 from mimi_extract.settings import Settings
-from mimi_extract.store.manifest import valid_shard_name
+from mimi_extract.formats import formats
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,10 @@ def checked_arrays(out, killed: bool = False) -> dict[str, np.ndarray]:
     if killed:
         named = {r["shard"] for r in read_manifest(out) if r.get("shard")}
         for name in (n for n in os.listdir(out) if n.endswith(".tmp")):
-            assert valid_shard_name(name[:-4]) and name[:-4] not in named, (
+            # a shard's file (the shard, or a companion: a Megatron shard's .bin and .json) of a shard no row names
+            file = name[:-4].replace("__", "/")
+            fmt = next((f for f in formats() if f.is_file(file)), None)
+            assert fmt is not None and not any(file == s or file in fmt.companions(s) for s in named), (
                 f"a kill left {name} (only an uncommitted shard's .tmp may be left)")
     return check_consistency(out, killed=killed)  # the .tmp left, if any, checked above
 

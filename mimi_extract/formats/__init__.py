@@ -17,6 +17,6 @@ from .registry import formats, get_format, names, register
 
 DEFAULT = "hdf5"
 
-from . import hdf5, parquet, shar  # noqa: E402,F401  (each registers itself)
+from . import hdf5, parquet, shar, megatron  # noqa: E402,F401  (each registers itself, in --format's order)
 
 __all__ = ["Format", "ShardBuilder", "array_checksum", "formats", "get_format", "names", "register", "DEFAULT"]

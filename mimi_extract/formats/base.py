@@ -26,7 +26,10 @@ What a format must define
 * :meth:`Format.check` -- does a committed shard hold exactly what its manifest rows say?  (resume
   quarantines one that does not);
 * :meth:`Format.open`, :meth:`Format.load`, :meth:`Format.attrs` -- the read side;
-* optionally: :meth:`Format.require` (say what to install, before a run starts),
+* optionally: ``taps`` (what it stores: a token format stores codes only, and ``--format X`` with
+  ``features`` is refused in one line), ``tokens`` (it takes ``--token-layout``/``--token-offset``),
+  :meth:`Format.run_settings` (its own settings, recorded in ``run.json`` and each shard and checked
+  on resume), :meth:`Format.require` (say what to install, before a run starts),
   :meth:`Format.item_attrs` (per-item metadata, for ``verify --out``), :meth:`Format.lhotse_storage`
   (how lhotse cuts point at an item: ``cuts.py``), :meth:`Format.companions` and
   :meth:`Format.out_files` (files about OUT as a whole, e.g. Parquet's dataset card).
@@ -112,6 +115,8 @@ class Format:
     shard_re: re.Pattern = re.compile(r"(?!)")
     file_re: re.Pattern | None = None
     folder: str = ""
+    taps: tuple[str, ...] = ("encoder", "latent", "codes")  # what it can store
+    tokens: bool = False  # whether it writes token ids (--token-layout, --token-offset)
 
     def shard_name(self, index: int) -> str:
         raise NotImplementedError
@@ -124,6 +129,13 @@ class Format:
 
     def builder(self, file_attrs: dict) -> ShardBuilder:
         raise NotImplementedError
+
+    def run_settings(self, settings, model_config=None) -> dict:
+        """This format's own settings of a run (``settings``: the run's ``Settings``): recorded in
+        ``run.json`` and in every shard's ``file_attrs``, so that a resume (or another part) that
+        changes one is refused, naming it.  ``model_config``: the model's config once it is loaded
+        (None for the check made before: it compares what it has).  ValueError for a bad value."""
+        return {}
 
     def require(self) -> None:
         """Raise a RuntimeError saying what to install when the format's library is missing
@@ -195,6 +207,11 @@ def array_checksum(data: np.ndarray) -> str:
     if a.dtype.byteorder == ">" or (a.dtype.byteorder == "=" and np.little_endian is False):
         a = a.astype(a.dtype.newbyteorder("<"))
     return f"crc32:{zlib.crc32(memoryview(a).cast('B')) & 0xFFFFFFFF:08x}"
+
+
+def jsonable(attrs: dict) -> dict:
+    """``file_attrs`` as JSON takes them (numpy scalars as Python numbers)."""
+    return {k: (v.item() if isinstance(v, np.generic) else v) for k, v in attrs.items()}
 
 
 def bytes_checksum(data: bytes) -> str:

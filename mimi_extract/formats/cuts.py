@@ -4,10 +4,11 @@ writes it; lhotse manifests as *inputs* are a source kind: ``sources/lhotse.py``
 Output: one ``MonoCut`` per ok item whose custom field (``mimi_codes``, ``mimi_latent`` or
 ``mimi_encoder``) is a ``TemporalArray`` pointing *into* our shard (absolute path), so lhotse
 reads the very bytes ``mimi_extract.read`` does -- no copy.  HDF5 shards use lhotse's own
-``numpy_hdf5`` storage (the dataset's name as key); Parquet shards a ``mimi_extract_parquet``
-storage, a lhotse ``FeaturesReader`` that :func:`register_lhotse_readers` adds to lhotse's registry
-(``read_cuts`` calls it; a process that loads a written ``cuts.jsonl.gz`` of a Parquet OUT must
-``import mimi_extract.formats.cuts`` and call it first).  Shards are time-first, the only layout lhotse's partial loads slice correctly.
+``numpy_hdf5`` storage (the dataset's name as key); Parquet and Megatron shards a
+``mimi_extract_parquet`` / ``mimi_extract_megatron`` storage, lhotse ``FeaturesReader`` classes that
+:func:`register_lhotse_readers` adds to lhotse's registry (``read_cuts`` calls it; a process that
+loads a written ``cuts.jsonl.gz`` of such an OUT must ``import mimi_extract.formats.cuts`` and call
+it first).  Shards are time-first, the only layout lhotse's partial loads slice correctly.
 lhotse keeps ``round(duration / frame_shift)`` frames of a cut (half up), so each cut spans its
 item's whole frame grid (``frames x frame_shift``, at most one frame longer than the audio, which
 lhotse pads): ``cut.load_custom(...)`` then equals ``read()``, trailing partial frame included,
@@ -98,11 +99,11 @@ def register_lhotse_readers() -> None:
         return
     from lhotse.features.io import FeaturesReader, register_reader
 
-    from .parquet import LHOTSE_STORAGE
+    from . import megatron, parquet
 
     @register_reader
     class MimiParquetReader(FeaturesReader):
-        name = LHOTSE_STORAGE
+        name = parquet.LHOTSE_STORAGE
 
         def __init__(self, storage_path, *args, **kwargs):
             super().__init__()
@@ -110,8 +111,23 @@ def register_lhotse_readers() -> None:
 
         def read(self, key: str, left_offset_frames: int = 0, right_offset_frames=None):
             index, _, item = key.partition("/")
-            handle = _parquet_handle(self.path)
+            handle = _handle(self.path, parquet.ParquetHandle)
             return handle.item(int(index), item)[left_offset_frames:right_offset_frames]
+
+    @register_reader
+    class MimiMegatronReader(FeaturesReader):
+        """A Megatron shard's document ``DOCUMENT/KEY`` (its ``.idx`` path), decoded back to codes."""
+
+        name = megatron.LHOTSE_STORAGE
+
+        def __init__(self, storage_path, *args, **kwargs):
+            super().__init__()
+            self.path = str(storage_path)
+
+        def read(self, key: str, left_offset_frames: int = 0, right_offset_frames=None):
+            document, _, item = key.partition("/")
+            handle = _handle(self.path, megatron.MegatronHandle)
+            return handle.item(int(document), item)[left_offset_frames:right_offset_frames]
 
     _REGISTERED = True
 
@@ -119,15 +135,13 @@ def register_lhotse_readers() -> None:
 _HANDLES: dict = {}
 
 
-def _parquet_handle(path: str):
-    """A few open Parquet shards per process (lhotse readers are built per call; a dataloader
-    reading cuts in shard order then decodes each row group once)."""
-    from .parquet import ParquetHandle
-
+def _handle(path: str, opener):
+    """A few open shards per process (lhotse readers are built per call; a dataloader reading cuts
+    in shard order then decodes each Parquet row group once)."""
     key = (path, os.getpid())
     handle = _HANDLES.get(key)
     if handle is None:
         if len(_HANDLES) >= 16:
             _HANDLES.pop(next(iter(_HANDLES))).close()
-        handle = _HANDLES[key] = ParquetHandle(path)
+        handle = _HANDLES[key] = opener(path)
     return handle

@@ -27,7 +27,7 @@ import re
 import numpy as np
 
 from .._optional import pyarrow
-from .base import Format, ShardBuilder
+from .base import Format, ShardBuilder, jsonable
 from .registry import register
 
 METADATA_KEY = b"mimi_extract"
@@ -106,7 +106,7 @@ class ParquetShard(ShardBuilder):
             "channel": pa.array(c["channel"], pa.int32()),
             **{name: pa.array(self.meta[name], _meta_type(kind)) for name, kind in self.meta_types.items()},
         })
-        table = table.replace_schema_metadata({METADATA_KEY: json.dumps(_jsonable(self.file_attrs))})
+        table = table.replace_schema_metadata({METADATA_KEY: json.dumps(jsonable(self.file_attrs))})
         per_row = max(1, sum(a.nbytes for a in self.arrays) // max(1, len(self.arrays)))
         rows = max(1, min(ROW_GROUP_ROWS, ROW_GROUP_BYTES // per_row))
         sink = pa.BufferOutputStream()
@@ -124,10 +124,6 @@ def _meta_type(kind: str):
     """The Arrow type of a metadata column (``sources.metadata_columns``); ``json``: JSON text."""
     pa = pyarrow(NEEDS)
     return {"string": pa.string, "int64": pa.int64, "float64": pa.float64, "bool": pa.bool_, "json": pa.string}[kind]()
-
-
-def _jsonable(attrs: dict) -> dict:
-    return {k: (v.item() if isinstance(v, np.generic) else v) for k, v in attrs.items()}
 
 
 class ParquetHandle:

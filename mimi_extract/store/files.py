@@ -18,7 +18,9 @@ LOCK = "lock"
 QUARANTINE = "quarantine"
 PART_RE = re.compile(r"part-(\d+)-of-(\d+)$")
 # the run directory's own temporary names (a format's are its file names + ".tmp"; a user's own *.tmp files are theirs)
-TMP_RE = re.compile(r"(manifest\.jsonl|run\.json|plan\.json|stats\.json|cuts\.jsonl\.gz|README\.md)\.tmp$")
+# (README.md: Parquet's dataset card; megatron-data-args.txt: the Megatron format's blend: Format.out_files)
+TMP_RE = re.compile(r"(manifest\.jsonl|run\.json|plan\.json|stats\.json|cuts\.jsonl\.gz|README\.md|megatron-data-args\.txt)"
+                    r"\.tmp$")
 
 
 class OutputError(Exception):

@@ -51,6 +51,10 @@ _EXPLAIN = {
     "keep_fields": "another --keep-fields / --keep-columns",
     "channel": "--channel: other items and keys",
     "input_kind": "INPUT read as another kind (--input-format): other items and keys",
+    "token_layout": "another --token-layout: the same codes as other token ids",
+    "token_offset": "another --token-offset: every token id would move",
+    "codebook_size": "a model with other codebooks: other token ids",
+    "token_dtype": "token ids of another width (megatron-core's dtype for the vocabulary)",
     "part_shards": "every part of one OUT must divide the input the same way (an OUT begun before --part took whole "
                    "input shards, or by another tool version): run every part with one version, or use a new OUT",
 }

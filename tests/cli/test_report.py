@@ -27,7 +27,8 @@ def outs(corpus, tiny_model_dir, tmp_path_factory):
     root, _ = corpus
     made = {}
     for name, args in {"hdf5": ["codes"], "parquet": ["codes", "--format", "parquet"],
-                       "shar": ["codes", "--format", "shar"], "latent": ["features"]}.items():
+                       "shar": ["codes", "--format", "shar"], "megatron": ["codes", "--format", "megatron"],
+                       "latent": ["features"]}.items():
         made[name] = str(tmp_path_factory.mktemp(name) / "out")
         result = cli(args[0], root, made[name], "--model", tiny_model_dir, *ONE_WORKER, "--shard-size", 3, *args[1:])
         assert result.exit_code == 0, result.output
@@ -55,7 +56,7 @@ def independent(out: str) -> dict:
             "errors": [r for r in rows if r["status"] == "error"], "subsets": subsets, "arrays": arrays}
 
 
-@pytest.mark.parametrize("fmt", ["hdf5", "parquet", "shar"])
+@pytest.mark.parametrize("fmt", ["hdf5", "parquet", "shar", "megatron"])
 def test_numbers_equal_an_independent_count(outs, fmt):
     out = outs[fmt]
     want = independent(out)

@@ -1,5 +1,6 @@
 """Reading an OUT for training: ``OutDataset`` + ``pad_collate`` and the lhotse ``CutsDataset``
-in DataLoader workers started with ``spawn`` and with ``fork``, over every output format; each
+in DataLoader workers started with ``spawn`` and with ``fork``, over every output format (Megatron's
+tokens decoded back to codes); each
 batch holds exactly ``mimi_extract.read``'s arrays, padded, with lengths, masks and text."""
 
 import pickle
@@ -15,7 +16,7 @@ from mimi_extract.dataset import CutsDataset, OutDataset, PadCollate, pad_collat
 from mimi_extract.runner import extract  # noqa: E402
 from mimi_extract.settings import Settings  # noqa: E402
 
-FORMATS = ["hdf5", "parquet", "shar"]
+FORMATS = ["hdf5", "parquet", "shar", "megatron"]
 WORKERS = {"spawn": 1, "fork": 2}  # a spawned worker imports torch and lhotse anew (seconds each on 2 cores)
 
 

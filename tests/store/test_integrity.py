@@ -86,7 +86,7 @@ def finish(proc, timeout=120):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fmt", ["hdf5", "parquet"])
+@pytest.mark.parametrize("fmt", ["hdf5", "parquet", "megatron"])
 def test_kill_9_at_random_points_then_resume(many, tiny_model_dir, reference_run, tmp_path, fmt):
     """kill -9 three times, each once a random number of rows is committed (never before the
     first commit or after the last): after each kill OUT is consistent and the next run resumes
@@ -96,7 +96,8 @@ def test_kill_9_at_random_points_then_resume(many, tiny_model_dir, reference_run
     out = str(tmp_path / "out")
     trials = [KillTrial("2", (1, 25)), KillTrial("1", (1, 15)), KillTrial("2", (1, 15))]
     kill_9_then_resume(many, out, tiny_model_dir, reference_run, trials, random.Random(0), fmt)
-    assert {os.path.splitext(r["shard"])[1] for r in read_manifest(out) if r["shard"]} == {"." + {"hdf5": "h5"}.get(fmt, fmt)}
+    assert {os.path.splitext(r["shard"])[1] for r in read_manifest(out) if r["shard"]} == {
+        "." + {"hdf5": "h5", "megatron": "idx"}.get(fmt, fmt)}
 
 
 def worker_pids(parent: int) -> list[int]:
@@ -187,8 +188,8 @@ def test_second_run_is_refused_while_the_first_holds_out(many, tiny_model_dir, r
 
 
 def _fill_disk_run(many, out, model_dir, fmt="hdf5"):
-    return cli("features", many, out, "--model", model_dir, "--tap", "encoder", "--shard-size", 10, "--format", fmt,
-               *ONE_WORKER)
+    what = ["codes"] if fmt == "megatron" else ["features", "--tap", "encoder"]  # (token ids: codes only)
+    return cli(what[0], many, out, "--model", model_dir, *what[1:], "--shard-size", 10, "--format", fmt, *ONE_WORKER)
 
 
 def _tmpfs(path, size="64k"):
@@ -238,7 +239,8 @@ def _disk_full_run(many, out, model_dir, monkeypatch, fmt="hdf5"):
         monkeypatch.setattr(os, "write", real_write)
 
 
-@pytest.mark.parametrize("fmt", ["hdf5", pytest.param("parquet", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("fmt", ["hdf5", pytest.param("parquet", marks=pytest.mark.slow),
+                                 pytest.param("megatron", marks=pytest.mark.slow)])
 def test_disk_full_injected(many, tiny_model_dir, tmp_path, monkeypatch, fmt):
     """ENOSPC from the OS after ~60 KiB, wherever the writer is (shard image, manifest, run.json)."""
     small = str(tmp_path / "small")

@@ -145,7 +145,8 @@ def pulled(url: str, where: str) -> str:
 
 
 @pytest.mark.parametrize("fmt", ["hdf5", pytest.param("parquet", marks=pytest.mark.slow),
-                                 pytest.param("shar", marks=pytest.mark.slow)])
+                                 pytest.param("shar", marks=pytest.mark.slow),
+                                 pytest.param("megatron", marks=pytest.mark.slow)])
 def test_s3_out_resumes_after_an_interruption_on_another_machine(fmt, s3, shards, tiny_model_dir, tmp_path,  # noqa: F811
                                                                  monkeypatch):
     """OUT on s3://: interrupted after two items (one item per shard), the remote holds committed
