@@ -12,5 +12,6 @@ FEATURE_DTYPES = ("float32", "float16")  # --feature-dtype: how features are sto
 ENGINES = ("local", "ray")  # --engine (engines.ENGINES implements each)
 SIDECAR_DURATION_MODES = ("auto", "segment", "ignore")  # --sidecar-duration (sources.segment_fields)
 KEY_MODES = ("path", "stem")  # --key: keys of items without an id
+LIST_KEY_MODES = ("root", "written")  # --list-keys: a list row's key without an id (sources.files.read_list)
 TOKEN_LAYOUTS = ("flat", "per-codebook")  # --token-layout: how codes become token ids (formats/megatron.py)
 MAX_TOKEN_ID = 2**31 - 1  # int32: the widest token dtype megatron-core chooses

@@ -32,8 +32,8 @@ from rich.table import Table
 from rich.text import Text
 
 from . import __version__, _limits
-from .choices import (CHANNEL_MODES, DTYPES, ENGINES, FEATURE_DTYPES, FRAMINGS, KEY_MODES, MAX_TOKEN_ID, RESAMPLERS,
-                      SIDECAR_DURATION_MODES, TOKEN_LAYOUTS)
+from .choices import (CHANNEL_MODES, DTYPES, ENGINES, FEATURE_DTYPES, FRAMINGS, KEY_MODES, LIST_KEY_MODES, MAX_TOKEN_ID,
+                      RESAMPLERS, SIDECAR_DURATION_MODES, TOKEN_LAYOUTS)
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NO_INPUT, EXIT_ALL_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
 EXIT_ADDRESS_SPACE = _limits.EXIT_ADDRESS_SPACE
@@ -108,6 +108,7 @@ def _option(name: str, annotation, default) -> inspect.Parameter:
 _INPUTS = "Input"
 SidecarDurationChoice = _choices("SidecarDurationChoice", SIDECAR_DURATION_MODES)
 KeyChoice = _choices("KeyChoice", KEY_MODES)
+ListKeyChoice = _choices("ListKeyChoice", LIST_KEY_MODES)
 INPUT_OPTIONS = [
     _option("input_format", Annotated[Optional[str], typer.Option(rich_help_panel=_INPUTS, help="Read INPUT as this kind instead of detecting it: directory, list, lhotse, tar, tgz (.tar.gz), parquet, shar.")], None),
     _option("audio_ext", Annotated[Optional[str], typer.Option(rich_help_panel=_INPUTS, help="Tar/Shar samples: the member extension(s) that hold the audio, comma-separated (e.g. flac) \\[default: the first member with an audio extension].")], None),
@@ -117,6 +118,9 @@ INPUT_OPTIONS = [
     _option("sort_buffer_mb", Annotated[float, typer.Option(min=1, rich_help_panel=_INPUTS, help="Compressed tar (.tar.gz/.tgz, no random access): items are length-sorted within groups of this many MiB of the stream, not globally; each encoder process holds at most two groups in memory. Smaller groups pad more (measured: see the README).")], 256.0),
     _option("keep_fields", Annotated[Optional[str], typer.Option("--keep-fields", "--keep-columns", rich_help_panel=_INPUTS, help="Input metadata carried into the outputs (Parquet columns, the cuts' supervisions and custom fields): the fields of tar sidecars and list rows, the columns of Parquet input, a lhotse cut's custom fields. 'a,b' those; 'all' nested values too (as JSON); 'none' nothing (nor a lhotse cut's supervisions) \\[default: every string, number or boolean field]. text/speaker/language/gender become a lhotse supervision over the item. Recorded in run.json.")], None),
     _option("sidecar_duration", Annotated[SidecarDurationChoice, typer.Option(rich_help_panel=_INPUTS, help="A 'duration' with no start/end/offset in a tar sidecar, list row or NeMo manifest: auto = the file's length as the corpus wrote it (rounded, as Emilia's) when within 10 ms of it, so the whole file is encoded, else a segment from 0; segment = always a segment from 0; ignore = not read. Any segment ending past the file's end by <= 10 ms is clamped to the end. Recorded in run.json (items) unless auto.")], SidecarDurationChoice["auto"]),
+    _option("list_keys", Annotated[Optional[ListKeyChoice], typer.Option("--list-keys", rich_help_panel=_INPUTS, help="A list's or NeMo manifest's rows without an id: root = keyed by the file's path relative to the corpus root (the list's folder, or the folder holding every file), the same on any machine; written = the path as the list writes it (absolute paths stay absolute; how OUTs made before 0.3 were keyed, and how such an OUT is resumed) \\[default: root]. Recorded in run.json (items).")], None),
+    _option("metadata", Annotated[Optional[str], typer.Option("--metadata", metavar="FILE", rich_help_panel=_INPUTS, help="A .tsv/.csv/.jsonl file of fields (transcripts, speakers...) joined to the items by --metadata-key: an item's id, or its file or member stem (abc for en/x/abc.flac). Its fields go where the input's own go (manifest meta, cuts, Parquet columns; chosen by --keep-fields; the input's own field wins). Rows matching no item and items without a row are counted in the run's warnings. Recorded in run.json.")], None),
+    _option("metadata_key", Annotated[str, typer.Option("--metadata-key", metavar="COLUMN", rich_help_panel=_INPUTS, help="--metadata: the column holding the id or stem.")], "id"),
     _option("key", Annotated[KeyChoice, typer.Option("--key", rich_help_panel=_INPUTS, help="Keys of items without an id: path = as named (<shard>/<sample>, the list's or directory's relative path); stem = the file or member name up to its first dot (e.g. to join a corpus TSV by utterance id; duplicates become error rows). Recorded in run.json (items) unless path.")], KeyChoice["path"]),
 ]
 
@@ -320,6 +324,9 @@ def _run(input_path: str, out_dir: str, strict: bool = False, progress_seconds: 
         + (f"; encoder idle {100 * stats.idle_fraction:.0f}% of {stats.wall:.1f} s" if stats.wall else "")
         + (f"; first result {startup['to_first_result']:.1f} s after start" if startup.get("to_first_result") else ""))
     if summary["errors"]:
+        from .outputs import run_failures
+
+        _say_common_failures(run_failures(where), summary["inputs"])
         say(f"error rows: mimi-extract info {out_dir}  (or grep '\"status\": \"error\"' {where}/manifest.jsonl)")
     if summary["inputs"] == 0:
         say(("error: ", "bold red"), f"no input found in {input_path}" + (f" (part {request.part})" if not request.part.whole else "")
@@ -331,6 +338,14 @@ def _run(input_path: str, out_dir: str, strict: bool = False, progress_seconds: 
         raise typer.Exit(EXIT_ALL_FAILED)
     if summary["errors"] and strict:
         raise typer.Exit(EXIT_FAILED)
+
+
+def _say_common_failures(failures: list[dict], inputs: int, out=None) -> None:
+    """The reasons many error rows share, each in one prominent line: a systematic rejection (a whole
+    format refused, a wrong option) must not read like a clean run's few bad files."""
+    for f in failures:
+        say(("warning: ", "bold yellow"), f"{f['count']} of {inputs} inputs ({100 * f['share']:.0f}%) failed for one "
+            f"reason: ", (f["reason"], "yellow"), f" (first: {', '.join(f['first_keys'])})", out=out)
 
 
 _RUN_HELP = ("\n\n    Re-running the same command resumes: items already 'ok' in the manifest are skipped; a "
@@ -639,6 +654,7 @@ def info(out_dir: Annotated[str, typer.Argument(metavar="OUT")],
         + (f", {report['pending']} not yet encoded" if report["pending"] else "")
         + f"; {report['hours']:.3f} h of audio, "
         f"{report['frames']} frames" + (f", {report['tokens']} tokens" if report.get("tokens") is not None else ""), out=out)
+    _say_common_failures(report["common_failures"], report["inputs"], out=out)
     if report["unplanned"]:
         say(("warning: ", "yellow"), f"{report['unplanned']} of these items are beyond the "
             f"{report['inputs'] - report['unplanned']} inputs the last run found (an earlier run with a larger --limit, "

@@ -125,6 +125,11 @@ class Options:
     keep_fields: str | None = None  # --keep-fields / --keep-columns: what metadata items carry (Keep)
     sidecar_duration: str = "auto"  # a duration alone in a sidecar or list row: see segment_fields
     key: str = "path"  # keys without an id: "path" (as named) or "stem" (the file or member name's stem)
+    # a list's rows without an id: keyed by their path relative to the corpus root ("root", the default
+    # when None) or as the list writes it ("written": what an OUT made before 0.3 keyed them by)
+    list_keys: str | None = None
+    metadata: str | None = None  # --metadata: a TSV/CSV/JSONL file of fields joined to the items (sources.metadata)
+    metadata_key: str = "id"  # --metadata-key: its column holding the id or the file stem
 
     @cached_property
     def keep(self) -> Keep:

@@ -165,6 +165,32 @@ def _reason(message: str, row: dict | None = None) -> str:
     return re.sub(r"'[^']*'|\"[^\"]*\"", "'…'", text).strip()
 
 
+# A reason shared by at least this many error rows, and this share of the inputs, is called out (at
+# the end of a run and first in ``info``): a systematic rejection (every tagged MP3 of a corpus, a
+# wrong --audio-ext) must not pass as a clean run's few bad files.
+COMMON_AT_LEAST, COMMON_SHARE, COMMON_KEYS = 3, 0.02, 3
+
+
+def common_failures(errors: list[dict], inputs: int) -> list[dict]:
+    """The error reasons (folded as ``info`` groups them) shared by many rows: ``{"reason", "count",
+    "share" (of ``inputs``), "first_keys"}``, most frequent first."""
+    groups: dict[str, list[str]] = {}
+    for row in errors:
+        groups.setdefault(_reason(row.get("error"), row), []).append(str(row.get("key")))
+    found = [{"reason": reason, "count": len(keys), "share": len(keys) / max(1, inputs), "first_keys": keys[:COMMON_KEYS]}
+             for reason, keys in groups.items()
+             if len(keys) >= COMMON_AT_LEAST and len(keys) >= COMMON_SHARE * inputs]
+    return sorted(found, key=lambda f: -f["count"])
+
+
+def run_failures(run_dir: str) -> list[dict]:
+    """:func:`common_failures` of one run directory's manifest (what a run just wrote)."""
+    rows = read_manifest(run_dir)
+    ok = {r["key"] for r in rows if r.get("status") == "ok"}
+    errors = list({r["key"]: r for r in rows if r.get("status") == "error" and r["key"] not in ok}.values())
+    return common_failures(errors, len(ok) + len(errors))
+
+
 def info_report(out_dir: str) -> dict:
     dirs = _require(out_dir)
     rows = read_manifest(out_dir)
@@ -191,6 +217,7 @@ def info_report(out_dir: str) -> dict:
         "inputs": inputs + unplanned, "unplanned": unplanned, "ok": len(ok), "errors": len(errors),
         "pending": max(0, inputs - stored),
         "errors_by_reason": dict(Counter(_reason(r.get("error"), r) for r in errors).most_common()),
+        "common_failures": common_failures(errors, inputs + unplanned),
         "failed": [{"key": r["key"], "path": (r.get("source") or {}).get("path") or _source_path(info, r),
                     "reason": r.get("error") or "unknown"} for r in errors],
         "hours": sum(r.get("duration", 0.0) for r in ok) / 3600, "frames": frames,

@@ -83,12 +83,14 @@ def run_info(settings: Settings, identity: dict, input_root: str, kind: str, par
     info["decoders"] = decoder_versions()  # a resume must decode every format the same way
     if input_identity:  # e.g. tar shards: each shard's size and mtime
         info["input_identity"] = input_identity
+    if options is not None and options.metadata:  # --metadata: the file joined (its path; its columns: metadata)
+        info["metadata_file"] = os.path.abspath(options.metadata)
     keep_fields = options.keep_fields if options is not None else None
     if keep_fields is not None:  # --keep-fields / --keep-columns, as given
         info["keep_fields"] = keep_fields
     if metadata:  # the metadata columns the outputs carry (name -> type): every shard must have the same
         info["metadata"] = metadata
-    info[ITEMS] = item_identity(options)
+    info[ITEMS] = item_identity(options, kind)
     if part_shards is not None:  # how the parts divide the input: every part must agree
         info["part_shards"] = part_shards
     info.update(get_format(settings.format).run_settings(settings, config))
@@ -184,6 +186,19 @@ def no_input_message(source: str) -> str:
             "a list or lhotse manifest names them; nothing was written")
 
 
+def keys_as_before(request: RunRequest) -> RunRequest:
+    """A list input resuming an OUT made before a list's rows were keyed from the corpus root (its
+    run.json records no ``--list-keys``): keyed as written, as that OUT's items are, so nothing is
+    stored twice under new keys (``sources.item_identity``).  Other requests as they are."""
+    if request.options.list_keys is not None or remote.is_url(request.out_dir) or not os.path.isdir(request.out_dir):
+        return request
+    for d in run_dirs(request.out_dir):
+        old = read_run_info(d)
+        if old is not None and old.get("input_kind") == "list" and "--list-keys" not in (old.get(ITEMS) or {}):
+            return replace(request, options=replace(request.options, list_keys="written"))
+    return request
+
+
 def refuse_other_run(request: RunRequest, found: Discovered) -> None:
     """Before OUT is locked or the model loaded (so a refusal touches nothing): refuse to resume a run
     directory made with other settings, input or item options (all but the model, compared with its
@@ -270,6 +285,7 @@ def run_request(request: RunRequest, *, on_plan=None, on_progress=None, on_signa
                                   on_signal=on_signal, stop=stop, on_phase=on_phase, on_commit=on_commit))
     stop = stop or threading.Event()
     on_phase = on_phase or (lambda text: None)
+    request = keys_as_before(request)
     source, out_dir, settings, part = request.source, request.out_dir, request.settings, request.part
     # the input first: finding it checks it and its options (a wrong column or sidecar field is one
     # clear error), so a run that finds nothing, or cannot resume OUT, stops before it creates or

@@ -26,7 +26,9 @@ from .registry import format_of
 
 FIELDS = {"codes": "mimi_codes", "latent": "mimi_latent", "encoder": "mimi_encoder"}
 # a lhotse supervision's fields, and the names an input row may give them under (the first present wins)
-SUPERVISION_FIELDS = {"text": ("text", "transcript", "transcription", "sentence"), "speaker": ("speaker", "speaker_id"),
+# (raw_text, normalized_text: VoxPopuli's TSV columns)
+SUPERVISION_FIELDS = {"text": ("text", "transcript", "transcription", "sentence", "raw_text", "normalized_text"),
+                      "speaker": ("speaker", "speaker_id"),
                       "language": ("language", "lang", "locale"), "gender": ("gender",)}
 
 

@@ -22,7 +22,7 @@ from decimal import ROUND_HALF_UP, Decimal
 
 from .. import remote
 from ..audio import DECODED_EXTENSIONS, Framing, open_decoder
-from ..choices import KEY_MODES, SIDECAR_DURATION_MODES
+from ..choices import KEY_MODES, LIST_KEY_MODES, SIDECAR_DURATION_MODES
 from ..input_options import MAX_NESTING, MAX_ROW_BYTES, Options, is_scalar, nesting
 
 # what a directory walk picks up: every extension a decoder reads, but not video containers
@@ -382,6 +382,7 @@ def key_stem(name: str) -> str:
 # shapes items or keys is one line here.  (The kind read, ``--input-format`` or detected, is recorded
 # as ``input_kind``, and ``--channel`` as ``channel``: both are compared the same way.)
 ITEM_OPTIONS: dict[str, str] = {
+    "list_keys": "--list-keys",
     "audio_ext": "--audio-ext",
     "id_field": "--id-field",
     "audio_column": "--audio-column",
@@ -391,10 +392,13 @@ ITEM_OPTIONS: dict[str, str] = {
 }
 
 
-def item_identity(options: Options | None) -> dict[str, str]:
+def item_identity(options: Options | None, kind: str | None = None) -> dict[str, str]:
     """{flag: value} of the :data:`ITEM_OPTIONS` given a value other than their default.  Only those
     are recorded, so an option added later (absent from an older run.json) reads as its default,
-    which is how that older run made its items."""
+    which is how that older run made its items -- except ``--list-keys``, whose default changed (a
+    list's rows were keyed as written): it is recorded for every list input, and its absence from an
+    older list OUT's run.json reads as ``written`` (``store.identity``; the runner resumes such an OUT
+    with its keys)."""
     options = options or Options()
     default = Options()
     out = {}
@@ -402,6 +406,10 @@ def item_identity(options: Options | None) -> dict[str, str]:
         value = getattr(options, name)
         if value != getattr(default, name):
             out[flag] = ",".join(value) if isinstance(value, (tuple, list)) else value
+    if kind == "list":
+        out["--list-keys"] = options.list_keys or "root"
+    else:
+        out.pop("--list-keys", None)
     return out
 
 
@@ -660,6 +668,8 @@ def discover(source: str, channel: str = "mix", framing: Framing = Framing(), li
     options = replace(options, recordings=recordings or options.recordings, exclude=exclude or options.exclude)
     if options.key not in KEY_MODES:
         raise ValueError(f"--key {options.key!r}: choose from {', '.join(KEY_MODES)}")
+    if options.list_keys not in (None, *LIST_KEY_MODES):
+        raise ValueError(f"--list-keys {options.list_keys!r}: choose from {', '.join(LIST_KEY_MODES)}")
     if options.sidecar_duration not in SIDECAR_DURATION_MODES:
         raise ValueError(f"--sidecar-duration {options.sidecar_duration!r}: choose from "
                          f"{', '.join(SIDECAR_DURATION_MODES)}")
@@ -672,7 +682,13 @@ def discover(source: str, channel: str = "mix", framing: Framing = Framing(), li
             part_shards = shards
             src.only = frozenset(range(part[0], len(shards), part[1]))
     warnings: list[str] = []
+    if options.metadata:  # read first: a wrong file or --metadata-key is one clear error before any shard
+        from .metadata import MetadataTable
+
+        table = MetadataTable.load(options.metadata, options.metadata_key)
     entries = src.entries(warnings)
+    if options.metadata:
+        warnings += table.join(entries, options.keep, whole_input=part_shards is None and part is None)
     metadata = metadata_columns(e.meta for e in entries)  # the whole input's: every part, every --limit the same
     if options.keep.dropped:
         warnings.append("not kept as metadata (the outputs have their own): " + ", ".join(sorted(options.keep.dropped)))

@@ -97,12 +97,39 @@ def _list_entry(row: dict, base: str, where: str, options: Options | None = None
     return entry
 
 
+def corpus_root(list_path: str, entries: list[Entry]) -> str:
+    """The folder a list's rows are keyed from: the list's own folder when every row's file lies
+    below it, else the deepest folder holding them all (a NeMo manifest of absolute paths beside,
+    or far from, its audio)."""
+    base = os.path.dirname(os.path.abspath(list_path))
+    paths = [e.path for e in entries if e.path and e.error is None]
+    if not paths or all(p.startswith(base + os.sep) for p in paths):
+        return base
+    return os.path.commonpath([os.path.dirname(p) for p in paths])  # (folders: many segments of one file)
+
+
+def key_from_root(entries: list[Entry], root: str) -> None:
+    """Rows without an id are keyed (and shown) by their file's path relative to ``root``, '/'-separated:
+    the same keys on every machine, wherever the corpus is mounted (an absolute path is no key)."""
+    for e in entries:
+        if e.key is None and e.path and e.error is None:
+            e.rel = os.path.relpath(e.path, root).replace(os.sep, "/")
+
+
 def read_list(path: str, options: Options | None = None) -> list[Entry]:
     """``.txt`` (one path per line) or ``.jsonl``/``.csv``/``.tsv`` with ``path`` and optional
     ``id``, ``start``, ``end`` or ``duration`` (seconds) and ``channel``, or a NeMo manifest (JSON
     lines, ``.json`` or ``.jsonl``, with ``audio_filepath``); relative paths resolve against the
     list's folder (as NeMo resolves them).  ``options.keep``: which other fields of a row its item
-    carries."""
+    carries.  Rows without an id are keyed by their path relative to the corpus root
+    (:func:`corpus_root`), or as written with ``options.list_keys == "written"``."""
+    entries = _read_rows(path, options)
+    if (options or Options()).list_keys != "written":
+        key_from_root(entries, corpus_root(path, entries))
+    return entries
+
+
+def _read_rows(path: str, options: Options | None = None) -> list[Entry]:
     base = os.path.dirname(os.path.abspath(path))
     name = path.lower()
     entries = []

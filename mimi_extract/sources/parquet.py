@@ -122,6 +122,7 @@ _CACHE: OrderedDict = OrderedDict()
 _CACHE_LOCK = threading.Lock()
 _READING: dict = {}  # key -> lock held by the thread reading that row group
 _CACHE_GROUPS = 4  # row groups kept per process (workers decode a few items of one group in a row)
+_CACHE_BYTES = 256 << 20  # ... and no more bytes than this beyond the newest one (one cell can be 100s of MB)
 
 
 def _group_column(path: str, group: int, column: str):
@@ -146,7 +147,8 @@ def _group_column(path: str, group: int, column: str):
         with _CACHE_LOCK:
             _CACHE[key] = col
             _READING.pop(key, None)
-            while len(_CACHE) > _CACHE_GROUPS:
+            while len(_CACHE) > _CACHE_GROUPS or (len(_CACHE) > 1 and sum(c.nbytes for c in _CACHE.values())
+                                                  > _CACHE_BYTES + col.nbytes):
                 _CACHE.popitem(last=False)
         return col
 
@@ -168,28 +170,84 @@ class CellTooLarge(SourceError):
     """An audio cell over :func:`max_cell_bytes` (its error row says how to raise the limit)."""
 
 
-def _cell(path: str, group: int, row: int, column: str) -> tuple[bytes | None, str | None]:
-    """(bytes, path) of one cell; :class:`CellTooLarge` before the bytes are copied when they are
-    over the limit."""
+class CellView(io.RawIOBase):
+    """A cell's bytes as a read-only seekable file, read in place from the row group's Arrow buffer
+    (no copy of a 300 MB cell into a Python ``bytes``); ``name``: what the decoder is told."""
+
+    def __init__(self, buffer, name: str):
+        super().__init__()
+        self.buffer, self.view, self.pos, self.name = buffer, memoryview(buffer).cast("B"), 0, name
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, out) -> int:
+        n = max(0, min(len(out), len(self.view) - self.pos))
+        out[:n] = self.view[self.pos: self.pos + n]
+        self.pos += n
+        return n
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        self.pos = max(0, {0: 0, 1: self.pos, 2: len(self.view)}[whence] + pos)
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def close(self) -> None:
+        self.view.release()
+        super().close()
+
+
+def _group_bound(path: str, group: int, column: str) -> int | None:
+    """The stored size of a one-row row group's audio bytes, from the footer alone (None: not
+    known so): a cell that large is refused before its row group is read."""
+    if remote.is_url(path) or path.lower().endswith(".arrow"):
+        return None
+    try:
+        import pyarrow.parquet as pq
+
+        md = pq.ParquetFile(path).metadata.row_group(group)
+        if md.num_rows != 1:
+            return None
+        leaves = [md.column(i) for i in range(md.num_columns)]
+        sizes = [c.total_uncompressed_size for c in leaves if c.path_in_schema in (column, f"{column}.bytes")]
+        return sizes[0] if sizes else None
+    except Exception:  # (the read that follows says what is wrong with the file)
+        return None
+
+
+def _cell(path: str, group: int, row: int, column: str) -> tuple[object | None, str | None]:
+    """(the cell's bytes as an Arrow buffer, its struct's path) of one cell; :class:`CellTooLarge`
+    before the bytes are read (a one-row row group: its size from the footer) or used (any other:
+    from the column's offsets) when they are over the limit."""
     pa = pyarrow("Parquet inputs")
+    limit = max_cell_bytes()
+    bound = _group_bound(path, group, column)
+    if bound is not None and bound > limit + (1 << 16):  # (the chunk's page headers and levels: a few bytes)
+        raise CellTooLarge(f"audio cell of about {bound / (1 << 20):.1f} MiB is over the {limit / (1 << 20):g} MiB "
+                           f"limit of one Parquet cell (set {MAX_CELL_ENV} to raise it)")
     col = _group_column(path, group, column)
     for chunk in col.chunks:
         if row < len(chunk):
             break
         row -= len(chunk)
     binary = chunk.field("bytes") if pa.types.is_struct(chunk.type) else chunk
-    if chunk[row].is_valid and binary[row].is_valid:
-        import pyarrow.compute as pc
+    path_value = None
+    if pa.types.is_struct(chunk.type) and chunk[row].is_valid and "path" in [f.name for f in chunk.type]:
+        path_value = chunk.field("path")[row].as_py()
+    if not (chunk[row].is_valid and binary[row].is_valid):
+        return None, path_value
+    import pyarrow.compute as pc
 
-        size = pc.binary_length(binary.slice(row, 1))[0].as_py()  # from the offsets: nothing copied
-        limit = max_cell_bytes()
-        if size > limit:
-            raise CellTooLarge(f"audio cell of {size / (1 << 20):.1f} MiB is over the {limit / (1 << 20):g} MiB limit "
-                               f"of one Parquet cell (set {MAX_CELL_ENV} to raise it)")
-    value = chunk[row].as_py()
-    if isinstance(value, dict):
-        return value.get("bytes"), value.get("path")
-    return value, None
+    size = pc.binary_length(binary.slice(row, 1))[0].as_py()  # from the offsets: nothing copied
+    if size > limit:
+        raise CellTooLarge(f"audio cell of {size / (1 << 20):.1f} MiB is over the {limit / (1 << 20):g} MiB limit "
+                           f"of one Parquet cell (set {MAX_CELL_ENV} to raise it)")
+    return binary[row].as_buffer(), path_value
 
 
 def kept_columns(schema, keep, skip) -> list[str]:
@@ -353,6 +411,4 @@ class ParquetSource(Source):
             raise SourceError(f"row group {group} unreadable: {type(e).__name__}: {e}") from e
         if data is None:
             raise SourceError("null audio bytes")
-        buffer = io.BytesIO(data)
-        buffer.name = name or ""
-        return buffer
+        return io.BufferedReader(CellView(data, name or ""), 1 << 16)

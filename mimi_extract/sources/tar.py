@@ -361,14 +361,19 @@ def group_samples(members):
     return samples
 
 
+def audio_candidate(ext: str, audio_ext) -> bool:
+    """Whether a member of WebDataset extension ``ext`` can be its sample's audio: one of
+    ``audio_ext`` (``--audio-ext``), else any extension a decoder reads."""
+    last = ext.rsplit(".", 1)[-1]
+    if audio_ext:
+        wanted = tuple(e.lower().lstrip(".") for e in audio_ext)
+        return ext in wanted or last in wanted
+    return "." + last in DECODED_EXTENSIONS
+
+
 def _audio_member(parts: dict, audio_ext):
     """The sample's audio member: the first whose extension is an audio one (or in ``audio_ext``)."""
-    wanted = tuple(e.lower().lstrip(".") for e in audio_ext) if audio_ext else None
-    for ext, member in parts.items():
-        last = ext.rsplit(".", 1)[-1]
-        if (wanted and (ext in wanted or last in wanted)) or (not wanted and "." + last in DECODED_EXTENSIONS):
-            return member
-    return None
+    return next((member for ext, member in parts.items() if audio_candidate(ext, audio_ext)), None)
 
 
 def _read_bytes(path: str, offset: int, size: int) -> bytes:

@@ -9,6 +9,12 @@ the bytes of the group it works on (at most two groups: the buffer's memory boun
 encoder process) and reads members from there -- no temporary files, nothing big in the plan.
 The cost is padding: a group's length spread is wider than the whole corpus's sorted neighbours
 (measured in the README: ``scripts/bench_sources.py``).
+
+Memory stays bounded whatever a member expands to (a few MiB of gzip can hold gigabytes of silent
+WAV): a member over :data:`SPILL_BYTES` is never held in memory -- it is streamed into an anonymous
+temporary file (``TMPDIR``) to be probed, and again to be encoded, and sits in no group; members that
+are neither audio nor a sidecar are not read at all, and a sidecar over ``MAX_ROW_BYTES`` is that
+sample's error row (``scripts/bench_memory.py``, docs/inputs.md#bounded-memory).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import gzip
 import io
 import os
 import tarfile
+import tempfile
 import threading
 import zlib
 
@@ -24,13 +31,16 @@ from dataclasses import dataclass, replace
 from types import SimpleNamespace
 
 from .. import remote
+from ..input_options import MAX_ROW_BYTES
 from .base import Entry, Loc, Source, SourceError, register
-from .tar import COMPRESSED_TAR_EXTENSIONS, _is_shard_input, _shown_names, check_first_samples, guarded_sample, \
+from .tar import COMPRESSED_TAR_EXTENSIONS, audio_candidate, _is_shard_input, _shown_names, check_first_samples, guarded_sample, \
     missing_end, shard_identity, split_name, tar_shards
 
 FIRST_SAMPLES = 64  # --id-field and --audio-ext are checked against this many first samples (a stream)
 
 DEFAULT_SORT_BUFFER_MB = 256
+# a member larger than this is streamed through a temporary file, never held in memory (see the docstring)
+SPILL_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -46,15 +56,15 @@ class GroupMemberLoc(Loc):
     name: str
 
 
-def _header(data: bytes, name: str, shown: str | None = None):
-    """(sample rate, frames, channels) of a member's bytes, or the exception that says why not
-    (naming the member ``shown``: shard/member)."""
+def _header(data, name: str, shown: str | None = None):
+    """(sample rate, frames, channels) of a member's bytes (or a file holding them), or the
+    exception that says why not (naming the member ``shown``: shard/member)."""
     from ..audio import open_decoder
 
-    buffer = io.BytesIO(data)
-    buffer.name = name
+    buffer = io.BytesIO(data) if isinstance(data, bytes) else data
+    buffer.seek(0)
     try:
-        f = open_decoder(buffer, shown=shown)
+        f = open_decoder(buffer, name, shown=shown)
     except Exception as e:  # its error row
         return e
     try:
@@ -70,21 +80,27 @@ _GROUPS: dict = {}  # (path, group) -> bytes: the last two groups this process r
 _STREAM: dict = {}  # path -> open GzipFile, positioned after the last group read
 
 
+def _stream_at(path: str, start: int):
+    """This process's decompressed stream of ``path``, positioned at ``start`` (forward from where
+    it was left; reopened only to go back).  Call with ``_LOCK`` held."""
+    f = _STREAM.get(path)
+    if f is None or f.tell() > start:
+        for old in _STREAM.values():
+            old.close()
+        _STREAM.clear()
+        f = _STREAM[path] = gzip.open(remote.open_input(path) if remote.is_url(path) else path, "rb")
+    f.seek(start)
+    return f
+
+
 def group_bytes(path: str, group: int, start: int, end: int) -> bytes:
     """Bytes ``start..end`` of ``path``'s decompressed stream (one group), read forward from
     where this process left the stream (from the beginning only when asked for an earlier group)."""
     with _LOCK:
         if (path, group) in _GROUPS:
             return _GROUPS[(path, group)]
-        f = _STREAM.get(path)
-        if f is None or f.tell() > start:
-            for old in _STREAM.values():
-                old.close()
-            _STREAM.clear()
-            f = _STREAM[path] = gzip.open(remote.open_input(path) if remote.is_url(path) else path, "rb")
         try:
-            f.seek(start)
-            data = f.read(end - start)
+            data = _stream_at(path, start).read(end - start)
         except (OSError, EOFError, zlib.error) as e:
             raise SourceError(f"{os.path.basename(path)}: cannot decompress bytes {start}..{end}: {e}") from e
         if len(data) != end - start:
@@ -93,6 +109,46 @@ def group_bytes(path: str, group: int, start: int, end: int) -> bytes:
             _GROUPS.pop(next(iter(_GROUPS)))
         _GROUPS[(path, group)] = data
         return data
+
+
+def spill(source, size: int, name: str, where: str):
+    """``size`` bytes of ``source`` (a readable stream) copied, 1 MiB at a time, into an anonymous
+    temporary file named like the member (decoders choose by extension; the file is unlinked at once,
+    so it goes when it is closed); SourceError naming ``where`` if the stream ends first."""
+    tmp = tempfile.NamedTemporaryFile(suffix=os.path.splitext(name)[1], prefix="mimi-extract-member-",  # noqa: SIM115
+                                      delete=False)
+    os.unlink(tmp.name)  # (gone from the folder now; its space is freed when it is closed)
+    try:
+        copied = 0
+        while copied < size:
+            block = source.read(min(1 << 20, size - copied))
+            if not block:
+                raise SourceError(f"{where} is truncated at byte {copied} of its {size}")
+            tmp.write(block)
+            copied += len(block)
+        tmp.flush()
+        tmp.seek(0)
+    except BaseException:
+        tmp.close()
+        raise
+    return tmp
+
+
+def spilled_member(path: str, offset: int, size: int, name: str):
+    """A large member (over :data:`SPILL_BYTES`) for encoding: decompressed forward to it and
+    streamed into a temporary file (see :func:`spill`)."""
+    with _LOCK:
+        try:
+            return spill(_stream_at(path, offset), size, name, f"{os.path.basename(path)}: member {name!r}")
+        except (OSError, EOFError, zlib.error) as e:
+            raise SourceError(f"{os.path.basename(path)}: cannot decompress member {name!r}: {e}") from e
+
+
+def _kept(member) -> bytes:
+    """A sidecar's bytes as the index kept them; over ``MAX_ROW_BYTES`` they were not read."""
+    if member[3] is None:
+        raise ValueError(f"sidecar {member[0]!r} is {member[2]} bytes long, over the {MAX_ROW_BYTES} a row may take")
+    return member[3]
 
 
 class _Counted(io.RawIOBase):
@@ -182,7 +238,8 @@ class CompressedTarSource(Source):
                 if sample_key is None or not parts:
                     return
                 first = min(m[1] for m in parts.values())
-                if state["open"] and end - state["start"] > budget:
+                alone = max(m[2] for m in parts.values()) > SPILL_BYTES  # in no group: its audio is read alone
+                if state["open"] and (alone or end - state["start"] > budget):
                     close_group(first)
                     state["group"] += 1
                     state["start"] = first
@@ -191,15 +248,24 @@ class CompressedTarSource(Source):
                     if len(state["first"]) >= FIRST_SAMPLES:
                         check_first_samples(self.options, shown, state["first"])
                         state["first"] = None
-                entry = guarded_sample(full, shown, sample_key, parts, self.options, self.kind)
-                if entry.loc is not None:
-                    member = entry.loc
-                    entry.loc = GroupMemberLoc(state["group"], state["start"], None, member.offset, member.size,
-                                               member.name)
-                    entry.header = _header(next(m[3] for m in parts.values() if m[0] == member.name), member.name,
-                                           entry.rel)
-                    state["open"].append(entry)
-                entries.append(entry)
+                try:
+                    entry = guarded_sample(full, shown, sample_key, parts, self.options, self.kind, data_of=_kept)
+                    if entry.loc is not None:
+                        member = entry.loc
+                        start, stop = (member.offset, member.offset + member.size) if alone else (state["start"], None)
+                        entry.loc = GroupMemberLoc(state["group"], start, stop, member.offset, member.size, member.name)
+                        entry.header = _header(next(m[3] for m in parts.values() if m[0] == member.name), member.name,
+                                               entry.rel)
+                        if not alone:
+                            state["open"].append(entry)
+                    entries.append(entry)
+                finally:
+                    for m in parts.values():
+                        if m[3] is not None and not isinstance(m[3], bytes):
+                            m[3].close()  # a spilled member's temporary file
+                if alone:
+                    state["group"] += 1
+                    state["start"] = end
 
             stream = None
             reading = False  # inside a member's data (a sample cut there is incomplete)
@@ -215,10 +281,10 @@ class CompressedTarSource(Source):
                             flush()
                             sample_key, parts = key, {}
                         reading = True
-                        data = tf.extractfile(info).read()
-                        if len(data) != info.size:
-                            raise EOFError("unexpected end of data")
+                        data = self._member_data(tf, info, ext, ext in parts, f"{shown}: member {info.name!r}")
                         reading = False
+                        if ext in parts and data is not None and not isinstance(data, bytes):
+                            data.close()
                         parts.setdefault(ext, (info.name, info.offset_data, info.size, data))
                         end = info.offset_data + info.size
                     # tarfile stops silently where the stream ends, marker or not: a tar cut at a
@@ -242,6 +308,26 @@ class CompressedTarSource(Source):
                 warnings.append(f"{shown}: {damage}")
         return entries
 
+    def _member_data(self, tf, info, ext: str, seen: bool, where: str):
+        """What the index keeps of a member as it streams by: a sidecar's bytes (None over
+        ``MAX_ROW_BYTES``), a possible audio member's bytes (a temporary file over
+        :data:`SPILL_BYTES`), nothing of any other member (tarfile skips its data unread)."""
+        if ext == "json" and not seen:
+            if info.size > MAX_ROW_BYTES:
+                return None
+        elif seen or not audio_candidate(ext, self.options.audio_ext):
+            return None
+        member = tf.extractfile(info)
+        if info.size > SPILL_BYTES:
+            try:
+                return spill(member, info.size, info.name, where)
+            except SourceError as e:
+                raise EOFError(str(e)) from e
+        data = member.read()
+        if len(data) != info.size:
+            raise EOFError("unexpected end of data")
+        return data
+
     @staticmethod
     def plan_group(item) -> int:
         return item.loc.group if item.loc is not None else 0
@@ -255,6 +341,8 @@ class CompressedTarSource(Source):
     @staticmethod
     def open(entry):
         loc = entry.loc
+        if int(loc.size) > SPILL_BYTES:
+            return spilled_member(entry.path, int(loc.offset), int(loc.size), loc.name)
         data = group_bytes(entry.path, int(loc.group), int(loc.start), int(loc.end))
         first = int(loc.offset) - int(loc.start)
         buffer = io.BytesIO(data[first: first + int(loc.size)])

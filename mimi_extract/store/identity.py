@@ -49,6 +49,7 @@ _EXPLAIN = {
     "metadata": "other input metadata kept as output columns and cut fields (--keep-fields; an OUT written before "
                 "metadata was kept resumes with --keep-fields none)",
     "keep_fields": "another --keep-fields / --keep-columns",
+    "metadata_file": "another --metadata file joined to the items (their fields would differ between shards)",
     "channel": "--channel: other items and keys",
     "input_kind": "INPUT read as another kind (--input-format): other items and keys",
     "token_layout": "another --token-layout: the same codes as other token ids",
@@ -65,14 +66,25 @@ _ITEMS_EXPLAIN = "an option that decides the items and their keys: the same audi
 
 # keys run.json gained after OUT directories existed: an OUT written before them lacks them, and is
 # resumed (it cannot say otherwise); once recorded they are compared like every other key
-_ADDED_LATER = ("decoders", "keep_fields", ITEMS)
+_ADDED_LATER = ("decoders", "keep_fields", ITEMS, "metadata_file")
+# item options (``items``) recorded later, with what their absence from an older run.json meant: a
+# list input's rows were keyed as written (sources.item_identity)
+ITEMS_BEFORE = {"--list-keys": "written"}
 
 
 def _shown(value) -> str:
     return "not given" if value is None else repr(value)
 
 
+def _with_items_before(old: dict, new: dict) -> dict:
+    """``old`` with the item options it predates read as what they meant then (:data:`ITEMS_BEFORE`)."""
+    if not isinstance(old.get(ITEMS), dict) or not isinstance(new.get(ITEMS), dict):
+        return old
+    return {**old, ITEMS: {**{f: v for f, v in ITEMS_BEFORE.items() if f in new[ITEMS]}, **old[ITEMS]}}
+
+
 def _differences(old: dict, new: dict, ignore: tuple[str, ...]) -> str:
+    old = _with_items_before(old, new)
     diff = {k: (old.get(k), v) for k, v in new.items()
             if k not in ignore and old.get(k) != v and not (k in _ADDED_LATER and k not in old)}
     if "part_shards" in old and "part_shards" not in new and "part_shards" not in ignore:
@@ -120,6 +132,7 @@ def _shard_changes(key: str, old, new) -> str | None:
 
 def _original_items(old: dict, new: dict) -> str | None:
     """The item options that made ``old``, as flags to type again, when ``new`` changes them; else None."""
+    old = _with_items_before(old, new)
     if ITEMS not in old or ITEMS not in new or old[ITEMS] == new[ITEMS]:
         return None
     given = " ".join(f"{flag} {shlex.quote(str(value))}" for flag, value in sorted(old[ITEMS].items()))

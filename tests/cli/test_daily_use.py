@@ -243,3 +243,27 @@ def test_16k_default_is_what_torchaudio_plus_mimimodel_gives(tmp_path, tiny_mode
     assert json.load(open(out2 / "run.json"))["causal_16k"] is True
     got2 = torch.from_numpy(read(out2, "a16k.wav").astype(np.int64))
     assert torch.equal(got2, causal) and not torch.equal(got2[0], user[0])
+
+
+def test_a_systematic_rejection_is_called_out(tmp_path, tiny_model_dir):
+    """Many error rows sharing one reason (every file of a format refused, a wrong option): the end of
+    the run and ``info`` say so in one prominent line (count, share, reason, first keys), ``info
+    --json`` lists it; the exit status stays 0 (error rows) unless ``--strict``.  A lone bad file is
+    not called out."""
+    corpus = tmp_path / "in"
+    corpus.mkdir()
+    for i in range(4):
+        (corpus / f"bad{i}.flac").write_bytes(b"fLaC garbage" * (10 + i))
+    (corpus / "odd.wav").write_bytes(b"RIFF garbage" * 3)
+    for i in range(3):
+        write_noise(corpus / f"good{i}.wav", 2400)
+    out = tmp_path / "out"
+    result = cli("codes", corpus, out, "--model", tiny_model_dir, *FAST)
+    assert result.exit_code == 0, result.output
+    line = ("warning: 4 of 8 inputs (50%) failed for one reason: unreadable or corrupt audio header: Error opening '…': "
+            "Error : unknown error in flac decoder. (first: bad0.flac, bad1.flac, bad2.flac)")
+    assert line in result.text and "odd.wav" not in result.text.split("warning:")[1].split("\n")[0], result.text
+    assert line in cli("info", out).text
+    common = json.loads(cli("info", out, "--json").output)["common_failures"]
+    assert [(f["count"], f["first_keys"]) for f in common] == [(4, ["bad0.flac", "bad1.flac", "bad2.flac"])]
+    assert cli("codes", corpus, tmp_path / "strict", "--model", tiny_model_dir, *FAST, "--strict").exit_code == 1

@@ -253,3 +253,64 @@ def test_shar_input_supervisions_reach_the_shar_output(tmp_path, tiny_model_dir)
     stereo = cuts[2].id
     assert [s.text for s in got[f"{stereo}#ch0"].supervisions] == ["left"]
     assert [s.text for s in got[f"{stereo}#ch1"].supervisions] == ["right"]
+
+
+# -- --metadata FILE: a corpus TSV beside the audio (VoxPopuli: train_part_N.tar.gz + a TSV by id) ---------
+def test_a_corpus_tsv_joins_a_tar_gz_part_by_member_stem(tmp_path, tiny_model_dir):
+    """A VoxPopuli-shaped part (``<id>.ogg`` members in a ``.tar.gz``, no sidecars) and its TSV
+    (``id``, ``raw_text``, ``speaker_id``...): each item gets its row's fields in the manifest, the
+    Parquet columns (read by ``datasets``) and the cuts (lhotse's supervision text); a row matching no
+    item and an item without a row are counted in the run's warnings; run.json records the file."""
+    rng = np.random.default_rng(7)
+    part = tmp_path / "train_part_0.tar.gz"
+    with tarfile.open(part, "w:gz") as tf:
+        for i, stem in enumerate(["20180101-0900-PLENARY-1_en", "20180101-0900-PLENARY-2_en", "no-row"]):
+            buffer = io.BytesIO()
+            sf.write(buffer, (0.2 * rng.standard_normal(24_000 + 4000 * i)).astype(np.float32), 24_000,
+                     format="OGG", subtype="VORBIS")
+            add_bytes(tf, f"{stem}.ogg", buffer.getvalue())
+    tsv = tmp_path / "asr_train.tsv"
+    tsv.write_text("id\traw_text\tspeaker_id\tgender\n"
+                   "20180101-0900-PLENARY-1_en\tMadam President, thank you.\t1234\tfemale\n"
+                   "20180101-0900-PLENARY-2_en\tI agree.\t5678\tmale\n"
+                   "20180101-0900-PLENARY-9_en\tnot in this part\t9\tmale\n")
+    out = tmp_path / "out"
+    result = cli("codes", part, out, "--model", tiny_model_dir, *ONE_WORKER, "--format", "parquet",
+                 "--metadata", tsv, "--keep-fields", "raw_text,speaker_id,gender")
+    assert result.exit_code == 0, result.output
+    assert "--metadata asr_train.tsv: 1 item(s) have no row (first: 'train_part_0.tar.gz/no-row')" in result.text
+    assert "--metadata asr_train.tsv: 1 row(s) match no item (first: '20180101-0900-PLENARY-9_en')" in result.text
+    rows = {r["key"]: r for r in read_manifest(out)}
+    first = rows["train_part_0.tar.gz/20180101-0900-PLENARY-1_en"]
+    assert first["meta"] == {"raw_text": "Madam President, thank you.", "speaker_id": "1234", "gender": "female"}
+    assert "meta" not in rows["train_part_0.tar.gz/no-row"]
+    table = datasets.load_dataset("parquet", data_files=str(out / "*.parquet"), split="train")
+    by_key = {r["key"]: r for r in table}
+    assert by_key["train_part_0.tar.gz/20180101-0900-PLENARY-2_en"]["raw_text"] == "I agree."
+    assert by_key["train_part_0.tar.gz/no-row"]["raw_text"] is None
+    cuts = {c.id: c for c in read_cuts(str(out))}
+    assert cuts["train_part_0.tar.gz/20180101-0900-PLENARY-1_en"].supervisions[0].text == "Madam President, thank you."
+    assert read_run_info(str(out))["metadata_file"] == str(tsv)
+    other = tmp_path / "other.tsv"
+    other.write_text(tsv.read_text())
+    again = cli("codes", part, out, "--model", tiny_model_dir, *ONE_WORKER, "--format", "parquet",
+                "--metadata", other, "--keep-fields", "raw_text,speaker_id,gender")
+    assert again.exit_code == 2 and "metadata_file" in again.text, again.text
+
+
+def test_metadata_by_id_jsonl_and_a_wrong_key_column(tmp_path):
+    """JSONL rows join a list's ids; a malformed line is skipped and counted; a --metadata-key no row
+    has is one clear error before anything is read."""
+    write_noise(tmp_path / "a.wav", 2400)
+    write_noise(tmp_path / "b.wav", 2400)
+    listing = tmp_path / "list.jsonl"
+    listing.write_text('{"path": "a.wav", "id": "utt-a"}\n{"path": "b.wav", "id": "utt-b", "text": "own"}\n')
+    meta = tmp_path / "texts.jsonl"
+    meta.write_text('{"utt": "utt-a", "text": "from the file", "score": 3}\nnot json\n'
+                    '{"utt": "utt-b", "text": "loses to the row\'s own"}\n')
+    found = discover(str(listing), options=Options(metadata=str(meta), metadata_key="utt"))
+    metas = {i.key: i.meta for i in found.items}
+    assert metas == {"utt-a": {"text": "from the file", "score": 3}, "utt-b": {"text": "own"}}
+    assert any("1 line(s) skipped (line 2 is not valid JSON" in w for w in found.warnings), found.warnings
+    with pytest.raises(ValueError, match="no row has a 'id' column"):
+        discover(str(listing), options=Options(metadata=str(meta)))

@@ -187,3 +187,50 @@ def test_a_loc_is_stored_as_its_fields_and_read_back(kind, loc):
     assert stored == list(loc[1:]) and loc_of(kind, stored) == made and loc_of(kind, None) is None
     assert bytes_name(Item("/x/shard", "shard/m", "m", kind=kind, loc=made)) == loc[-1]
     assert bytes_name(Item("/x/a.wav", "a.wav", "a.wav")) == "/x/a.wav"
+
+
+def test_list_rows_without_an_id_are_keyed_from_the_corpus_root(tmp_path, tiny_model_dir):
+    """A NeMo manifest of absolute paths, kept away from its audio: its rows are keyed by their path
+    relative to the folder holding every file (not the machine's absolute paths), segments of one
+    file included; relative rows stay as written below the list's folder.  An OUT made before (its
+    run.json records no --list-keys) resumes with its own keys, storing nothing twice; a new OUT
+    refuses another --list-keys."""
+    from mimi_extract.runner import extract
+    from mimi_extract.settings import Settings
+    from mimi_extract.sources import Options
+    from mimi_extract.store.files import OutputError
+    from mimi_extract.store.identity import read_run_info, write_run_info
+
+    corpus = tmp_path / "mnt" / "corpus"
+    for rel in ("spk1/a.wav", "spk2/b.wav"):
+        (corpus / rel).parent.mkdir(parents=True, exist_ok=True)
+        _wav(corpus / rel, seconds=1.0)
+    manifest = tmp_path / "manifests" / "train.json"
+    manifest.parent.mkdir()
+    rows = [{"audio_filepath": str(corpus / "spk1/a.wav"), "duration": 1.0},
+            {"audio_filepath": str(corpus / "spk2/b.wav"), "offset": 0.25, "duration": 0.5},
+            {"audio_filepath": str(corpus / "spk2/b.wav"), "offset": 0.5, "duration": 0.25}]
+    manifest.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    keys = sorted(i.key for i in discover(str(manifest)).items)
+    assert keys == ["spk1/a.wav", "spk2/b.wav@0.25-0.75", "spk2/b.wav@0.5-0.75"]
+    written = sorted(i.key for i in discover(str(manifest), options=Options(list_keys="written")).items)
+    assert written == [str(corpus / "spk1/a.wav"), f"{corpus / 'spk2/b.wav'}@0.25-0.75", f"{corpus / 'spk2/b.wav'}@0.5-0.75"]
+    one = tmp_path / "manifests" / "one.jsonl"  # one row, far away: keyed by its file name
+    one.write_text(json.dumps({"path": str(corpus / "spk1/a.wav")}) + "\n")
+    assert [i.key for i in discover(str(one)).items] == ["a.wav"]
+
+    settings = Settings(model=tiny_model_dir, tap="codes", num_workers=0)
+    old = str(tmp_path / "old")  # as an older version wrote it: keys as written, no --list-keys in run.json
+    assert extract(str(manifest), old, settings, options=Options(list_keys="written"), limit=2)["ok"] == 2
+    info = read_run_info(old)
+    del info["items"]["--list-keys"]
+    write_run_info(old, info)
+    summary = extract(str(manifest), old, settings)
+    assert (summary["skipped"], summary["ok"]) == (2, 1)
+    stored = sorted(json.loads(line)["key"] for line in open(os.path.join(old, "manifest.jsonl")))
+    assert stored == written and "--list-keys" not in read_run_info(old)["items"]
+    new = str(tmp_path / "new")
+    assert extract(str(manifest), new, settings)["ok"] == 3
+    assert read_run_info(new)["items"]["--list-keys"] == "root"
+    with pytest.raises(OutputError, match="--list-keys: 'root' -> 'written'"):
+        extract(str(manifest), new, settings, options=Options(list_keys="written"))
