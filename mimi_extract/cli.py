@@ -479,7 +479,7 @@ def verify(
         return
     from .engines.device import resolve_devices
     from .request import engine_check_settings, input_options, model_path
-    from .verify import verify_outputs, verify_source
+    from .verify import transformers_drift, verify_outputs, verify_source
 
     out_console = Console(width=max(Console().width, 120), highlight=False)
     if (input_path is None) == (out is None):
@@ -509,6 +509,8 @@ def verify(
         _fail(e)
     table, failed = _check_table(title, checks, rtol, atol, max_real_mismatches, shown)
     out_console.print(table)
+    if out is not None and (drift := transformers_drift(out)):
+        say(("warning: ", "yellow"), drift, out=out_console)
     _mismatch_report(out_console, checks)
     for p in problems:
         say(("problem: ", "bold red"), p, out=out_console)
