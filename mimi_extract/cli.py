@@ -456,7 +456,8 @@ def verify(
     long files chunked with carried state) and each file alone; the 25 Hz encoder output, the
     12.5 Hz latent and the codes are compared.  With --out: a random sample of what OUT holds is
     re-encoded alone (fp32) and compared with the stored arrays and attributes, whatever device,
-    dtype or batch mix made them.
+    dtype or batch mix made them; a warning says when the installed transformers is not the one
+    that made OUT (run.json).
 
     Codes are judged along the stored codes: in a frame that differs, each codebook's residual is
     the reference latent minus the STORED earlier codes, and each stored code must be the nearest
