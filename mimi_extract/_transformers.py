@@ -8,8 +8,9 @@ here makes the list short to re-check on an upgrade, and :func:`missing` names a
 so the encoder refuses a model with that name instead of failing with an AttributeError deep in a
 forward pass (``tests/encoder/test_transformers_internals.py``).
 
-Checked on transformers 5.24.0 (the pin of ``constraints.txt``).  The fallbacks marked *older*
-are the layouts of earlier 5.x releases, kept from when they were supported and not re-checked.
+Checked on transformers 5.24.0 (the pin of ``constraints.txt``) and 5.13.0 (pyproject's floor: the
+first release whose transformer holds ``rotary_emb``; Mimi's sliding window came in 5.3.0), whose
+layout is among those marked *older* below (tests/encoder's fast tier passes on it).
 
 =============================  ==========================================================================
 internal                       used for
@@ -46,7 +47,7 @@ import torch
 from torch import nn
 from transformers.models.mimi import modeling_mimi as mm
 
-CHECKED_ON = ("5.24.0",)  # transformers versions this list was checked on
+CHECKED_ON = ("5.13.0", "5.24.0")  # transformers versions this list was checked on
 
 MimiConv1d = mm.MimiConv1d
 MimiResnetBlock = mm.MimiResnetBlock
@@ -56,7 +57,7 @@ CACHE_KEYWORDS = ("cache", "past_key_values", "past_key_value")  # newest first
 def encoder_parts(model: nn.Module) -> tuple[nn.Module, nn.Module, nn.Module | None]:
     """(SEANet encoder, encoder transformer, downsample) across transformers 5.x layouts."""
     enc = model.encoder
-    if hasattr(enc, "encoder_seanet"):  # transformers >= 5.2x: MimiModel.encoder is MimiEncoderModel
+    if hasattr(enc, "encoder_seanet"):  # transformers >= 5.21: MimiModel.encoder is MimiEncoderModel
         return enc.encoder_seanet, enc.encoder_transformer, enc.downsample
     return enc, model.encoder_transformer, model.downsample
 

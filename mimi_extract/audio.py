@@ -429,12 +429,23 @@ class Framing:
         return 0
 
     def resampled_length(self, n: int, rate: int) -> int:
+        """24 kHz samples of ``n`` source samples at ``rate``, before :meth:`input_length`'s padding.
+
+        The sinc resampler's is ``torchaudio.functional.resample``'s own length, what a user's
+        torchaudio + MimiModel loop encodes: the ceiling of ``new * n / orig`` (the rates reduced by their
+        gcd) after torchaudio rounds that quotient to float32 (``torch.as_tensor`` of a Python float: torch's
+        default dtype), capped at what its convolution gives, ``(n // orig + 1) * new``.  It is the exact
+        ``ceil(n * 24000 / rate)`` while float32 keeps the fraction: from 131,072 samples (5.5 s) on, some
+        lengths get one sample fewer; past 2^24 (11.6 min) also one or two more (docs/inputs.md).  The
+        causal 16 kHz resampler keeps its nominal ``ceil(1.5 n)``, MuVAP its recipe's ``round(1.5 n)``."""
         if rate == SAMPLE_RATE:
             return n
         if self.name == "muvap" and rate == 16_000:
             return round(n * 1.5)  # Python's round: halves to even, as the MuVAP recipe does
         orig, new = _reduced(rate, SAMPLE_RATE)
-        return math.ceil(new * n / orig)
+        if rate == 16_000 and self.causal_16k:
+            return math.ceil(new * n / orig)
+        return min(math.ceil(float(np.float32(new * n / orig))), (n // orig + 1) * new)
 
     @property
     def multiple(self) -> int:

@@ -476,7 +476,8 @@ def verify(
     long files chunked with carried state) and each file alone; the 25 Hz encoder output, the
     12.5 Hz latent and the codes are compared.  With --out: a random sample of what OUT holds is
     re-encoded alone (fp32) and compared with the stored arrays and attributes, whatever device,
-    dtype or batch mix made them.
+    dtype or batch mix made them; a warning says when the installed transformers is not the one
+    that made OUT (run.json).
 
     Codes are judged along the stored codes: in a frame that differs, each codebook's residual is
     the reference latent minus the STORED earlier codes, and each stored code must be the nearest
@@ -499,7 +500,7 @@ def verify(
         return
     from .engines.device import resolve_devices
     from .request import engine_check_settings, input_options, model_path
-    from .verify import verify_outputs, verify_source
+    from .verify import transformers_drift, verify_outputs, verify_source
 
     out_console = Console(width=max(Console().width, 120), highlight=False)
     if (input_path is None) == (out is None):
@@ -529,6 +530,8 @@ def verify(
         _fail(e)
     table, failed = _check_table(title, checks, rtol, atol, max_real_mismatches, shown)
     out_console.print(table)
+    if out is not None and (drift := transformers_drift(out)):
+        say(("warning: ", "yellow"), drift, out=out_console)
     _mismatch_report(out_console, checks)
     for p in problems:
         say(("problem: ", "bold red"), p, out=out_console)

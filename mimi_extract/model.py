@@ -9,8 +9,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from importlib import metadata
 
 import torch
+import transformers
 from torch import nn
 from transformers import MimiModel
 from transformers.utils import logging as hf_logging
@@ -40,6 +42,19 @@ def weights_hash(model: nn.Module) -> str:
         h.update(f"{name}:{tuple(t.shape)}:".encode())
         h.update(t.numpy().tobytes())
     return h.hexdigest()[:24]
+
+
+def library_versions() -> dict:
+    """The versions of the libraries that compute the outputs (run.json's ``versions``): torch and
+    transformers (the reference: transformers' Mimi attends to its sliding window only since 5.3.0),
+    and the tests' resampling reference torchaudio (installed distribution, not imported: None when
+    absent).  Provenance, not identity: a resume with other versions is not refused, and ``verify
+    --out`` says when the installed transformers is not the one that made OUT."""
+    try:
+        torchaudio = metadata.version("torchaudio")
+    except metadata.PackageNotFoundError:
+        torchaudio = None
+    return {"torch": torch.__version__, "transformers": transformers.__version__, "torchaudio": torchaudio}
 
 
 def reset_codebook_cache(model: nn.Module) -> None:

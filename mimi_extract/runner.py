@@ -20,7 +20,7 @@ from dataclasses import asdict, replace
 from . import __version__, remote
 from .audio import SAMPLE_RATE, decoder_versions
 from .encoder import PaddedMimiEncoder
-from .model import config_hash, from_pretrained, weights_hash
+from .model import config_hash, from_pretrained, library_versions, weights_hash
 from .engines import Engine, Stats, make_engine
 from .engines.assembly import Assembler
 from .plan import Split, padding_fraction, part_of, plan_units, split_items
@@ -81,6 +81,7 @@ def run_info(settings: Settings, identity: dict, input_root: str, kind: str, par
     if settings.framing_rule.stream_frames is not None:  # the codes depend on it
         info["frames_per_call"] = settings.frames_per_call
     info["decoders"] = decoder_versions()  # a resume must decode every format the same way
+    info["versions"] = library_versions()  # provenance (store.identity.PROVENANCE): never compared
     if input_identity:  # e.g. tar shards: each shard's size and mtime
         info["input_identity"] = input_identity
     if options is not None and options.metadata:  # --metadata: the file joined (its path; its columns: metadata)

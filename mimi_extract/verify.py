@@ -46,14 +46,14 @@ import torch
 from .audio import SAMPLE_RATE, Framing, load
 from .encoder import PaddedMimiEncoder, encode_chunked
 from .reference import reference_single
-from .model import load_model, weights_hash
+from .model import library_versions, load_model, weights_hash
 from .engines import DeviceRunner
 from .plan import plan_units
 from .settings import Settings
 from .sources import Item, Options, discover, loc_of, open_audio, seconds_to_samples
 from .store.files import PART_RE
 from .store.identity import read_run_info
-from .store.manifest import read_manifest, shard_attrs
+from .store.manifest import read_manifest, run_dirs, shard_attrs
 from .store.read import item_attrs, load_row
 
 EPS32 = float(torch.finfo(torch.float32).eps)
@@ -269,6 +269,19 @@ def _item_of_row(row: dict) -> Item:
     kind = src.get("kind", "file")
     return Item(src["path"], row["path"], row["key"], channel, rate, start, frames, kind=kind,
                 loc=loc_of(kind, src.get("loc")))
+
+
+def transformers_drift(out_dir: str) -> str | None:
+    """A one-line warning when the installed transformers is not the one OUT was made with (run.json's
+    ``versions``; an OUT made before they were recorded says nothing): ``verify --out`` re-encodes
+    through the installed one, so a difference it finds may be the version's.  None when they agree."""
+    made = sorted({v for d in run_dirs(out_dir)
+                   if isinstance(v := ((read_run_info(d) or {}).get("versions") or {}).get("transformers"), str)})
+    installed = library_versions()["transformers"]
+    if not made or made == [installed]:
+        return None
+    return (f"{out_dir} was made with transformers {', '.join(made)} (run.json), this is transformers {installed}: "
+            "the reference re-encodes with the installed one, so a difference may be the version's")
 
 
 def verify_outputs(out_dir: str, sample: int | None = 20, seed: int = 0, device: str = "cpu", model: str | None = None,

@@ -64,6 +64,11 @@ ITEMS = "items"
 _ITEMS_EXPLAIN = "an option that decides the items and their keys: the same audio would be stored again, or mixed"
 
 
+# what made the OUT, recorded and never compared: a resume or another part with another tool version or
+# other torch/transformers/torchaudio versions (``versions``) is not refused for it (``verify --out`` says
+# when the installed transformers differs); run.json keeps the first run's
+PROVENANCE = ("tool_version", "versions")
+
 # keys run.json gained after OUT directories existed: an OUT written before them lacks them, and is
 # resumed (it cannot say otherwise); once recorded they are compared like every other key
 _ADDED_LATER = ("decoders", "keep_fields", ITEMS, "metadata_file")
@@ -86,7 +91,7 @@ def _with_items_before(old: dict, new: dict) -> dict:
 def _differences(old: dict, new: dict, ignore: tuple[str, ...]) -> str:
     old = _with_items_before(old, new)
     diff = {k: (old.get(k), v) for k, v in new.items()
-            if k not in ignore and old.get(k) != v and not (k in _ADDED_LATER and k not in old)}
+            if k not in ignore and k not in PROVENANCE and old.get(k) != v and not (k in _ADDED_LATER and k not in old)}
     if "part_shards" in old and "part_shards" not in new and "part_shards" not in ignore:
         diff["part_shards"] = (old["part_shards"], None)
     out = []
@@ -151,7 +156,7 @@ def check_run_info(run_dir: str, info: dict, siblings: list[str] = (), expected_
         theirs = _with_format(read_run_info(other))
         # parts of whole shards: each has its own shards' identity (the shard list is compared instead)
         mine = ("input_identity",) if "part_shards" in info or "part_shards" in (theirs or {}) else ()
-        changes = _differences(theirs, info, ("tool_version", "part") + mine) if theirs is not None else ""
+        changes = _differences(theirs, info, ("part",) + mine) if theirs is not None else ""
         if changes:
             items = _original_items(theirs, info)
             raise OutputError(f"{other} (another part of this job array) was made with other settings ({changes}); "
@@ -171,7 +176,7 @@ def check_run_info(run_dir: str, info: dict, siblings: list[str] = (), expected_
         write_run_info(run_dir, info)
         return
     other_division = ("input_identity",) if ("part_shards" in old) != ("part_shards" in info) else ()  # (said once)
-    changes = _differences(old, info, ("tool_version",) + other_division)
+    changes = _differences(old, info, other_division)
     if changes:
         items = _original_items(old, info)
         raise OutputError(f"{run_dir} holds a run with other settings ({changes}); resume with the original "
@@ -190,7 +195,7 @@ def check_shard_settings(run_dir: str, shard: str, attrs: dict, expected: dict) 
     """Refuse a committed shard made with other settings than this run's (its file attributes are
     the settings it was made with; run.json can be deleted, and attributes edited in place)."""
     changes = [f"{k}: {_plain(attrs.get(k))!r} -> {v!r}" + (f" ({_EXPLAIN[k]})" if k in _EXPLAIN else "")
-               for k, v in expected.items() if k != "tool_version" and _plain(attrs.get(k)) != _plain(v)]
+               for k, v in expected.items() if k not in PROVENANCE and _plain(attrs.get(k)) != _plain(v)]
     if changes:
         raise OutputError(f"{os.path.join(run_dir, shard)} was made with other settings than this run "
                           f"({'; '.join(changes)}); resume with the original settings or use a new OUT directory")

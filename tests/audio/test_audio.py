@@ -99,6 +99,62 @@ def test_streamed_reader_equals_whole_and_torchaudio(tmp_path, rate):
         assert torch.cat(parts).shape == whole.shape and (torch.cat(parts) - whole).abs().max() < 1e-6
 
 
+# issue 31 item 7: the first source length at each rate whose torchaudio 24 kHz length differs from the
+# exact ceil(n * 24000 / rate) (every n scanned; docs/inputs.md), and past 2^24 samples: the first with one
+# MORE, the first with another frame count (ceil(samples / 1920)), the first where torchaudio's float32 target
+# passes what its convolution gives (the cap)
+FIRST_FEWER = {11_025: 60_287, 22_050: 120_427, 44_100: 240_854, 32_000: 5_592_407, 16_000: 5_592_407,
+               8_000: 5_592_407, 48_000: 16_777_217}
+PAST_2_24 = {"more": (8_000, 5_592_409), "frames 48k": (48_000, 16_780_801), "frames 44.1k": (44_100, 30_831_193),
+             "capped": (8_000, 22_369_636)}
+
+
+def _torchaudio_length(n: int, rate: int) -> int:
+    import torchaudio.functional as taf
+
+    return taf.resample(torch.zeros(n), rate, 24_000).shape[-1]  # (the length is torch's default dtype's, float32)
+
+
+def _exact(n: int, rate: int) -> int:
+    return -(-n * 24_000 // rate)
+
+
+@pytest.mark.parametrize("rate", [11_025, 22_050, 44_100, 32_000])
+def test_resampled_length_is_torchaudios(rate):
+    """The tool's 24 kHz length is torchaudio.functional.resample's (a user's torchaudio + MimiModel
+    loop), not the exact ceil(n * 24000 / rate): torchaudio rounds the quotient to float32 first, so
+    from 131,072 output samples on some lengths get one sample fewer.  Pinned at the first such length
+    of each rate, and the one before it (where the two agree)."""
+    n = FIRST_FEWER[rate]
+    got = Framing().resampled_length(n, rate)
+    assert got == _torchaudio_length(n, rate) == _exact(n, rate) - 1
+    assert Framing().resampled_length(n - 1, rate) == _torchaudio_length(n - 1, rate) == _exact(n - 1, rate)
+    assert Framing("moshi").input_length(n, rate) == -(-got // 1920) * 1920
+
+
+@pytest.mark.slow
+def test_resampled_length_is_torchaudios_for_long_items():
+    """The same for the rates whose first difference comes later (8, 16, 48 kHz: 16 kHz through the causal
+    resampler keeps its nominal ceil(1.5 n)), the issue's 8.1 M samples at 44.1 kHz (4,413,951, exact
+    4,413,952), and past 2^24 output samples (11.6 min): one sample more, another frame count, and the
+    cap at what torchaudio's convolution gives."""
+    cases = [(rate, FIRST_FEWER[rate]) for rate in (16_000, 8_000, 48_000)] + [(44_100, 8_110_635)]
+    for rate, n in cases:
+        assert Framing().resampled_length(n, rate) == _torchaudio_length(n, rate) == _exact(n, rate) - 1, (rate, n)
+    assert Framing().resampled_length(8_110_635, 44_100) == 4_413_951
+    assert Framing(causal_16k=True).resampled_length(FIRST_FEWER[16_000], 16_000) == _exact(FIRST_FEWER[16_000], 16_000)
+    for what, (rate, n) in PAST_2_24.items():
+        want = _torchaudio_length(n, rate)
+        assert Framing().resampled_length(n, rate) == want != _exact(n, rate), what
+        frames = -(-Framing().input_length(n, rate) // 1920)
+        assert frames == -(-want // 1920) and Framing("moshi").input_length(n, rate) == frames * 1920, what
+        if what.startswith("frames"):
+            assert frames == -(-_exact(n, rate) // 1920) - 1, what
+    assert Framing().resampled_length(5_592_409, 8_000) == _exact(5_592_409, 8_000) + 1
+    # capped: float32(3 n) rounds up to 67,108,912; torchaudio's convolution gives (n + 1) * 3 = 67,108,911
+    assert Framing().resampled_length(22_369_636, 8_000) == 67_108_911 == _exact(22_369_636, 8_000) + 3
+
+
 def test_framings(tmp_path):
     import torchaudio.functional as taf
 

@@ -217,6 +217,31 @@ def test_a_run_that_cannot_load_its_model_leaves_no_out(tmp_path, corpus):
     assert not out.exists()
 
 
+def test_441k_long_item_is_what_torchaudio_plus_mimimodel_gives(tmp_path, tiny_model, tiny_model_dir):
+    """Issue 31 item 7: past 131,072 output samples torchaudio's resample can give one sample fewer than
+    the exact ceil(n * 24000 / rate) (it rounds the quotient to float32): 240,854 samples at 44.1 kHz
+    (5.5 s) resample to 131,077, not 131,078.  The tool encodes what a user's torchaudio + MimiModel loop
+    encodes: the same samples, so the same last frame (the 131,078th sample made it differ)."""
+    import torchaudio.functional as taf
+
+    from mimi_extract import read
+    from mimi_extract.reference import reference_single
+
+    from conftest import tolerance
+
+    (tmp_path / "in").mkdir()
+    path = tmp_path / "in" / "a44k.wav"
+    write_noise(path, 240_854, rate=44_100, subtype="FLOAT")
+    wav = torch.from_numpy(sf.read(path, dtype="float32")[0])
+    resampled = taf.resample(wav, 44_100, 24_000)
+    assert len(resampled) == 131_077 == math.ceil(240_854 * 24_000 / 44_100) - 1
+    out = tmp_path / "out"
+    assert cli("features", tmp_path / "in", out, "--model", tiny_model_dir, "--tap", "latent", *FAST).exit_code == 0
+    user = reference_single(tiny_model, resampled, 8)["latent"]  # the item alone through transformers' Mimi
+    got = torch.from_numpy(read(out, "a44k.wav"))
+    assert got.shape == user.shape and (got - user).abs().max() <= tolerance(user), float((got - user).abs().max())
+
+
 def test_16k_default_is_what_torchaudio_plus_mimimodel_gives(tmp_path, tiny_model, tiny_model_dir):
     import torchaudio.functional as taf
 

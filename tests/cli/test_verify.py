@@ -229,3 +229,31 @@ def test_verify_long_items_chunked_and_a_markup_path(tmp_path, tiny_model_dir):
     assert audit.exit_code == 0 and "PASS" in audit.text and "2 files compared" in audit.text, audit.output
     assert "o[/x]ut[bold]" in audit.text and "long.wav (chunked)" in audit.text
     assert "short.wav (chunked)" not in audit.text
+
+
+def test_audit_warns_when_the_installed_transformers_is_not_outs(tmp_path, corpus, tiny_model_dir):
+    """Issue 31 item 7: `verify --out` re-encodes with the installed transformers; when run.json says OUT
+    was made with another one (before 5.3.0 Mimi attended to the whole past), it says so in one warning
+    line; the audit's verdict is its own.  An OUT made before versions were recorded says nothing."""
+    import json
+
+    import transformers
+
+    root, _ = corpus
+    out = str(tmp_path / "out")
+    extract(root, out, Settings(model=tiny_model_dir, tap="codes", num_workers=0))
+    same = cli("verify", "--out", out, "--device", "cpu", "--sample", 2)
+    assert same.exit_code == 0 and "PASS" in same.text and "warning" not in same.output, same.output
+    path = os.path.join(out, "run.json")
+    with open(path) as f:
+        info = json.load(f)
+    with open(path, "w") as f:
+        json.dump({**info, "versions": {**info["versions"], "transformers": "5.3.0"}}, f)
+    other = cli("verify", "--out", out, "--device", "cpu", "--sample", 2)
+    assert other.exit_code == 0 and "PASS" in other.text, other.output
+    warnings = [line for line in other.output.splitlines() if line.startswith("warning: ")]
+    assert len(warnings) == 1 and f"made with transformers 5.3.0 (run.json), this is transformers " \
+        f"{transformers.__version__}" in warnings[0], other.output
+    with open(path, "w") as f:
+        json.dump({k: v for k, v in info.items() if k != "versions"}, f)
+    assert "warning" not in cli("verify", "--out", out, "--device", "cpu", "--sample", 2).output

@@ -351,3 +351,34 @@ def test_status_says_a_run_is_starting(inputs, tiny_model_dir, tmp_path):
         assert "part-1-of-2: starting" in text and "not started" not in text and "incomplete" in text, text
     finally:
         lock.release()
+
+
+def test_run_json_records_library_versions_and_a_resume_with_others_goes_on(inputs, tiny_model_dir, tmp_path,
+                                                                             monkeypatch):
+    """Issue 31 item 7: run.json records the torch, transformers and torchaudio versions that made OUT
+    (transformers' Mimi gained its sliding window in 5.3.0: the version says which reference made the
+    codes).  They are provenance, not identity: a resume, or another part, with other versions goes on,
+    and run.json keeps the versions of the run that made it."""
+    from importlib import metadata
+
+    import torch
+    import transformers
+
+    from mimi_extract import runner
+    from mimi_extract.store.identity import check_run_info, read_run_info
+
+    out = str(tmp_path / "out")
+    extract(inputs["loose"], out, settings(tiny_model_dir), limit=2)
+    made = {"torch": torch.__version__, "transformers": transformers.__version__,
+            "torchaudio": metadata.version("torchaudio")}
+    assert read_run_info(out)["versions"] == made
+    other = {"torch": "2.4.0", "transformers": "5.3.0", "torchaudio": None}
+    monkeypatch.setattr(runner, "library_versions", lambda: other)
+    summary = extract(inputs["loose"], out, settings(tiny_model_dir))
+    assert (summary["skipped"], summary["ok"], summary["errors"]) == (2, len(NAMES) - 2, 0)
+    assert read_run_info(out)["versions"] == made
+    part = tmp_path / "parts" / "part-2-of-2"  # another part of one job array, made with other versions
+    part.mkdir(parents=True)
+    theirs = {**read_run_info(out), "part": "1/2"}
+    check_run_info(str(part), {**theirs, "part": "2/2", "versions": other}, siblings=[out])
+    assert read_run_info(str(part))["versions"] == other
