@@ -415,6 +415,10 @@ class Framing:
     name: str = "transformers"
     causal_16k: bool = False  # True: 16 kHz input through the causal (delayed) resampler
     frames_per_call: int = 1  # moshi-stream: 1920-sample frames per moshi streaming call
+    # the 24 kHz length of resampled input: "torchaudio" (its float32 rounding: what a user's loop
+    # encodes) or "exact" (ceil(n * 24000 / rate): how OUTs made before 0.3 were cut; run.json's
+    # ``resampled_length``, so a resume or an audit of such an OUT cuts its items alike)
+    length: str = "torchaudio"
 
     @property
     def stream_frames(self) -> int | None:
@@ -443,7 +447,7 @@ class Framing:
         if self.name == "muvap" and rate == 16_000:
             return round(n * 1.5)  # Python's round: halves to even, as the MuVAP recipe does
         orig, new = _reduced(rate, SAMPLE_RATE)
-        if rate == 16_000 and self.causal_16k:
+        if (rate == 16_000 and self.causal_16k) or self.length == "exact":
             return math.ceil(new * n / orig)
         return min(math.ceil(float(np.float32(new * n / orig))), (n // orig + 1) * new)
 

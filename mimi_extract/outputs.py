@@ -247,7 +247,9 @@ def _samples_24k(row: dict, info: dict) -> int:
         frames = row["source"]["frames"]
     else:
         frames = round(row["duration"] * rate)
-    return max(1, Framing(info.get("framing", "transformers"), info.get("causal_16k", True)).resampled_length(frames, rate))
+    framing = Framing(info.get("framing", "transformers"), info.get("causal_16k", True),
+                      length=info.get("resampled_length", "exact"))  # (an OUT made before 0.3: the exact length)
+    return max(1, framing.resampled_length(frames, rate))
 
 
 def decode_items(out_dir: str, keys: list[str] | None, output: str | None, model: str | None = None,

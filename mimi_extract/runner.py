@@ -72,7 +72,7 @@ def run_info(settings: Settings, identity: dict, input_root: str, kind: str, par
     that changes one is refused instead of storing every item again under other keys; ``metadata``:
     the columns the outputs carry, with ``options.keep_fields`` as given; ``part_shards``: the input's
     shards, when the parts of a job array divide them whole (every part must agree)."""
-    keep = ("model", "tap", "channel", "causal_16k", "feature_dtype", "dtype", "framing", "format")
+    keep = ("model", "tap", "channel", "causal_16k", "feature_dtype", "dtype", "framing", "format", "resampled_length")
     info = {k: v for k, v in asdict(settings).items() if k in keep}
     if settings.shar_extend:
         info["shar_extend"] = True
@@ -187,16 +187,22 @@ def no_input_message(source: str) -> str:
             "a list or lhotse manifest names them; nothing was written")
 
 
-def keys_as_before(request: RunRequest) -> RunRequest:
-    """A list input resuming an OUT made before a list's rows were keyed from the corpus root (its
-    run.json records no ``--list-keys``): keyed as written, as that OUT's items are, so nothing is
-    stored twice under new keys (``sources.item_identity``).  Other requests as they are."""
-    if request.options.list_keys is not None or remote.is_url(request.out_dir) or not os.path.isdir(request.out_dir):
+def as_before(request: RunRequest) -> RunRequest:
+    """A resume of an OUT made before 0.3 goes on as that OUT was made, so it never mixes two rules:
+    a list input's rows keyed as written (its run.json records no ``--list-keys``; else every item
+    would be stored again under a new key: ``sources.item_identity``), and items cut to the exact
+    24 kHz length (no ``resampled_length``: ``audio.Framing.length``).  Other requests as they are."""
+    if remote.is_url(request.out_dir) or not os.path.isdir(request.out_dir):
         return request
     for d in run_dirs(request.out_dir):
         old = read_run_info(d)
-        if old is not None and old.get("input_kind") == "list" and "--list-keys" not in (old.get(ITEMS) or {}):
-            return replace(request, options=replace(request.options, list_keys="written"))
+        if old is None:
+            continue
+        if (request.options.list_keys is None and old.get("input_kind") == "list"
+                and "--list-keys" not in (old.get(ITEMS) or {})):
+            request = replace(request, options=replace(request.options, list_keys="written"))
+        if "resampled_length" not in old:
+            request = replace(request, settings=replace(request.settings, resampled_length="exact"))
     return request
 
 
@@ -286,7 +292,7 @@ def run_request(request: RunRequest, *, on_plan=None, on_progress=None, on_signa
                                   on_signal=on_signal, stop=stop, on_phase=on_phase, on_commit=on_commit))
     stop = stop or threading.Event()
     on_phase = on_phase or (lambda text: None)
-    request = keys_as_before(request)
+    request = as_before(request)
     source, out_dir, settings, part = request.source, request.out_dir, request.settings, request.part
     # the input first: finding it checks it and its options (a wrong column or sidecar field is one
     # clear error), so a run that finds nothing, or cannot resume OUT, stops before it creates or

@@ -35,6 +35,7 @@ class Settings:
     causal_16k: bool = False  # 16 kHz through the causal (delayed) resampler instead of torchaudio's
     framing: str = "transformers"
     frames_per_call: int = 1  # --framing moshi-stream: frames per moshi streaming call
+    resampled_length: str = "torchaudio"  # audio.Framing.length ("exact": an OUT made before 0.3, resumed)
     feature_dtype: str = "float32"
     engine: str = "local"
     split: bool = True  # long recordings split across idle workers/rows (plan.split_items)
@@ -49,7 +50,7 @@ class Settings:
     def framing_rule(self) -> Framing:
         from .audio import Framing  # (audio imports torch: only once something is computed)
 
-        return Framing(self.framing, self.causal_16k, self.frames_per_call)
+        return Framing(self.framing, self.causal_16k, self.frames_per_call, self.resampled_length)
 
     def chunk_samples(self, hop: int = 1920) -> int:
         """Chunk length in samples, a whole number of output frames (at least one)."""

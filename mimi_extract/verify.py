@@ -313,7 +313,8 @@ def verify_outputs(out_dir: str, sample: int | None = 20, seed: int = 0, device:
     if weights_hash(reference) != info.get("weights"):
         problems.append(f"the model {name!r} is not the one OUT was made with (weights {info.get('weights')})")
     picked = random.Random(seed).sample(rows, min(sample, len(rows))) if sample else rows
-    framing = Framing(info.get("framing", "transformers"), info.get("causal_16k", True), info.get("frames_per_call", 1))
+    framing = Framing(info.get("framing", "transformers"), info.get("causal_16k", True), info.get("frames_per_call", 1),
+                      info.get("resampled_length", "exact"))  # (an OUT made before 0.3 was cut to the exact length)
     tap, nq = info["tap"], info.get("num_quantizers")
     chunked = PaddedMimiEncoder(reference, framing.stream_frames)
     chunk = max(chunked.hop, int(chunk_seconds * SAMPLE_RATE) // chunked.hop * chunked.hop)

@@ -50,6 +50,8 @@ _EXPLAIN = {
                 "metadata was kept resumes with --keep-fields none)",
     "keep_fields": "another --keep-fields / --keep-columns",
     "metadata_file": "another --metadata file joined to the items (their fields would differ between shards)",
+    "resampled_length": "another rule for the 24 kHz length of resampled items: an OUT made before 0.3 is resumed "
+                        "with its own (exact) rule by this version; another tool made this change",
     "channel": "--channel: other items and keys",
     "input_kind": "INPUT read as another kind (--input-format): other items and keys",
     "token_layout": "another --token-layout: the same codes as other token ids",
@@ -75,6 +77,9 @@ _ADDED_LATER = ("decoders", "keep_fields", ITEMS, "metadata_file")
 # item options (``items``) recorded later, with what their absence from an older run.json meant: a
 # list input's rows were keyed as written (sources.item_identity)
 ITEMS_BEFORE = {"--list-keys": "written"}
+# settings recorded later, with what their absence meant: items cut to the exact 24 kHz length
+# (audio.Framing.length); the runner resumes such an OUT that way (runner.as_before)
+SETTINGS_BEFORE = {"resampled_length": "exact"}
 
 
 def _shown(value) -> str:
@@ -82,7 +87,9 @@ def _shown(value) -> str:
 
 
 def _with_items_before(old: dict, new: dict) -> dict:
-    """``old`` with the item options it predates read as what they meant then (:data:`ITEMS_BEFORE`)."""
+    """``old`` with the settings and item options it predates read as what they meant then
+    (:data:`SETTINGS_BEFORE`, :data:`ITEMS_BEFORE`)."""
+    old = {**{k: v for k, v in SETTINGS_BEFORE.items() if k in new}, **old}
     if not isinstance(old.get(ITEMS), dict) or not isinstance(new.get(ITEMS), dict):
         return old
     return {**old, ITEMS: {**{f: v for f, v in ITEMS_BEFORE.items() if f in new[ITEMS]}, **old[ITEMS]}}

@@ -3,6 +3,7 @@ failing items named, paths that travel, an offline first run, one resampler by d
 
 import json
 import math
+from dataclasses import replace
 import os
 import subprocess
 import sys
@@ -240,6 +241,35 @@ def test_441k_long_item_is_what_torchaudio_plus_mimimodel_gives(tmp_path, tiny_m
     user = reference_single(tiny_model, resampled, 8)["latent"]  # the item alone through transformers' Mimi
     got = torch.from_numpy(read(out, "a44k.wav"))
     assert got.shape == user.shape and (got - user).abs().max() <= tolerance(user), float((got - user).abs().max())
+
+
+def test_an_out_made_with_the_exact_length_resumes_and_audits_with_it(tmp_path, tiny_model, tiny_model_dir):
+    """An OUT made before the length rule was recorded cut items to the exact ceil(n * 24000 / rate):
+    a resume goes on with that rule (one OUT never mixes two), and ``verify --out`` audits with it."""
+    from mimi_extract import read
+    from mimi_extract.runner import extract
+    from mimi_extract.settings import Settings
+    from mimi_extract.store.identity import read_run_info, write_run_info
+
+    from conftest import tolerance
+
+    (tmp_path / "in").mkdir()
+    for i, name in enumerate(["a44k.wav", "b44k.wav"]):
+        write_noise(tmp_path / "in" / name, 240_854, rate=44_100, subtype="FLOAT", rng=np.random.default_rng(i))
+    settings = Settings(model=tiny_model_dir, tap="latent", num_workers=0)
+    old = str(tmp_path / "old")
+    assert extract(str(tmp_path / "in"), old, replace(settings, resampled_length="exact"), limit=1)["ok"] == 1
+    info = read_run_info(old)
+    assert info.pop("resampled_length") == "exact"
+    write_run_info(old, info)  # as an OUT of 0.2 has it
+    assert extract(str(tmp_path / "in"), old, settings)["ok"] == 1
+    exact, fresh = str(tmp_path / "exact"), str(tmp_path / "fresh")
+    extract(str(tmp_path / "in"), exact, replace(settings, resampled_length="exact"))
+    extract(str(tmp_path / "in"), fresh, settings)
+    got, want, other = (torch.from_numpy(read(o, "b44k.wav")) for o in (old, exact, fresh))
+    assert (got - want).abs().max() <= tolerance(want) < (got - other).abs().max()  # the last frame tells them apart
+    result = cli("verify", "--out", old, "--model", tiny_model_dir, "--device", "cpu")
+    assert result.exit_code == 0 and "2 files compared, 0 errors" in result.text and "PASS" in result.text, result.text
 
 
 def test_16k_default_is_what_torchaudio_plus_mimimodel_gives(tmp_path, tiny_model, tiny_model_dir):
