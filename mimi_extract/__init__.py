@@ -1,6 +1,6 @@
 """mimi-extract: padding-aware batched Mimi feature and code extraction."""
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = ["__version__", "open", "read", "read_manifest", "read_cuts", "Reader"]
 

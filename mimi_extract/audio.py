@@ -177,37 +177,44 @@ class PyAVFile:
             raise AudioError("no audio stream")
         self.stream = self.container.streams.audio[0]
         self._decoded = self._decode(self.container.demux(self.stream))
-        self.buffer = np.zeros((0, 0), np.float32)
+        self.buffer: tuple = ()  # the samples decoded and not read yet: one 1-D array per channel
         self.position = 0  # source samples read or dropped so far
 
     def _decode(self, packets):
-        """(time of its first sample in samples since the stream's zero or None, float32 [samples,
-        channels]) per decoded frame; an undecodable packet: silence of its duration."""
+        """(its stream time in the stream's time base, or None; its samples: a float32 1-D array per
+        channel) per decoded frame; an undecodable packet: silence of its duration.  The hot loop of
+        every MPEG read: nothing here but what each frame needs (times are converted only by seeks,
+        channels interleaved once per read, not per frame)."""
         import av
 
+        rate, channels = self.samplerate, self.channels
         for packet in packets:
             try:
                 frames = packet.decode()
             except (av.error.FFmpegError, ValueError) as e:
-                n = self._samples(packet.duration, packet.time_base) or 0
+                n = self._samples(packet.duration) or 0
                 self._skipped.append(getattr(e, "strerror", None) or str(e))
                 if n > 0:
-                    yield self._samples(packet.pts, packet.time_base), np.zeros((n, self.channels), np.float32)
+                    yield packet.pts, (np.zeros(n, np.float32),) * channels
                 continue
             for frame in frames:
-                if frame.sample_rate != self.samplerate or len(frame.layout.channels) != self.channels:
+                if frame.sample_rate != rate or frame.layout.nb_channels != channels:
                     # a damaged header read as another rate or layout: not this stream's audio
-                    self._skipped.append(f"a frame of {frame.sample_rate} Hz, {len(frame.layout.channels)} channel(s)")
-                    n = round(frame.samples * self.samplerate / frame.sample_rate)
-                    yield self._samples(frame.pts, frame.time_base), np.zeros((n, self.channels), np.float32)
-                    continue
-                yield self._samples(frame.pts, frame.time_base), _frame_array(frame)
+                    self._skipped.append(f"a frame of {frame.sample_rate} Hz, {frame.layout.nb_channels} channel(s)")
+                    yield frame.pts, (np.zeros(round(frame.samples * rate / frame.sample_rate), np.float32),) * channels
+                elif frame.format.name == "fltp":  # (MP3, AAC, Vorbis, Opus: FFmpeg's float decoders)
+                    n = frame.samples
+                    yield frame.pts, tuple(np.frombuffer(p, np.float32, n) for p in frame.planes[:channels])
+                else:
+                    yield frame.pts, tuple(_frame_array(frame).T)
 
-    def _samples(self, t, time_base) -> int | None:
-        """Stream time ``t`` (in ``time_base`` units) in samples; None if unknown."""
-        if t is None or time_base is None:
+    def _samples(self, t: int | None) -> int | None:
+        """Stream time ``t`` (in the stream's time base) in samples, rounded; None if unknown."""
+        if t is None:
             return None
-        return round(t * time_base * self.samplerate)
+        tb = self.stream.time_base
+        num, den = tb.numerator * self.samplerate, tb.denominator
+        return (2 * t * num + den) // (2 * den)
 
     @property
     def decoder_warnings(self) -> str:
@@ -237,27 +244,28 @@ class PyAVFile:
     def _count_to_end(self) -> int:
         """The samples a decode from the start gives (see the class docstring)."""
         if not self.mpeg:
-            return sum(len(a) for _, a in self._decoded)
+            return sum(len(a[0]) for _, a in self._decoded)
         origin, first = next(self._decoded, (None, None))
         if first is None:
             return 0
         if origin is None:
-            return len(first) + sum(len(a) for _, a in self._decoded)
+            return len(first[0]) + sum(len(a[0]) for _, a in self._decoded)
+        origin = self._samples(origin)
         self.container.seek(2 ** 62, stream=self.stream, backward=True)  # indexes every frame: the last one
         last = next((p for p in self.container.demux(self.stream) if p.pts is not None), None)
-        end = self._samples(last.pts, last.time_base) if last is not None else origin
-        if end - _PREROLL <= origin + len(first):  # a short stream: decode it all, from the start
+        end = self._samples(last.pts) if last is not None else origin
+        if end - _PREROLL <= origin + len(first[0]):  # a short stream: decode it all, from the start
             import av
 
             self.container.close()
             self._open(av)
-            return sum(len(a) for _, a in self._decoded)
+            return sum(len(a[0]) for _, a in self._decoded)
         self._seek_to(end - _PREROLL)
         at, size = origin, 0
-        for at, block in self._decoded:
-            if at is None:
+        for t, block in self._decoded:
+            if t is None:
                 raise AudioError("a frame without a time after a seek")
-            size = len(block)
+            at, size = self._samples(t), len(block[0])
         return at + size - origin
 
     def _seek_to(self, t: int) -> None:
@@ -266,17 +274,20 @@ class PyAVFile:
         self._decoded = self._decode(self.container.demux(self.stream))
 
     def read(self, n: int, dtype: str = "float32", always_2d: bool = True) -> np.ndarray:
-        parts, have = [self.buffer] if len(self.buffer) else [], len(self.buffer)
+        parts, have = [self.buffer] if self.buffer and len(self.buffer[0]) else [], len(self.buffer[0]) if self.buffer else 0
         while have < n:
             _, block = next(self._decoded, (None, None))
             if block is None:
                 break
             parts.append(block)
-            have += len(block)
-        data = np.concatenate(parts) if parts else np.zeros((0, self.channels), np.float32)
-        self.buffer = data[n:]
-        self.position += min(n, len(data))
-        return data[:n]
+            have += len(block[0])
+        if not parts:
+            return np.zeros((0, self.channels), np.float32)
+        columns = [np.concatenate([p[c] for p in parts]) if len(parts) > 1 else parts[0][c] for c in range(self.channels)]
+        self.buffer = tuple(c[n:] for c in columns)
+        data = columns[0][:n, None] if self.channels == 1 else np.stack([c[:n] for c in columns], 1)
+        self.position += len(data)
+        return data
 
     def seek(self, frames: int) -> int:
         """Position at source sample ``frames`` (from the start only: the reader seeks once)."""
@@ -300,14 +311,16 @@ class PyAVFile:
             self.container.close()
             self._open(av)
             return False
+        origin = self._samples(origin)
         self._seek_to(origin + target - _PREROLL)
         landed = False
-        for at, block in self._decoded:
+        for t, block in self._decoded:
+            at = self._samples(t)
             if at is None or (not landed and at - origin > target - _PREROLL // 2):  # too late to be exact
                 break
             landed = True
-            if at - origin + len(block) > target:
-                self.buffer, self.position = block[target - (at - origin):], target
+            if at - origin + len(block[0]) > target:
+                self.buffer, self.position = tuple(c[target - (at - origin):] for c in block), target
                 return True
         self.container.close()
         self._open(av)
