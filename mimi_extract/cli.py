@@ -32,7 +32,7 @@ from rich.table import Table
 from rich.text import Text
 
 from . import __version__, _limits
-from .choices import (CHANNEL_MODES, DTYPES, ENGINES, FEATURE_DTYPES, FRAMINGS, KEY_MODES, RESAMPLERS,
+from .choices import (CHANNEL_MODES, DTYPES, ENGINES, FEATURE_DTYPES, FRAMINGS, KEY_MODES, RESAMPLE_ON, RESAMPLERS,
                       SIDECAR_DURATION_MODES)
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NO_INPUT, EXIT_ALL_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
@@ -70,6 +70,7 @@ FeatureDType = _choices("FeatureDType", FEATURE_DTYPES)
 FramingOpt = _choices("FramingOpt", FRAMINGS)
 EngineOpt = _choices("EngineOpt", ENGINES)
 Resampler = _choices("Resampler", RESAMPLERS)
+ResampleOn = _choices("ResampleOn", RESAMPLE_ON)
 
 
 def _format_choices() -> type[Enum]:
@@ -91,6 +92,7 @@ OutArg = Annotated[str, typer.Argument(metavar="OUT", help="Output directory (sh
 DTypeOpt = Annotated[DType, typer.Option(help="Compute dtype; bf16/fp16 only on GPU. fp32 is the exact path.")]
 ChannelOpt = Annotated[Channel, typer.Option(help="Multichannel files: mix = mean of channels, first, each = one entry per channel (key#chN).")]
 ResamplerOpt = Annotated[Resampler, typer.Option(help="Resampler to 24 kHz: torchaudio = torchaudio.functional.resample's sinc, for every rate (what a torchaudio + MimiModel loop computes); causal = 16 kHz input delayed by the filter's look-ahead (8 samples), so no output sample depends on future input. Recorded in run.json (causal_16k).")]
+ResampleOnOpt = Annotated[ResampleOn, typer.Option(help="Where input is resampled to 24 kHz: host = the decoding threads; device = the encoder's device (a GPU), the host sending native-rate samples (int16 for 16-bit PCM): the same kernel in fp32, equal to float noise, and about half the host's CPU per audio second; auto = device on GPU, host on CPU.")]
 CausalOpt = Annotated[Optional[bool], typer.Option("--causal-16k/--no-causal-16k", hidden=True, help="Old spelling of --resampler causal / torchaudio.")]
 FramingArg = Annotated[FramingOpt, typer.Option(help="transformers = MimiModel.encode; moshi = moshi's non-streaming encode (zero-padded to whole 1920-sample frames); moshi-stream = moshi's streaming encode fed --frames-per-call frames per call (same padding; differs from non-streaming past the 250-step attention window, 10 s); muvap = the MuVAP front end (16 kHz delayed 16 samples, round(1.5n), pad to 960).")]
 FramesPerCallOpt = Annotated[int, typer.Option(min=1, help="--framing moshi-stream: 1920-sample frames per moshi streaming encode call (the codes depend on it past 10 s); an item that is not a whole number of calls gets its last call zero-padded to N frames.")]
@@ -131,6 +133,7 @@ RUN_OPTIONS = [
     _option("num_workers", Annotated[Optional[int], typer.Option(min=0, help="Decoding threads per device (0 counts as 1: decoding always overlaps encoding) \\[default: 2 on CPU; on GPU every core but 2 per GPU: decoding and resampling are the host's main work].")], None),
     _option("channel", ChannelOpt, Channel["mix"]),
     _option("resampler", ResamplerOpt, Resampler["torchaudio"]),
+    _option("resample_on", ResampleOnOpt, ResampleOn["auto"]),
     _option("causal_16k", CausalOpt, None),
     _option("framing", FramingArg, FramingOpt["transformers"]),
     _option("frames_per_call", FramesPerCallOpt, 1),
@@ -440,6 +443,7 @@ def verify(
     chunk_seconds: Annotated[float, typer.Option(min=0.08, help="Files longer than this are streamed in chunks (checked against the unchunked reference); with --out, longer items are re-encoded alone in chunks.")] = 30.0,
     channel: ChannelOpt = Channel["mix"],
     resampler: ResamplerOpt = Resampler["torchaudio"],
+    resample_on: ResampleOnOpt = ResampleOn["auto"],
     causal_16k: CausalOpt = None,
     framing: FramingArg = FramingOpt["transformers"],
     frames_per_call: FramesPerCallOpt = 1,
@@ -499,6 +503,7 @@ def verify(
             settings = engine_check_settings(dict(
                 model=model or "kyutai/mimi", device=device, dtype=dtype, batch_size=batch_size,
                 max_batch_seconds=max_batch_seconds, channel=channel, resampler=resampler, causal_16k=causal_16k,
+                resample_on=resample_on,
                 tap="codes", num_quantizers=num_quantizers, chunk_seconds=chunk_seconds, framing=framing,
                 frames_per_call=frames_per_call))
             checks, problems = verify_source(input_path, settings, limit, rtol, atol,

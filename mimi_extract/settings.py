@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .choices import SAMPLE_RATE
+from .choices import RESAMPLE_ON, SAMPLE_RATE
 
 if TYPE_CHECKING:
     from .audio import Framing
@@ -38,6 +38,7 @@ class Settings:
     feature_dtype: str = "float32"
     engine: str = "local"
     split: bool = True  # long recordings split across idle workers/rows (plan.split_items)
+    resample_on: str = "auto"  # --resample-on: host | device | auto (device on a GPU); see device_resample
     format: str = "hdf5"  # output format: a name of mimi_extract.formats' registry (--format: hdf5, parquet, shar)
     shar_extend: bool = False  # --shar-extend: one field tar per input Shar shard (format shar)
     ray_address: str | None = None
@@ -71,6 +72,15 @@ class Settings:
         if not self.on_gpu:
             return 2
         return max(2, cpu_cores() // max(1, len(self.devices)) - 2)
+
+    @property
+    def device_resample(self) -> bool:
+        """Whether the encoder process resamples to 24 kHz on its device (``device_resample``) rather
+        than the decoding threads on the host: by default on a GPU, where the host's cores decide
+        throughput; ``--resample-on device`` forces it on CPU too (how it is tested here)."""
+        if self.resample_on not in RESAMPLE_ON:
+            raise ValueError(f"--resample-on {self.resample_on!r}: choose from {', '.join(RESAMPLE_ON)}")
+        return self.resample_on == "device" or (self.resample_on == "auto" and self.on_gpu)
 
     @property
     def on_gpu(self) -> bool:
