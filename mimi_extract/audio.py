@@ -31,8 +31,8 @@ from functools import lru_cache
 
 import numpy as np
 import soundfile as sf
-import torch
 
+from ._lazy import torch  # imported at first use: probing headers (sources, `plan`) needs none of it
 from .choices import FRAMINGS, SAMPLE_RATE
 
 _BLOCK = 1 << 16  # source frames decoded per read of a stream

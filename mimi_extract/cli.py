@@ -617,6 +617,102 @@ def status(out_dir: Annotated[str, typer.Argument(metavar="OUT")],
         f": {report['ok']} ok, {report['errors']} errors, {report['remaining']} not yet encoded", out=out)
 
 
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+
+
+@app.command(cls=_OneInput)
+@_with_options(INPUT_OPTIONS, skip=("keep_fields",))
+def plan(
+    input_path: InputArg,
+    num_quantizers: Annotated[int, typer.Option("--num-quantizers", "-q", min=1, max=32, help="Codebooks the codes would keep (tokens, bytes).")] = 8,
+    feature_dtype: Annotated[FeatureDType, typer.Option(help="Storage dtype of features (bytes).")] = FeatureDType["float32"],
+    output_format: Annotated[OutFormat, typer.Option("--format", help="The format whose single writer caps the GPU estimate.")] = OutFormat["hdf5"],
+    channel: ChannelOpt = Channel["mix"],
+    resampler: ResamplerOpt = Resampler["torchaudio"],
+    framing: FramingArg = FramingOpt["transformers"],
+    limit: LimitOpt = None,
+    recordings: Annotated[Optional[str], typer.Option(help="lhotse RecordingSet for a SupervisionSet input.")] = None,
+    part_hours: Annotated[float, typer.Option(min=0, help="Audio hours per task of a job array: the --part count suggested.")] = 1000.0,
+    cores: Annotated[Optional[int], typer.Option(min=1, help="Host CPU cores of the machine to plan for \\[default: this one's].")] = None,
+    gpus: Annotated[int, typer.Option(min=1, help="GPUs of that machine.")] = 1,
+    gpu_rate: Annotated[Optional[float], typer.Option(min=1, help="A GPU's encoding rate, x real time (from scripts/gpu_check.sh on your GPU) \\[default: the measured one; unmeasured so far].")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    **inputs,
+):
+    """A dry run: what encoding INPUT would take, without loading a model.
+
+    Reads only what a run's indexing reads (the listing and each item's audio header): items, hours,
+    durations, frames and tokens, output bytes per format and tap, the host cores a GPU needs for this
+    corpus's codecs, an estimated time per device kind (from the measured rates of
+    docs/performance.md; a GPU's own rate is unmeasured until scripts/gpu_check.sh runs on one:
+    give it with --gpu-rate), and a --part count for tasks of --part-hours each.
+
+    [bold]Examples[/]
+
+      mimi-extract plan corpus/
+      mimi-extract plan 'shards/en-{000000..000999}.tar' -q 32 --cores 112 --gpus 8 --gpu-rate 12000
+      mimi-extract plan manifest.jsonl --json | jq .host.cores_per_gpu
+    """
+    from .dry_run import PlanAsk, plan_report
+    from .request import input_options
+    from .settings import Settings
+
+    try:
+        options = input_options({**inputs, "recordings": recordings})
+        rule = Settings(framing=framing.value, causal_16k=resampler.value == "causal").framing_rule
+        ask = PlanAsk(num_quantizers, feature_dtype.value, part_hours, cores, gpus, gpu_rate, output_format.value, limit)
+        report = plan_report(input_path, options, channel.value, rule, ask)
+    except (ValueError, FileNotFoundError, OSError) as e:
+        _fail(e)
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return
+    out = Console(highlight=False)
+    ix = report["indexing"]
+    say(f"{report['input']} ({report['kind']}): {report['items']} items, {report['unreadable']} unreadable; "
+        f"{_hours(report['hours'] * 3600)} of audio (indexed in {ix['wall_s']:.1f} s, {ix['cpu_s']:.1f} CPU s)", out=out)
+    for reason, n in report["errors_by_reason"].items():
+        say(f"  {n} x ", (str(reason), "yellow"), out=out)
+    d = report["durations"]
+    if d["max"] is not None:
+        say(f"durations: min {d['min']:.2f} s, median {d['median']:.2f} s, mean {d['mean']:.2f} s, "
+            f"p95 {d['p95']:.2f} s, max {d['max']:.2f} s", out=out)
+        bins = [(f"{a:g}-{b:g}", c) for a, b, c in zip(d["edges"], d["edges"][1:], d["counts"])]
+        bins.append((f">={d['edges'][-1]:g}", d["counts"][-1]))
+        say("  " + ", ".join(f"{label} s: {c}" for label, c in bins if c), out=out)
+    fr = report["frames"]
+    say(f"frames: {fr['12.5 Hz (latent, codes)']} at 12.5 Hz (latent, codes), {fr['25 Hz (encoder)']} at 25 Hz "
+        f"(encoder); tokens at -q {report['num_quantizers']}: {report['tokens']}", out=out)
+    table = Table(title="output size (estimated from measured format overheads)")
+    for name in ("tap", "arrays", "hdf5", "parquet", "shar"):
+        table.add_column(name, justify="left" if name == "tap" else "right")
+    for tap, b in report["bytes"].items():
+        label = f"codes (-q {report['num_quantizers']})" if tap == "codes" else f"{tap} ({feature_dtype.value})"
+        table.add_row(label, *(_size(b[k]) for k in ("arrays", "hdf5", "parquet", "shar")))
+    out.print(table)
+    host = report["host"]
+    say("codecs: " + "; ".join(f"{m['codec']} {m['sample_rate'] / 1000:g} kHz {100 * m['share']:.0f}% "
+                               f"({m['host_us_per_audio_s']:.0f} µs host CPU per audio s)" for m in report["codecs"][:6]),
+        out=out)
+    say(f"host: a GPU at {host['target_x']:,.0f}x real time needs {host['cores_per_gpu']:.1f} cores for this corpus "
+        f"(resampling on the GPU; {host['cores_per_gpu_host_resampling']:.1f} with --resample-on host); "
+        f"rates measured on {host['measured_on']}", out=out)
+    for name, e in report["estimates"].items():
+        if not e["x_real_time"]:
+            say(f"time on {name}: unmeasured (run scripts/gpu_check.sh on one, then plan --gpu-rate X)", out=out)
+            continue
+        what = f"{e['cores']} cores" if name == "cpu" else f"{e['gpus']} GPU(s), {e['cores']} cores, bound by {e['bound']}"
+        say(f"time on {name} ({what}): {_hours(e['hours'] * 3600)} at {e['x_real_time']:,.0f}x real time"
+            + ("" if e["measured"] else " (given --gpu-rate)"), out=out)
+    p = report["parts"]
+    say(f"parts: --part I/{p['count']} (sbatch --array=0-{p['count'] - 1}) for ~{_hours(p['hours_per_part'] * 3600)} "
+        f"of audio each (--part-hours {p['part_hours']:g})", out=out)
+
+
 _SHOWN = 20  # failing items listed by `info` (all of them with --json)
 
 

@@ -119,6 +119,7 @@ class NullEncoder:
 
 
 CPU: dict[str, float] = {}
+DEVICE_WORK = "device resample (GPU work in a real run)"  # measured on the CPU here, not the host's share
 _lock = threading.Lock()
 
 
@@ -155,9 +156,22 @@ def install_null() -> None:
     device_mod.build_encoder.null = True
 
 
+def _timed_inside(role: str, fn):
+    """``fn`` adding its thread CPU time to ``role`` even inside another timed call (the caller's
+    role is then charged without it: see ``feed``)."""
+    def wrapper(*a, **kw):
+        t = time.thread_time()
+        try:
+            return fn(*a, **kw)
+        finally:
+            _add(role, time.thread_time() - t)
+    return wrapper
+
+
 def install_probes() -> None:
     """The null encoder, and thread CPU time per role (measurement only)."""
     install_null()
+    DeviceRunner._resample = _timed_inside(DEVICE_WORK, DeviceRunner._resample)
     DeviceRunner._read = _timed("decode pool", DeviceRunner._read)
     DeviceRunner._start = _timed("decode pool", DeviceRunner._start)
     DeviceRunner._feed = _timed("feeder thread", DeviceRunner._feed)
@@ -179,31 +193,36 @@ def feed(args, model_dir: str) -> dict:
     from mimi_extract.runner import extract
 
     results = {}
-    for name in args.formats.split(","):
+    for name, where in [(n, w) for n in args.formats.split(",") for w in args.resample_on.split(",")]:
         folder, seconds = make_corpus(os.path.join(args.workdir, "corpus"), name, args.seconds)
         out = os.path.join(args.workdir, "out-feed")
         shutil.rmtree(out, ignore_errors=True)
         settings = Settings(model=model_dir, tap=args.tap, devices=("cpu",), batch_size=64, max_batch_seconds=300,
-                            chunk_seconds=30, num_workers=args.decode_threads)
+                            chunk_seconds=30, num_workers=args.decode_threads, resample_on=where,
+                            threads=args.torch_threads)
         CPU.clear()
         t_proc, t_wall = time.process_time(), time.perf_counter()
         summary = extract(folder, out, settings)
         total_cpu, wall = time.process_time() - t_proc, time.perf_counter() - t_wall
         assert summary["ok"] == summary["todo"], f"{name}: {summary['ok']} of {summary['todo']} items written"
-        phase = CPU.get("process, encoding phase", total_cpu)
+        device_work = CPU.get(DEVICE_WORK, 0.0)
+        phase = CPU.get("process, encoding phase", total_cpu) - device_work  # the host's share
         roles = {r: CPU.get(r, 0.0) for r in ("decode pool", "feeder thread", "encoder thread", "writer thread (caller)")}
+        roles["encoder thread"] -= device_work
         roles["other (torch threads, GC)"] = max(0.0, phase - sum(roles.values()))
         per_audio = {r: v / seconds for r, v in roles.items()}
-        results[name] = {
+        key = name if args.resample_on == "host" else f"{name} {where}"
+        results[key] = {
+            "resample_on": where, "device_work_cpu_s": device_work,
             "audio_seconds": seconds, "items": summary["ok"], "wall_s": wall, "cpu_s_total": total_cpu,
-            "cpu_s_encoding_phase": phase, "startup_and_planning_cpu_s": total_cpu - phase,
+            "cpu_s_encoding_phase": phase, "startup_and_planning_cpu_s": total_cpu - phase - device_work,
             "per_core_x": seconds / phase, "cores_for_target": TARGET * phase / seconds,
             "cpu_per_audio_s": per_audio,
             "serial_ceilings_x": {"feeder thread": 1 / max(per_audio["feeder thread"], 1e-12),
                                   "writer thread (caller)": 1 / max(per_audio["writer thread (caller)"], 1e-12)},
         }
-        r = results[name]
-        print(f"feed {name:>8}: {seconds:6.0f} audio s, {phase:6.2f} CPU s -> {r['per_core_x']:7.0f} x per core, "
+        r = results[key]
+        print(f"feed {name:>8} {where:>6}: {seconds:6.0f} audio s, {phase:6.2f} CPU s -> {r['per_core_x']:7.0f} x per core, "
               f"{r['cores_for_target']:5.1f} cores for {TARGET}x; feeder thread alone caps at "
               f"{r['serial_ceilings_x']['feeder thread']:.0f} x, writer thread at "
               f"{r['serial_ceilings_x']['writer thread (caller)']:.0f} x", flush=True)
@@ -384,6 +403,10 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=1200.0, help="audio seconds per feed corpus")
     p.add_argument("--tap", default="codes")
     p.add_argument("--decode-threads", type=int, default=2, help="--num-workers of the run (the decode pool)")
+    p.add_argument("--torch-threads", type=int, default=2, help="torch's intra-op threads (a GPU worker's: 2); with "
+                   "1 every resampling convolution runs in the thread that calls it, so the device's share is all timed")
+    p.add_argument("--resample-on", default="host", help="feed: host, device or both (host,device): where the run "
+                   "resamples; device: its convolution is timed apart (the GPU's work) and left out of the host's")
     p.add_argument("--write-formats", default="hdf5,parquet,shar")
     p.add_argument("--procs-formats", default="hdf5,parquet", help="output formats of the procs section")
     p.add_argument("--write-items", type=int, default=8000)
@@ -391,7 +414,7 @@ def main() -> None:
     p.add_argument("--json")
     args = p.parse_args()
     os.makedirs(args.workdir, exist_ok=True)
-    torch.set_num_threads(2)  # a GPU worker's torch threads (settings.threads_per_worker)
+    torch.set_num_threads(args.torch_threads)
     results = {"cores": os.cpu_count(), "torch": torch.__version__}
     sections = args.sections.split(",")
 
