@@ -61,6 +61,9 @@ def codec_of(name: str) -> str:
 CPU_X_PER_CORE = 7.5
 # a GPU's encoding rate, x real time of the full-size model (None: not measured yet; scripts/gpu_check.sh)
 GPU_X: dict[str, float | None] = {"H100": None, "H200": None}
+# one feeding process's ceiling, x real time: the GIL-held share of its work (feeder, encoder thread,
+# the Python around each decoded block; bench_ceilings.py procs), device resampling
+PROCESS_X = 7_000
 # one writer process stores at most this much (x real time; bench_ceilings.py procs, FLAC 16 kHz codes)
 WRITER_X = {"hdf5": 19_500, "parquet": 118_000, "shar": None}
 

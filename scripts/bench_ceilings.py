@@ -169,8 +169,11 @@ def _timed_inside(role: str, fn):
 
 
 def install_probes() -> None:
-    """The null encoder, and thread CPU time per role (measurement only)."""
+    """The null encoder, and thread CPU time per role (measurement only; once per process)."""
     install_null()
+    if getattr(DeviceRunner, "probed", False):
+        return
+    DeviceRunner.probed = True
     DeviceRunner._resample = _timed_inside(DEVICE_WORK, DeviceRunner._resample)
     DeviceRunner._read = _timed("decode pool", DeviceRunner._read)
     DeviceRunner._start = _timed("decode pool", DeviceRunner._start)
@@ -230,10 +233,17 @@ def feed(args, model_dir: str) -> dict:
     return results
 
 
+DECODER = "decoder library (GIL released)"  # time inside the decoder's read call, within the decode pool
+
+
 def feed_processes(args, model_dir: str) -> dict:
-    """K feeding processes (ProcessEngine, as ``--device cuda:0,cuda:0,...`` would run them) and the
-    one writer in this process: this process's CPU per audio second is the single-writer ceiling of
-    that layout (pieces unpickled from the workers' queue, stitched, written)."""
+    """K feeding processes (ProcessEngine, as ``--feeders-per-gpu K`` runs them on one GPU) and the one
+    writer in this process, for K in ``--procs``: this process's CPU per audio second is the single
+    writer's ceiling (pieces unpickled from the workers' queue, stitched, written); each worker's
+    thread CPU per role says what holds its GIL (everything but the decoder library's own calls and
+    the device's work: an upper bound, numpy and torch release the GIL in places), so its ceiling
+    (its audio / its GIL-held CPU).  The machine's: min(K x a process's, the writer's)."""
+    from mimi_extract import audio as audio_mod
     from mimi_extract.engines.processes import ProcessEngine
     from mimi_extract.runner import extract
 
@@ -243,35 +253,87 @@ def feed_processes(args, model_dir: str) -> dict:
         f.write(f"import sys\nsys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})\n"
                 "import bench_ceilings\nbench_ceilings.install_null()\n")
     os.environ["PYTHONPATH"] = os.pathsep.join([hook, ROOT, os.environ.get("PYTHONPATH", "")])
+    install_probes()  # the roles, timed in the (forked) workers as well
+    audio_mod._read = _timed_inside(DECODER, audio_mod._read)
+    dumps = os.path.join(args.workdir, "procs-cpu")
+    timed_run = DeviceRunner.run
+
+    def worker_run(self, *a, **kw):  # in each worker: its CPU by role, dumped when its run ends
+        CPU.clear()
+        t = time.process_time()
+        try:
+            return timed_run(self, *a, **kw)
+        finally:
+            with open(os.path.join(dumps, f"{os.getpid()}.json"), "w") as f:
+                json.dump({"roles": dict(CPU), "process_cpu_s": time.process_time() - t,
+                           "audio_seconds": self.stats.real / 24_000}, f)
+
+    DeviceRunner.run = worker_run
     spent = {}
     original = ProcessEngine.run
 
-    def run(self, units, stop, model=None):
+    def run(self, units, stop, model=None):  # the writer: from the start, and from its first piece on
         t = time.process_time()
+        spent["steady"] = None
         try:
-            yield from original(self, units, stop, model)
+            for piece in original(self, units, stop, model):
+                if spent["steady"] is None:
+                    spent["steady"], spent["first_seconds"] = time.process_time(), piece.seconds
+                yield piece
         finally:
             spent["main"] = time.process_time() - t
+            spent["steady"] = time.process_time() - spent["steady"]
 
     ProcessEngine.run = run
+    from mimi_extract import engines
+
+    local = engines.ENGINES["local"]
+    engines.ENGINES["local"] = ProcessEngine  # one feeding process too: the writer in this process, as with more
     results = {}
     for name in args.formats.split(","):
         folder, seconds = make_corpus(os.path.join(args.workdir, "corpus"), name, args.seconds)
         for fmt in args.procs_formats.split(","):
-            k = 2
-            out = os.path.join(args.workdir, "out-procs")
-            shutil.rmtree(out, ignore_errors=True)
-            settings = Settings(model=model_dir, tap=args.tap, devices=("cpu",) * k, batch_size=64, format=fmt,
-                                max_batch_seconds=300, chunk_seconds=30, num_workers=args.decode_threads, threads=1)
-            summary = extract(folder, out, settings)
-            assert summary["ok"] == summary["todo"]
-            main = spent["main"]
-            results[f"{name} {fmt} x{k}"] = {"audio_seconds": seconds, "items": summary["ok"], "main_cpu_s": main,
-                                             "main_x_per_cpu_s": seconds / main}
-            print(f"procs {name:>8} {fmt:>7} x{k}: the writer process spends {main:.3f} CPU s on {seconds:.0f} audio s "
-                  f"({summary['ok']} items) -> caps at {seconds / main:.0f} x", flush=True)
-            shutil.rmtree(out, ignore_errors=True)
+            for k in map(int, args.procs.split(",")):
+                out = os.path.join(args.workdir, "out-procs")
+                shutil.rmtree(out, ignore_errors=True)
+                shutil.rmtree(dumps, ignore_errors=True)
+                os.makedirs(dumps)
+                settings = Settings(model=model_dir, tap=args.tap, devices=("cpu",) * k, batch_size=64, format=fmt,
+                                    max_batch_seconds=300, chunk_seconds=30, num_workers=args.decode_threads, threads=1,
+                                    resample_on=args.procs_resample_on)
+                t_wall = time.perf_counter()
+                summary = extract(folder, out, settings)
+                wall = time.perf_counter() - t_wall
+                assert summary["ok"] == summary["todo"]
+                main = spent["main"]
+                workers = [json.load(open(os.path.join(dumps, f))) for f in sorted(os.listdir(dumps))]
+                caps, feeding = [], 0.0
+                for w in workers:
+                    r = w["roles"]
+                    gil = (r.get("decode pool", 0) - r.get(DECODER, 0) + r.get("feeder thread", 0)
+                           + r.get("encoder thread", 0) - r.get(DEVICE_WORK, 0))
+                    w["gil_held_cpu_s"] = gil
+                    feeding += w["process_cpu_s"] - r.get(DEVICE_WORK, 0)
+                    if w["audio_seconds"] > 0 and gil > 0:
+                        caps.append(w["audio_seconds"] / gil)
+                process_x = sum(caps) / len(caps) if caps else None
+                # the steady state: the workers' start (forks, imports) is the writer process's too, once per run
+                writer_x = (seconds - spent["first_seconds"]) / spent["steady"]
+                results[f"{name} {fmt} x{k}"] = {
+                    "feeders": k, "audio_seconds": seconds, "items": summary["ok"], "writer_cpu_s": main,
+                    "writer_cpu_s_from_first_piece": spent["steady"], "writer_x_per_cpu_s": writer_x,
+                    "writer_x_per_cpu_s_with_start": seconds / main, "feeding_cpu_s": feeding, "feeding_us_per_audio_s": 1e6 * feeding / seconds,
+                    "process_x_gil_bound": process_x, "machine_x_bound": min(k * process_x, writer_x) if process_x else None,
+                    "wall_s": wall, "wall_x_here": seconds / wall, "workers": workers}
+                r = results[f"{name} {fmt} x{k}"]
+                print(f"procs {name:>8} {fmt:>7} x{k}: writer {main:.3f} CPU s ({spent['steady']:.3f} from its first "
+                      f"piece) on {seconds:.0f} audio s -> caps at {writer_x:.0f}x; feeding {r['feeding_us_per_audio_s']:.0f} us per audio s in all; one process's "
+                      f"GIL caps it at {process_x or 0:.0f}x -> {k} x that or the writer: "
+                      f"{r['machine_x_bound'] or 0:.0f}x; here (2 cores, wall) {seconds / wall:.0f}x", flush=True)
+                shutil.rmtree(out, ignore_errors=True)
     ProcessEngine.run = original
+    DeviceRunner.run = timed_run
+    engines.ENGINES["local"] = local
     return results
 
 
@@ -409,6 +471,8 @@ def main() -> None:
                    "resamples; device: its convolution is timed apart (the GPU's work) and left out of the host's")
     p.add_argument("--write-formats", default="hdf5,parquet,shar")
     p.add_argument("--procs-formats", default="hdf5,parquet", help="output formats of the procs section")
+    p.add_argument("--procs", default="1,2,3,4", help="procs: feeding processes, one run for each count")
+    p.add_argument("--procs-resample-on", default="device", help="procs: where the feeding processes resample")
     p.add_argument("--write-items", type=int, default=8000)
     p.add_argument("--ray-units", type=int, default=200)
     p.add_argument("--json")
@@ -432,7 +496,6 @@ def main() -> None:
         model_dir = os.path.join(args.workdir, "tiny-model")
         if not os.path.exists(model_dir):
             random_model(seed=0).save_pretrained(model_dir)
-        install_null()
         results["procs"] = feed_processes(args, model_dir)
         save()
     if "write" in sections:

@@ -27,17 +27,20 @@ from ..audio import SAMPLE_RATE, AudioError, AudioReader, PieceReader, seek_is_e
 from ..device_resample import NativeChunk, NativeGroup, NativeReader, device_resamplable, resample_rows
 from ..encoder import PaddedMimiEncoder, frames_of
 from ..model import load_model, prepare
-from ..settings import Settings, default_cpu_workers
+from ..settings import Settings, default_cpu_workers, feeders_per_gpu
 from ..sources import Item, bytes_name, open_audio
 from .base import _DONE, Piece, Stats, _AnyEvent, _get_while, is_out_of_memory
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}  # choices.DTYPES
 
 
-def resolve_devices(spec: str, cpu_workers: int | None = None) -> tuple[str, ...]:
+def resolve_devices(spec: str, cpu_workers: int | None = None, feeders: int | None = None,
+                    output_format: str = "hdf5") -> tuple[str, ...]:
     """``auto`` -> every CUDA device (or the CPU); else a comma-separated list such as
     ``cuda:0,cuda:1``.  ``cpu`` becomes ``cpu_workers`` single-device workers (default: one per
-    core pair measured best on CPU, see README: two 1-thread workers beat one 2-thread one)."""
+    core pair measured best on CPU, see README: two 1-thread workers beat one 2-thread one).  Each
+    GPU named once is fed by ``feeders`` processes (default :func:`~mimi_extract.settings.feeders_per_gpu`
+    for the cores, the GPUs and the output format's writer); a list that names a GPU twice says it."""
     spec = spec.strip()
     if spec == "auto":
         n = torch.cuda.device_count()
@@ -60,6 +63,14 @@ def resolve_devices(spec: str, cpu_workers: int | None = None) -> tuple[str, ...
                 raise ValueError(f"device {d!r}: this machine has {torch.cuda.device_count()} GPU(s)")
     if devices == ("cpu",):
         devices = ("cpu",) * (cpu_workers or default_cpu_workers())
+    gpus = [d for d in devices if d.startswith("cuda")]
+    if gpus and len(set(gpus)) < len(gpus):
+        if feeders is not None:
+            raise ValueError("--feeders-per-gpu and a --device list that names a GPU twice both say how many "
+                             "processes feed it: give one of them")
+    elif gpus:
+        k = feeders or feeders_per_gpu(len(gpus), output_format)
+        devices = tuple(d for d in devices for _ in range(k if d.startswith("cuda") else 1))
     return devices
 
 
@@ -261,10 +272,11 @@ class DeviceRunner:
                     size = min(-(-size // self._bucket) * self._bucket, max(size, self.chunk))
                 pin = self.device.startswith("cuda")
                 host = [r for r, (_, c, _, _) in enumerate(rows) if not isinstance(c, NativeChunk)]
-                audio = torch.zeros(len(host), size, pin_memory=pin)
+                audio = torch.empty(len(host), size, pin_memory=pin)  # (one write of each sample)
                 for i, r in enumerate(host):
                     c = rows[r][1]
                     audio[i, : len(c)] = c
+                    audio[i, len(c):] = 0
                 groups: dict[tuple, list[int]] = {}
                 for r, (_, c, _, _) in enumerate(rows):
                     if isinstance(c, NativeChunk):
