@@ -38,8 +38,9 @@ SKIP_STEP = 128 * 1920  # PieceReader drops a piece's warm-up in reads of this m
 def device_resamplable(rate: int, chunk: int) -> bool:
     """Whether items at ``rate`` can be resampled on the device in chunks of ``chunk`` 24 kHz
     samples: the polyphase blocks (``new`` outputs each) must tile every chunk and every skipped
-    warm-up step.  True for every common rate (8-96 kHz, 11.025/22.05/44.1/88.2 kHz); 24 kHz needs
-    no resampling (the host path)."""
+    warm-up step (``new`` divides 960).  True for every common rate (8-96 kHz, 11.025/22.05/44.1/88.2
+    kHz); 24 kHz needs no resampling, and a rate such as 44,056 Hz (3,000 outputs per block) stays on
+    the host path."""
     if rate == SAMPLE_RATE or rate <= 0:
         return False
     _, new = _reduced(rate, SAMPLE_RATE)
@@ -78,11 +79,12 @@ class NativeReader(AudioReader):
     def __init__(self, path, channel: int | str = "mix", framing: Framing = Framing(), start: int = 0,
                  frames: int | None = None):
         super().__init__(path, channel, framing, start, frames)
-        if self.rate == SAMPLE_RATE:
-            self.close()
-            raise ValueError("24 kHz input needs no resampling: read it with AudioReader")
-        self.resampler = None
         self.orig, self.new = _reduced(self.rate, SAMPLE_RATE)
+        if self.rate == SAMPLE_RATE or SKIP_STEP % self.new:  # (the engine asks only for rates that are not)
+            self.close()
+            raise AudioError(f"its sample rate, {self.rate} Hz, is not one the device resamples: did the file change "
+                             "since the run was planned?")
+        self.resampler = None
         kernel, self.width = _sinc_kernel(self.orig, self.new)
         self.size = kernel.shape[-1]
         # int16 transport where libsndfile's float would be that int16 / 32768 and no channels are mixed
@@ -216,16 +218,18 @@ def resample_rows(groups: list[NativeGroup], out: torch.Tensor) -> torch.Tensor:
 
 
 class _strict_fp32:
-    """cuDNN's TF32 off around the resampling convolution (a no-op on CPU)."""
+    """Around the resampling convolution (a no-op on CPU): cuDNN's TF32 off (these samples must equal
+    the host's), and its autotuning off (the encoder's steps are bucketed so that it pays; these
+    rows' native lengths are not, and autotuning every new shape costs more than it saves)."""
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
 
     def __enter__(self):
         if self.cuda:
-            self.saved = torch.backends.cudnn.allow_tf32
-            torch.backends.cudnn.allow_tf32 = False
+            self.saved = torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark
+            torch.backends.cudnn.allow_tf32 = torch.backends.cudnn.benchmark = False
 
     def __exit__(self, *exc):
         if self.cuda:
-            torch.backends.cudnn.allow_tf32 = self.saved
+            torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = self.saved

@@ -76,8 +76,8 @@ def plan_report(source: str, options: Options | None = None, channel: str = "mix
         by_codec[key] = by_codec.get(key, 0.0) + float(s)
     total = max(float(seconds.sum()), 1e-12)
     mix = [{"codec": c, "sample_rate": r, "hours": s / 3600, "share": s / total,
-            "host_us_per_audio_s": rates.FEED[c].us_per_audio_second(r),
-            "host_us_per_audio_s_host_resampling": rates.FEED[c].us_per_audio_second(r, on_device=False)}
+            "host_us_per_audio_s": rates.feed_cost(c, r).us_per_audio_second(r),
+            "host_us_per_audio_s_host_resampling": rates.feed_cost(c, r).us_per_audio_second(r, on_device=False)}
            for (c, r), s in sorted(by_codec.items(), key=lambda kv: -kv[1])]
     us = sum(m["share"] * m["host_us_per_audio_s"] for m in mix)
     us_host = sum(m["share"] * m["host_us_per_audio_s_host_resampling"] for m in mix)

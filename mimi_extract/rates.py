@@ -12,35 +12,48 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-MEASURED_ON = "2 shared cores (the project's test machine), 2026-12-06, scripts/bench_ceilings.py --torch-threads 1"
+MEASURED_ON = "the project's 2-core test machine, busy (2026-12-06; scripts/bench_ceilings.py --torch-threads 1)"
 TARGET_X = 20_000  # the throughput a GPU is planned for when no --gpu-rate is given (x real time)
 
 
 @dataclass(frozen=True)
 class FeedCost:
-    """Host CPU per audio second of feeding a GPU (``bench_ceilings.py feed``: the decode pool, the
-    feeder, the encoder thread's host share, the single writer; null encoder), at ``rate`` Hz.
-    ``decode_us`` scales with the sample rate (it is decoding, per sample); ``fixed_us`` does not."""
+    """Host CPU per audio second of feeding a GPU at ``rate`` Hz (``bench_ceilings.py feed``: the decode
+    pool, the feeder, the encoder thread's host share, the single writer; null encoder, GPU step
+    shapes, HDF5 codes).  ``decode_us`` (the decode pool, resampling on the device: the default on a
+    GPU) scales with the sample rate; ``fixed_us`` (the rest) does not; ``host_us`` is the decode pool
+    with ``--resample-on host``, so that ``host_us + fixed_us`` is that run's total."""
 
     rate: int
-    decode_us: float  # the decode pool, device resampling (the default on a GPU)
-    fixed_us: float  # feeder + encoder thread + writer + the rest
-    host_resample_us: float  # the decode pool with resampling on the host (--resample-on host), for comparison
+    decode_us: float
+    fixed_us: float
+    host_us: float
 
     def us_per_audio_second(self, rate: int, on_device: bool = True) -> float:
-        pool = self.decode_us if on_device else self.host_resample_us
+        pool = self.decode_us if on_device else self.host_us
         return pool * rate / self.rate + self.fixed_us
 
 
-# codec -> its measured feeding cost (bench_ceilings.py feed, 1,200 s of 2-20 s utterances per format)
-FEED: dict[str, FeedCost] = {
-    "pcm": FeedCost(16_000, 80.0, 120.0, 450.0),
-    "flac": FeedCost(16_000, 280.0, 170.0, 830.0),
-    "mp3": FeedCost(48_000, 600.0, 170.0, 1400.0),
-    "vorbis": FeedCost(48_000, 850.0, 170.0, 1650.0),
-    "opus": FeedCost(48_000, 1500.0, 170.0, 2300.0),
-    "aac": FeedCost(48_000, 800.0, 170.0, 1600.0),
+# codec -> its feeding costs, measured at these rates (1,200 s of 2-20 s speech-like utterances per
+# format, both resampling modes side by side; docs/performance.md "The host path of a GPU run").
+# Vorbis and AAC were not run through the engine: their rows are the decoder's own rate
+# (bench_sources.py decoders: libsndfile Vorbis 1,128x, PyAVFile AAC 1,058x per core) plus the
+# fixed and resampling costs measured on the other 48 kHz rows -- derived, not measured.
+FEED: dict[str, tuple[FeedCost, ...]] = {
+    "pcm": (FeedCost(16_000, 42.0, 116.0, 616.0),),
+    "flac": (FeedCost(16_000, 264.0, 133.0, 694.0), FeedCost(48_000, 720.0, 155.0, 1614.0)),
+    "mp3": (FeedCost(48_000, 774.0, 251.0, 1686.0),),
+    "opus": (FeedCost(48_000, 3318.0, 231.0, 4229.0),),
+    "vorbis": (FeedCost(48_000, 887.0, 200.0, 1787.0),),
+    "aac": (FeedCost(48_000, 945.0, 200.0, 1845.0),),
 }
+
+
+def feed_cost(codec: str, rate: int) -> FeedCost:
+    """The codec's cost measured at the rate nearest ``rate`` (scaled to it by ``us_per_audio_second``)."""
+    return min(FEED[codec], key=lambda c: abs(c.rate - rate))
+
+
 CODEC_OF_EXTENSION = {
     ".wav": "pcm", ".aiff": "pcm", ".aif": "pcm", ".aifc": "pcm", ".caf": "pcm", ".w64": "pcm", ".rf64": "pcm",
     ".au": "pcm", ".snd": "pcm", ".flac": "flac", ".mp3": "mp3", ".mp2": "mp3", ".mp1": "mp3", ".mpga": "mp3",
@@ -61,16 +74,19 @@ def codec_of(name: str) -> str:
 CPU_X_PER_CORE = 7.5
 # a GPU's encoding rate, x real time of the full-size model (None: not measured yet; scripts/gpu_check.sh)
 GPU_X: dict[str, float | None] = {"H100": None, "H200": None}
-# one feeding process's ceiling, x real time: the GIL-held share of its work (feeder, encoder thread,
-# the Python around each decoded block; bench_ceilings.py procs), device resampling
+# one feeding process's ceiling, x real time: its audio over its GIL-held CPU (the feeder, the encoder
+# thread's host share, the Python around each decoded block), device resampling, FLAC 16 kHz codes
+# (bench_ceilings.py procs: 8,200-9,200x alone, 5,400-6,900x with 3-4 on the 2 cores)
 PROCESS_X = 7_000
-# one writer process stores at most this much (x real time; bench_ceilings.py procs, FLAC 16 kHz codes)
-WRITER_X = {"hdf5": 19_500, "parquet": 118_000, "shar": None}
+# one writer process stores at most this much, x real time (the same runs, steady state from its first
+# piece: receiving, stitching and storing 10-s-ish items of codes; the same with 1 to 4 feeding processes)
+WRITER_X = {"hdf5": 12_000, "parquet": 58_000, "shar": 24_000}
 
-# output bytes on disk per raw array byte, measured by bench_ceilings.py write (10 s items, 1000 per
-# shard: the formats' own overheads, zstd for Parquet); codes int16 [frames, 8], latents float32 [frames, 512]
+# output bytes on disk (shards, manifests, cuts) per raw array byte, measured by bench_ceilings.py write
+# (10 s items, 1000 per shard: each format's own overheads, zstd for Parquet); codes int16 [frames, 8]
+# of uniform random codes (~11 bits each, as Mimi's codebooks are used), latents float32 [frames, 512]
 BYTES_PER_ARRAY_BYTE = {
-    ("hdf5", "codes"): 1.18, ("parquet", "codes"): 0.70, ("shar", "codes"): 1.88,
-    ("hdf5", "features"): 1.01, ("parquet", "features"): 0.93, ("shar", "features"): 1.02,
+    ("hdf5", "codes"): 1.37, ("parquet", "codes"): 0.88, ("shar", "codes"): 2.30,
+    ("hdf5", "features"): 1.03, ("parquet", "features"): 0.93, ("shar", "features"): 1.01,
 }
 FEATURE_DIMS = 512  # kyutai/mimi's encoder and latent features

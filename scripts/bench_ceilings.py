@@ -381,15 +381,19 @@ def write(args) -> dict:
                 os.fsync = real_fsync
             cpu, wall = time.process_time() - t_proc, time.perf_counter() - t_wall
             nbytes = sum(a.nbytes for a in arrays)
+            on_disk = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(out) for f in fs
+                          if f != "run.json")  # shards, manifests, index: what the format stores
             audio = n * frames * 0.08
             results[f"{fmt} {tap}"] = {"items": n, "cpu_s": cpu, "wall_s": wall, "items_per_cpu_s": n / cpu,
                                        "mb_per_cpu_s": nbytes / 1e6 / cpu, "items_per_wall_s": n / wall,
                                        "mb_per_wall_s": nbytes / 1e6 / wall, "fsyncs": fsyncs[0],
+                                       "bytes_on_disk_per_array_byte": on_disk / nbytes,
                                        "x_real_time_per_cpu_s": audio / cpu, "x_real_time_wall": audio / wall}
             r = results[f"{fmt} {tap}"]
             print(f"write {fmt:>7} {tap:>6}: {r['items_per_cpu_s']:8.0f} items/CPU-s, {r['mb_per_cpu_s']:7.1f} MB/CPU-s "
                   f"({r['x_real_time_per_cpu_s']:9.0f} x real time of 10 s items), wall {r['items_per_wall_s']:8.0f} "
-                  f"items/s {r['mb_per_wall_s']:7.1f} MB/s, {fsyncs[0]} fsyncs", flush=True)
+                  f"items/s {r['mb_per_wall_s']:7.1f} MB/s, {fsyncs[0]} fsyncs; {r['bytes_on_disk_per_array_byte']:.2f} "
+                  "bytes on disk per array byte", flush=True)
             shutil.rmtree(out, ignore_errors=True)
     return results
 

@@ -61,7 +61,8 @@ def test_plan_costs_follow_the_codecs_and_the_machine(corpus):
     shares = {(m["codec"], m["sample_rate"]): m["share"] for m in report["codecs"]}
     total = sum(n / rate for rate, n in FILES.values())
     assert shares[("flac", 16_000)] == pytest.approx((3 + 5 / 16_000 + 700 / 16_000) / total)
-    us = sum(s * rates.FEED[c].us_per_audio_second(r) for (c, r), s in shares.items())
+    us = sum(s * rates.feed_cost(c, r).us_per_audio_second(r) for (c, r), s in shares.items())
+    assert rates.feed_cost("flac", 44_100).rate == 48_000 and rates.feed_cost("flac", 22_050).rate == 16_000
     assert report["host"]["cores_per_gpu"] == pytest.approx(20_000 * us / 1e6)
     assert report["host"]["cores_per_gpu_host_resampling"] > report["host"]["cores_per_gpu"]
     gpu = report["estimates"]["gpu"]

@@ -13,7 +13,7 @@ import soundfile as sf
 import torch
 
 from conftest import cli, tolerance, write_noise
-from mimi_extract.audio import AudioReader, Framing, PieceReader, load
+from mimi_extract.audio import AudioError, AudioReader, Framing, PieceReader, load
 from mimi_extract.device_resample import NativeChunk, NativeGroup, NativeReader, device_resamplable, resample_rows
 from mimi_extract.engines import DeviceRunner
 from mimi_extract.plan import plan_units, split_items
@@ -89,11 +89,15 @@ def test_rows_of_several_rates_in_one_step(tmp_path, device):
         assert not out[row, len(ref):].any()
 
 
-def test_which_rates_go_to_the_device():
+def test_which_rates_go_to_the_device(tmp_path):
+    odd_rate_file = tmp_path / "odd.wav"
+    write_noise(odd_rate_file, 5000, 44_056)
     for rate in (8_000, 11_025, 12_000, 16_000, 22_050, 32_000, 44_100, 48_000, 88_200, 96_000):
         assert device_resamplable(rate, 4 * 24_000 // FRAME * FRAME), rate
     assert not device_resamplable(24_000, 96_000)  # nothing to resample
     assert not device_resamplable(44_056, 96_000)  # 3000 outputs per block: not a whole number per frame
+    with pytest.raises(AudioError, match="44056 Hz, is not one the device resamples"):
+        NativeReader(str(odd_rate_file))
     assert Settings(devices=("cuda:0",)).device_resample and not Settings().device_resample
     assert Settings(resample_on="device").device_resample and not Settings(devices=("cuda:0",), resample_on="host").device_resample
     with pytest.raises(ValueError, match="--resample-on 'gpu'"):
