@@ -2,6 +2,8 @@
 
     python scripts/bench_ceilings.py --workdir /tmp/ceilings              # every section
     python scripts/bench_ceilings.py --sections feed --formats flac16k --seconds 600
+    python scripts/bench_ceilings.py --sections feed --resample-on host,device --torch-threads 1   # issue 34's table
+    python scripts/bench_ceilings.py --sections procs --formats flac16k --procs-formats hdf5,parquet,shar --torch-threads 1
 
 At 20,000x real time the host must decode and resample ~20,000 audio seconds per second and store
 what comes back.  Everything here is measured in **process CPU time** (``time.process_time``: all
@@ -19,9 +21,15 @@ Sections:
   caller's thread (the single writer, and the pieces loop), all else (torch's intra-op threads,
   start-up).  Pinning is not measured (no CUDA here): it is one copy of each step into a cached
   pinned block.
-* ``procs``: the same with two feeding processes (``ProcessEngine``, as ``--device cuda:0,cuda:0``
-  runs one GPU from two processes, each with its own GIL): CPU time of this process, the single
-  writer, which receives, stitches and stores every piece.
+  ``--resample-on host,device`` runs each corpus both ways: with ``device`` the resampling
+  convolution (the GPU's work in a real run, done by the CPU here) is timed apart and left out of
+  the host's figures; ``--torch-threads 1`` keeps every convolution in the thread that calls it, so
+  that nothing is charged to torch's own threads.
+* ``procs``: the same with K = ``--procs`` feeding processes (``ProcessEngine``, as
+  ``--feeders-per-gpu K`` runs one GPU from K processes, each with its own GIL): CPU time of this
+  process, the single writer, which receives, stitches and stores every piece (from its first piece
+  on: the workers' start is paid once per run), and each worker's CPU by role, whose GIL-held part
+  (all but the decoder library's calls and the device's work) bounds what one process feeds.
 * ``write``: the ShardWriter per format (hdf5, parquet, shar) for codes (int16 [F, 8]) and fp32
   latents ([F, 512]), 10 s items: items/s and MB/s of arrays per CPU second, fsyncs included (and
   wall for reference).
