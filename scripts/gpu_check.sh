@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One-shot GPU check, written for a lent GPU machine that reaches no package registry (about 8 minutes).
+# One-shot GPU check, written for a lent GPU machine that reaches no package registry (about 9 minutes;
+# the phase limits add up to ~490 s, so run it with timeout_s 570, or --no-compile for ~45 s less).
 #
 #   scripts/gpu_wheels.sh                 # here, once: .whl/ with soundfile, cffi, pycparser (cp312)
 #   device run: bash scripts/gpu_check.sh      carry: [".whl"]      timeout_s: 570
@@ -50,7 +51,7 @@ if [ "$DEVICE" = cpu ]; then  # dry run: the same phases on the tiny model, size
 else
   MODEL=random-default; BENCH_ARGS="--files 384 --min-seconds 1 --max-seconds 20"; SHAPES="64x4.6,128x10"
   CSHAPES="64x4.6"; REPS=10; RESAMPLE_ARGS="--model random-default --q 32 --rows 16 --step-seconds 120 --chunk-seconds 30"
-  T_TESTS=110; T_BENCH=230; T_RESAMPLE=60; T_PREC=75; T_COMPILE=50
+  T_TESTS=100; T_BENCH=210; T_RESAMPLE=60; T_PREC=75; T_COMPILE=45
 fi
 
 phase() {  # phase NAME SECONDS COMMAND...: run under timeout, log everything, record rc and time
