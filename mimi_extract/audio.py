@@ -27,8 +27,8 @@ from functools import lru_cache
 
 import numpy as np
 import soundfile as sf
-import torch
 
+from ._lazy import torch  # imported at first use: probing headers (sources, `plan`) needs none of it
 from .choices import FRAMINGS, SAMPLE_RATE
 
 _BLOCK = 1 << 16  # source frames decoded per read of a stream
@@ -522,9 +522,10 @@ def seek_is_exact(name: str) -> bool:
     return name.lower().endswith(EXACT_SEEK_EXTENSIONS)
 
 
-def _read(file, n: int) -> np.ndarray:
-    """``n`` frames of ``file`` as float32 [frames, channels]."""
-    return file.read(n, dtype="float32", always_2d=True)
+def _read(file, n: int, dtype: str = "float32") -> np.ndarray:
+    """``n`` frames of ``file`` as ``dtype`` (float32, or int16 for 16-bit PCM: libsndfile's float
+    is that int16 / 32768, exactly) [frames, channels]."""
+    return file.read(n, dtype=dtype, always_2d=True)
 
 
 def _seek(file, start: int) -> None:
@@ -553,7 +554,7 @@ class PieceReader:
         self.reader, self.left = reader, None if end is None else end - begin
         try:
             while begin > 0:
-                chunk, final = reader.next_chunk(min(begin, 1 << 18))
+                chunk, final = reader.next_chunk(min(begin, 128 * 1920))  # (whole frames: see NativeReader)
                 begin -= len(chunk)
                 if final and begin > 0:
                     raise AudioError(f"ends {begin} samples before the piece starts")
@@ -643,21 +644,28 @@ class AudioReader:
             self.handle.close()
             self.handle = None
 
-    def _read_block(self) -> None:
+    def _decode_block(self, dtype: str = "float32") -> tuple[np.ndarray, bool]:
+        """The next block of the item's source samples, one channel (``_mono``), and whether it ends
+        the item.  ``dtype`` int16: only for a 16-bit PCM file with one channel taken (see
+        :mod:`~mimi_extract.device_resample`)."""
         want = min(_BLOCK, self.remaining) if self.remaining is not None else _BLOCK
         try:
-            data = _read(self.file, want) if want > 0 else np.zeros((0, 1), np.float32)
+            data = _read(self.file, want, dtype) if want > 0 else np.zeros((0, 1), dtype)
         except AudioError:
             raise
         except Exception as e:
             raise AudioError(f"cannot decode at sample {self.source_samples}: {e}{self._said()}") from e
-        if len(data) and not np.isfinite(data).all():
+        if len(data) and data.dtype.kind == "f" and not np.isfinite(data).all():
             raise AudioError("contains NaN or infinite samples")
         self.source_samples += len(data)
         if self.remaining is not None:
             self.remaining -= len(data)
-        x = torch.from_numpy(np.ascontiguousarray(_mono(data, self.channel))) if len(data) else torch.zeros(0)
         end = len(data) < want or (self.remaining is not None and self.remaining <= 0)
+        return np.ascontiguousarray(_mono(data, self.channel)), end
+
+    def _read_block(self) -> None:
+        data, end = self._decode_block()
+        x = torch.from_numpy(data) if len(data) else torch.zeros(0)
         if self.resampler is not None:
             x = self.resampler.push(x)
             if end:

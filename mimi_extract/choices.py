@@ -6,6 +6,7 @@ implemented one."""
 SAMPLE_RATE = 24_000  # Mimi's input rate: every item is resampled to it
 CHANNEL_MODES = ("mix", "first", "each")  # --channel: what a multichannel file becomes
 FRAMINGS = ("transformers", "moshi", "moshi-stream", "muvap")  # --framing (see audio.Framing)
+RESAMPLE_ON = ("auto", "host", "device")  # --resample-on: where to 24 kHz (auto: the device on a GPU)
 RESAMPLERS = ("torchaudio", "causal")  # --resampler: causal = 16 kHz through the delayed filter (causal_16k)
 DTYPES = ("fp32", "bf16", "fp16")  # --dtype: the compute precision (engines.device maps them to torch)
 FEATURE_DTYPES = ("float32", "float16")  # --feature-dtype: how features are stored

@@ -33,7 +33,7 @@ from rich.text import Text
 
 from . import __version__, _limits
 from .choices import (CHANNEL_MODES, DTYPES, ENGINES, FEATURE_DTYPES, FRAMINGS, KEY_MODES, LIST_KEY_MODES, MAX_TOKEN_ID,
-                      RESAMPLERS, SIDECAR_DURATION_MODES, TOKEN_LAYOUTS)
+                      RESAMPLE_ON, RESAMPLERS, SIDECAR_DURATION_MODES, TOKEN_LAYOUTS)
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NO_INPUT, EXIT_ALL_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
 EXIT_ADDRESS_SPACE = _limits.EXIT_ADDRESS_SPACE
@@ -71,6 +71,7 @@ FramingOpt = _choices("FramingOpt", FRAMINGS)
 EngineOpt = _choices("EngineOpt", ENGINES)
 Resampler = _choices("Resampler", RESAMPLERS)
 TokenLayout = _choices("TokenLayout", TOKEN_LAYOUTS)
+ResampleOn = _choices("ResampleOn", RESAMPLE_ON)
 
 
 def _format_choices() -> type[Enum]:
@@ -92,6 +93,7 @@ OutArg = Annotated[str, typer.Argument(metavar="OUT", help="Output directory (sh
 DTypeOpt = Annotated[DType, typer.Option(help="Compute dtype; bf16/fp16 only on GPU. fp32 is the exact path.")]
 ChannelOpt = Annotated[Channel, typer.Option(help="Multichannel files: mix = mean of channels, first, each = one entry per channel (key#chN).")]
 ResamplerOpt = Annotated[Resampler, typer.Option(help="Resampler to 24 kHz: torchaudio = torchaudio.functional.resample's sinc, for every rate (what a torchaudio + MimiModel loop computes); causal = 16 kHz input delayed by the filter's look-ahead (8 samples), so no output sample depends on future input. Recorded in run.json (causal_16k).")]
+ResampleOnOpt = Annotated[ResampleOn, typer.Option(help="Where input is resampled to 24 kHz: host = the decoding threads; device = the encoder's device (a GPU), the host sending native-rate samples (int16 for 16-bit PCM): the same kernel in fp32, equal to float noise, and about half the host's CPU per audio second; auto = device on GPU, host on CPU.")]
 CausalOpt = Annotated[Optional[bool], typer.Option("--causal-16k/--no-causal-16k", hidden=True, help="Old spelling of --resampler causal / torchaudio.")]
 FramingArg = Annotated[FramingOpt, typer.Option(help="transformers = MimiModel.encode; moshi = moshi's non-streaming encode (zero-padded to whole 1920-sample frames); moshi-stream = moshi's streaming encode fed --frames-per-call frames per call (same padding; differs from non-streaming past the 250-step attention window, 10 s); muvap = the MuVAP front end (16 kHz delayed 16 samples, round(1.5n), pad to 960).")]
 FramesPerCallOpt = Annotated[int, typer.Option(min=1, help="--framing moshi-stream: 1920-sample frames per moshi streaming encode call (the codes depend on it past 10 s); an item that is not a whole number of calls gets its last call zero-padded to N frames.")]
@@ -129,6 +131,7 @@ RUN_OPTIONS = [
     _option("model", Annotated[str, typer.Option("--model", "-m", help="Hub id or local directory (save_pretrained layout).")], "kyutai/mimi"),
     _option("device", Annotated[str, typer.Option(help="auto (all GPUs, else cpu), cpu, cuda, cuda:N, or a list: cuda:0,cuda:1.")], "auto"),
     _option("cpu_workers", Annotated[Optional[int], typer.Option(min=1, help="Encoder processes on CPU \\[default: one per core, single-threaded].")], None),
+    _option("feeders_per_gpu", Annotated[Optional[int], typer.Option(min=1, help="Processes feeding each GPU (one GIL each: one process feeds a GPU at ~7,000x real time at most) \\[default: from the cores, the GPUs and the format's single writer: see docs/performance.md].")], None),
     _option("dtype", DTypeOpt, DType["fp32"]),
     _option("batch_size", Annotated[Optional[int], typer.Option(min=1, help="Maximum rows (files or streams) per step \\[default: 64 on GPU, 8 on CPU].")], None),
     _option("max_batch_seconds", Annotated[Optional[float], typer.Option(min=0.1, help="Padded audio seconds per step, rows x longest \\[default: 300 on GPU, 4 on CPU: cache-sized, measured fastest].")], None),
@@ -136,6 +139,7 @@ RUN_OPTIONS = [
     _option("num_workers", Annotated[Optional[int], typer.Option(min=0, help="Decoding threads per device (0 counts as 1: decoding always overlaps encoding) \\[default: 2 on CPU; on GPU every core but 2 per GPU: decoding and resampling are the host's main work].")], None),
     _option("channel", ChannelOpt, Channel["mix"]),
     _option("resampler", ResamplerOpt, Resampler["torchaudio"]),
+    _option("resample_on", ResampleOnOpt, ResampleOn["auto"]),
     _option("causal_16k", CausalOpt, None),
     _option("framing", FramingArg, FramingOpt["transformers"]),
     _option("frames_per_call", FramesPerCallOpt, 1),
@@ -460,6 +464,7 @@ def verify(
     chunk_seconds: Annotated[float, typer.Option(min=0.08, help="Files longer than this are streamed in chunks (checked against the unchunked reference); with --out, longer items are re-encoded alone in chunks.")] = 30.0,
     channel: ChannelOpt = Channel["mix"],
     resampler: ResamplerOpt = Resampler["torchaudio"],
+    resample_on: ResampleOnOpt = ResampleOn["auto"],
     causal_16k: CausalOpt = None,
     framing: FramingArg = FramingOpt["transformers"],
     frames_per_call: FramesPerCallOpt = 1,
@@ -520,6 +525,7 @@ def verify(
             settings = engine_check_settings(dict(
                 model=model or "kyutai/mimi", device=device, dtype=dtype, batch_size=batch_size,
                 max_batch_seconds=max_batch_seconds, channel=channel, resampler=resampler, causal_16k=causal_16k,
+                resample_on=resample_on,
                 tap="codes", num_quantizers=num_quantizers, chunk_seconds=chunk_seconds, framing=framing,
                 frames_per_call=frames_per_call))
             checks, problems = verify_source(input_path, settings, limit, rtol, atol,
@@ -633,6 +639,102 @@ def status(out_dir: Annotated[str, typer.Argument(metavar="OUT")],
         say((f"part {missing}: not started", "yellow"), out=out)
     say(("complete", "green") if report["complete"] else ("incomplete", "yellow"),
         f": {report['ok']} ok, {report['errors']} errors, {report['remaining']} not yet encoded", out=out)
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+
+
+@app.command(cls=_OneInput)
+@_with_options(INPUT_OPTIONS, skip=("keep_fields",))
+def plan(
+    input_path: InputArg,
+    num_quantizers: Annotated[int, typer.Option("--num-quantizers", "-q", min=1, max=32, help="Codebooks the codes would keep (tokens, bytes).")] = 8,
+    feature_dtype: Annotated[FeatureDType, typer.Option(help="Storage dtype of features (bytes).")] = FeatureDType["float32"],
+    output_format: Annotated[OutFormat, typer.Option("--format", help="The format whose single writer caps the GPU estimate.")] = OutFormat["hdf5"],
+    channel: ChannelOpt = Channel["mix"],
+    resampler: ResamplerOpt = Resampler["torchaudio"],
+    framing: FramingArg = FramingOpt["transformers"],
+    limit: LimitOpt = None,
+    recordings: Annotated[Optional[str], typer.Option(help="lhotse RecordingSet for a SupervisionSet input.")] = None,
+    part_hours: Annotated[float, typer.Option(min=0, help="Audio hours per task of a job array: the --part count suggested.")] = 1000.0,
+    cores: Annotated[Optional[int], typer.Option(min=1, help="Host CPU cores of the machine to plan for \\[default: this one's].")] = None,
+    gpus: Annotated[int, typer.Option(min=1, help="GPUs of that machine.")] = 1,
+    gpu_rate: Annotated[Optional[float], typer.Option(min=1, help="A GPU's encoding rate, x real time (from scripts/gpu_check.sh on your GPU) \\[default: the measured one; unmeasured so far].")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    **inputs,
+):
+    """A dry run: what encoding INPUT would take, without loading a model.
+
+    Reads only what a run's indexing reads (the listing and each item's audio header): items, hours,
+    durations, frames and tokens, output bytes per format and tap, the host cores a GPU needs for this
+    corpus's codecs, an estimated time per device kind (from the measured rates of
+    docs/performance.md; a GPU's own rate is unmeasured until scripts/gpu_check.sh runs on one:
+    give it with --gpu-rate), and a --part count for tasks of --part-hours each.
+
+    [bold]Examples[/]
+
+      mimi-extract plan corpus/
+      mimi-extract plan 'shards/en-{000000..000999}.tar' -q 32 --cores 112 --gpus 8 --gpu-rate 12000
+      mimi-extract plan manifest.jsonl --json | jq .host.cores_per_gpu
+    """
+    from .dry_run import PlanAsk, plan_report
+    from .request import input_options
+    from .settings import Settings
+
+    try:
+        options = input_options({**inputs, "recordings": recordings})
+        rule = Settings(framing=framing.value, causal_16k=resampler.value == "causal").framing_rule
+        ask = PlanAsk(num_quantizers, feature_dtype.value, part_hours, cores, gpus, gpu_rate, output_format.value, limit)
+        report = plan_report(input_path, options, channel.value, rule, ask)
+    except (ValueError, FileNotFoundError, OSError) as e:
+        _fail(e)
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return
+    out = Console(highlight=False)
+    ix = report["indexing"]
+    say(f"{report['input']} ({report['kind']}): {report['items']} items, {report['unreadable']} unreadable; "
+        f"{_hours(report['hours'] * 3600)} of audio (indexed in {ix['wall_s']:.1f} s, {ix['cpu_s']:.1f} CPU s)", out=out)
+    for reason, n in report["errors_by_reason"].items():
+        say(f"  {n} x ", (str(reason), "yellow"), out=out)
+    d = report["durations"]
+    if d["max"] is not None:
+        say(f"durations: min {d['min']:.2f} s, median {d['median']:.2f} s, mean {d['mean']:.2f} s, "
+            f"p95 {d['p95']:.2f} s, max {d['max']:.2f} s", out=out)
+        bins = [(f"{a:g}-{b:g}", c) for a, b, c in zip(d["edges"], d["edges"][1:], d["counts"])]
+        bins.append((f">={d['edges'][-1]:g}", d["counts"][-1]))
+        say("  " + ", ".join(f"{label} s: {c}" for label, c in bins if c), out=out)
+    fr = report["frames"]
+    say(f"frames: {fr['12.5 Hz (latent, codes)']} at 12.5 Hz (latent, codes), {fr['25 Hz (encoder)']} at 25 Hz "
+        f"(encoder); tokens at -q {report['num_quantizers']}: {report['tokens']}", out=out)
+    table = Table(title="output size (estimated from measured format overheads)")
+    for name in ("tap", "arrays", "hdf5", "parquet", "shar"):
+        table.add_column(name, justify="left" if name == "tap" else "right")
+    for tap, b in report["bytes"].items():
+        label = f"codes (-q {report['num_quantizers']})" if tap == "codes" else f"{tap} ({feature_dtype.value})"
+        table.add_row(label, *(_size(b[k]) for k in ("arrays", "hdf5", "parquet", "shar")))
+    out.print(table)
+    host = report["host"]
+    say("codecs: " + "; ".join(f"{m['codec']} {m['sample_rate'] / 1000:g} kHz {100 * m['share']:.0f}% "
+                               f"({m['host_us_per_audio_s']:.0f} µs host CPU per audio s)" for m in report["codecs"][:6]),
+        out=out)
+    say(f"host: a GPU at {host['target_x']:,.0f}x real time needs {host['cores_per_gpu']:.1f} cores for this corpus "
+        f"(resampling on the GPU; {host['cores_per_gpu_host_resampling']:.1f} with --resample-on host); "
+        f"rates measured on {host['measured_on']}", out=out)
+    for name, e in report["estimates"].items():
+        if not e["x_real_time"]:
+            say(f"time on {name}: unmeasured (run scripts/gpu_check.sh on one, then plan --gpu-rate X)", out=out)
+            continue
+        what = f"{e['cores']} cores" if name == "cpu" else f"{e['gpus']} GPU(s), {e['cores']} cores, bound by {e['bound']}"
+        say(f"time on {name} ({what}): {_hours(e['hours'] * 3600)} at {e['x_real_time']:,.0f}x real time"
+            + ("" if e["measured"] else " (given --gpu-rate)"), out=out)
+    p = report["parts"]
+    say(f"parts: --part I/{p['count']} (sbatch --array=0-{p['count'] - 1}) for ~{_hours(p['hours_per_part'] * 3600)} "
+        f"of audio each (--part-hours {p['part_hours']:g})", out=out)
 
 
 _SHOWN = 20  # failing items listed by `info` (all of them with --json)

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .choices import SAMPLE_RATE
+from .choices import RESAMPLE_ON, SAMPLE_RATE
 
 if TYPE_CHECKING:
     from .audio import Framing
@@ -39,6 +39,7 @@ class Settings:
     feature_dtype: str = "float32"
     engine: str = "local"
     split: bool = True  # long recordings split across idle workers/rows (plan.split_items)
+    resample_on: str = "auto"  # --resample-on: host | device | auto (device on a GPU); see device_resample
     format: str = "hdf5"  # output format: a name of mimi_extract.formats' registry (--format: hdf5, parquet, shar, megatron)
     shar_extend: bool = False  # --shar-extend: one field tar per input Shar shard (format shar)
     token_layout: str = "flat"  # --token-layout (formats that write token ids: megatron): flat | per-codebook
@@ -74,6 +75,15 @@ class Settings:
         if not self.on_gpu:
             return 2
         return max(2, cpu_cores() // max(1, len(self.devices)) - 2)
+
+    @property
+    def device_resample(self) -> bool:
+        """Whether the encoder process resamples to 24 kHz on its device (``device_resample``) rather
+        than the decoding threads on the host: by default on a GPU, where the host's cores decide
+        throughput; ``--resample-on device`` forces it on CPU too (how it is tested here)."""
+        if self.resample_on not in RESAMPLE_ON:
+            raise ValueError(f"--resample-on {self.resample_on!r}: choose from {', '.join(RESAMPLE_ON)}")
+        return self.resample_on == "device" or (self.resample_on == "auto" and self.on_gpu)
 
     @property
     def on_gpu(self) -> bool:
@@ -141,6 +151,23 @@ def default_cpu_workers() -> int:
     """Encoder processes on a CPU-only run: one per core (single-threaded each), measured faster
     than one multi-threaded process (memory-bound convolutions scale poorly across threads)."""
     return max(1, cpu_cores())
+
+
+def feeders_per_gpu(gpus: int, output_format: str = "hdf5", cores: int | None = None) -> int:
+    """Feeding processes per GPU by default (``--feeders-per-gpu``; ``--device cuda:0,cuda:0,...``
+    says it by hand).  One process feeds a GPU at ~``rates.PROCESS_X`` at most: its decoding threads
+    run in parallel (libsndfile and FFmpeg release the GIL), but the feeder, the encoder thread and the
+    Python around each decoded block share its one GIL.  So enough processes for the machine's
+    target -- every GPU at ``rates.TARGET_X``, unless the single writer (one per run, whatever the
+    GPUs: ``rates.WRITER_X`` for the format) caps it lower -- and no more than half the cores per GPU
+    (each needs its Python thread and a decoding thread).  Measured: scripts/bench_ceilings.py procs."""
+    from . import rates
+
+    cores = cores or cpu_cores()
+    gpus = max(1, gpus)
+    machine = min(gpus * rates.TARGET_X, rates.WRITER_X.get(output_format) or float("inf"))
+    wanted = -(-int(machine) // (gpus * rates.PROCESS_X))
+    return max(1, min(wanted, cores // gpus // 2))
 
 
 def default_batch_size(devices: tuple[str, ...]) -> int:

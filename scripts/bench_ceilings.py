@@ -2,6 +2,8 @@
 
     python scripts/bench_ceilings.py --workdir /tmp/ceilings              # every section
     python scripts/bench_ceilings.py --sections feed --formats flac16k --seconds 600
+    python scripts/bench_ceilings.py --sections feed --resample-on host,device --torch-threads 1   # issue 34's table
+    python scripts/bench_ceilings.py --sections procs --formats flac16k --procs-formats hdf5,parquet,shar --torch-threads 1
 
 At 20,000x real time the host must decode and resample ~20,000 audio seconds per second and store
 what comes back.  Everything here is measured in **process CPU time** (``time.process_time``: all
@@ -19,9 +21,15 @@ Sections:
   caller's thread (the single writer, and the pieces loop), all else (torch's intra-op threads,
   start-up).  Pinning is not measured (no CUDA here): it is one copy of each step into a cached
   pinned block.
-* ``procs``: the same with two feeding processes (``ProcessEngine``, as ``--device cuda:0,cuda:0``
-  runs one GPU from two processes, each with its own GIL): CPU time of this process, the single
-  writer, which receives, stitches and stores every piece.
+  ``--resample-on host,device`` runs each corpus both ways: with ``device`` the resampling
+  convolution (the GPU's work in a real run, done by the CPU here) is timed apart and left out of
+  the host's figures; ``--torch-threads 1`` keeps every convolution in the thread that calls it, so
+  that nothing is charged to torch's own threads.
+* ``procs``: the same with K = ``--procs`` feeding processes (``ProcessEngine``, as
+  ``--feeders-per-gpu K`` runs one GPU from K processes, each with its own GIL): CPU time of this
+  process, the single writer, which receives, stitches and stores every piece (from its first piece
+  on: the workers' start is paid once per run), and each worker's CPU by role, whose GIL-held part
+  (all but the decoder library's calls and the device's work) bounds what one process feeds.
 * ``write``: the ShardWriter per format (hdf5, parquet, shar) for codes (int16 [F, 8]) and fp32
   latents ([F, 512]), 10 s items: items/s and MB/s of arrays per CPU second, fsyncs included (and
   wall for reference).
@@ -119,6 +127,7 @@ class NullEncoder:
 
 
 CPU: dict[str, float] = {}
+DEVICE_WORK = "device resample (GPU work in a real run)"  # measured on the CPU here, not the host's share
 _lock = threading.Lock()
 
 
@@ -155,9 +164,25 @@ def install_null() -> None:
     device_mod.build_encoder.null = True
 
 
+def _timed_inside(role: str, fn):
+    """``fn`` adding its thread CPU time to ``role`` even inside another timed call (the caller's
+    role is then charged without it: see ``feed``)."""
+    def wrapper(*a, **kw):
+        t = time.thread_time()
+        try:
+            return fn(*a, **kw)
+        finally:
+            _add(role, time.thread_time() - t)
+    return wrapper
+
+
 def install_probes() -> None:
-    """The null encoder, and thread CPU time per role (measurement only)."""
+    """The null encoder, and thread CPU time per role (measurement only; once per process)."""
     install_null()
+    if getattr(DeviceRunner, "probed", False):
+        return
+    DeviceRunner.probed = True
+    DeviceRunner._resample = _timed_inside(DEVICE_WORK, DeviceRunner._resample)
     DeviceRunner._read = _timed("decode pool", DeviceRunner._read)
     DeviceRunner._start = _timed("decode pool", DeviceRunner._start)
     DeviceRunner._feed = _timed("feeder thread", DeviceRunner._feed)
@@ -179,31 +204,36 @@ def feed(args, model_dir: str) -> dict:
     from mimi_extract.runner import extract
 
     results = {}
-    for name in args.formats.split(","):
+    for name, where in [(n, w) for n in args.formats.split(",") for w in args.resample_on.split(",")]:
         folder, seconds = make_corpus(os.path.join(args.workdir, "corpus"), name, args.seconds)
         out = os.path.join(args.workdir, "out-feed")
         shutil.rmtree(out, ignore_errors=True)
         settings = Settings(model=model_dir, tap=args.tap, devices=("cpu",), batch_size=64, max_batch_seconds=300,
-                            chunk_seconds=30, num_workers=args.decode_threads)
+                            chunk_seconds=30, num_workers=args.decode_threads, resample_on=where,
+                            threads=args.torch_threads)
         CPU.clear()
         t_proc, t_wall = time.process_time(), time.perf_counter()
         summary = extract(folder, out, settings)
         total_cpu, wall = time.process_time() - t_proc, time.perf_counter() - t_wall
         assert summary["ok"] == summary["todo"], f"{name}: {summary['ok']} of {summary['todo']} items written"
-        phase = CPU.get("process, encoding phase", total_cpu)
+        device_work = CPU.get(DEVICE_WORK, 0.0)
+        phase = CPU.get("process, encoding phase", total_cpu) - device_work  # the host's share
         roles = {r: CPU.get(r, 0.0) for r in ("decode pool", "feeder thread", "encoder thread", "writer thread (caller)")}
+        roles["encoder thread"] -= device_work
         roles["other (torch threads, GC)"] = max(0.0, phase - sum(roles.values()))
         per_audio = {r: v / seconds for r, v in roles.items()}
-        results[name] = {
+        key = name if args.resample_on == "host" else f"{name} {where}"
+        results[key] = {
+            "resample_on": where, "device_work_cpu_s": device_work,
             "audio_seconds": seconds, "items": summary["ok"], "wall_s": wall, "cpu_s_total": total_cpu,
-            "cpu_s_encoding_phase": phase, "startup_and_planning_cpu_s": total_cpu - phase,
+            "cpu_s_encoding_phase": phase, "startup_and_planning_cpu_s": total_cpu - phase - device_work,
             "per_core_x": seconds / phase, "cores_for_target": TARGET * phase / seconds,
             "cpu_per_audio_s": per_audio,
             "serial_ceilings_x": {"feeder thread": 1 / max(per_audio["feeder thread"], 1e-12),
                                   "writer thread (caller)": 1 / max(per_audio["writer thread (caller)"], 1e-12)},
         }
-        r = results[name]
-        print(f"feed {name:>8}: {seconds:6.0f} audio s, {phase:6.2f} CPU s -> {r['per_core_x']:7.0f} x per core, "
+        r = results[key]
+        print(f"feed {name:>8} {where:>6}: {seconds:6.0f} audio s, {phase:6.2f} CPU s -> {r['per_core_x']:7.0f} x per core, "
               f"{r['cores_for_target']:5.1f} cores for {TARGET}x; feeder thread alone caps at "
               f"{r['serial_ceilings_x']['feeder thread']:.0f} x, writer thread at "
               f"{r['serial_ceilings_x']['writer thread (caller)']:.0f} x", flush=True)
@@ -211,10 +241,17 @@ def feed(args, model_dir: str) -> dict:
     return results
 
 
+DECODER = "decoder library (GIL released)"  # time inside the decoder's read call, within the decode pool
+
+
 def feed_processes(args, model_dir: str) -> dict:
-    """K feeding processes (ProcessEngine, as ``--device cuda:0,cuda:0,...`` would run them) and the
-    one writer in this process: this process's CPU per audio second is the single-writer ceiling of
-    that layout (pieces unpickled from the workers' queue, stitched, written)."""
+    """K feeding processes (ProcessEngine, as ``--feeders-per-gpu K`` runs them on one GPU) and the one
+    writer in this process, for K in ``--procs``: this process's CPU per audio second is the single
+    writer's ceiling (pieces unpickled from the workers' queue, stitched, written); each worker's
+    thread CPU per role says what holds its GIL (everything but the decoder library's own calls and
+    the device's work: an upper bound, numpy and torch release the GIL in places), so its ceiling
+    (its audio / its GIL-held CPU).  The machine's: min(K x a process's, the writer's)."""
+    from mimi_extract import audio as audio_mod
     from mimi_extract.engines.processes import ProcessEngine
     from mimi_extract.runner import extract
 
@@ -224,35 +261,87 @@ def feed_processes(args, model_dir: str) -> dict:
         f.write(f"import sys\nsys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})\n"
                 "import bench_ceilings\nbench_ceilings.install_null()\n")
     os.environ["PYTHONPATH"] = os.pathsep.join([hook, ROOT, os.environ.get("PYTHONPATH", "")])
+    install_probes()  # the roles, timed in the (forked) workers as well
+    audio_mod._read = _timed_inside(DECODER, audio_mod._read)
+    dumps = os.path.join(args.workdir, "procs-cpu")
+    timed_run = DeviceRunner.run
+
+    def worker_run(self, *a, **kw):  # in each worker: its CPU by role, dumped when its run ends
+        CPU.clear()
+        t = time.process_time()
+        try:
+            return timed_run(self, *a, **kw)
+        finally:
+            with open(os.path.join(dumps, f"{os.getpid()}.json"), "w") as f:
+                json.dump({"roles": dict(CPU), "process_cpu_s": time.process_time() - t,
+                           "audio_seconds": self.stats.real / 24_000}, f)
+
+    DeviceRunner.run = worker_run
     spent = {}
     original = ProcessEngine.run
 
-    def run(self, units, stop, model=None):
+    def run(self, units, stop, model=None):  # the writer: from the start, and from its first piece on
         t = time.process_time()
+        spent["steady"] = None
         try:
-            yield from original(self, units, stop, model)
+            for piece in original(self, units, stop, model):
+                if spent["steady"] is None:
+                    spent["steady"], spent["first_seconds"] = time.process_time(), piece.seconds
+                yield piece
         finally:
             spent["main"] = time.process_time() - t
+            spent["steady"] = time.process_time() - spent["steady"]
 
     ProcessEngine.run = run
+    from mimi_extract import engines
+
+    local = engines.ENGINES["local"]
+    engines.ENGINES["local"] = ProcessEngine  # one feeding process too: the writer in this process, as with more
     results = {}
     for name in args.formats.split(","):
         folder, seconds = make_corpus(os.path.join(args.workdir, "corpus"), name, args.seconds)
         for fmt in args.procs_formats.split(","):
-            k = 2
-            out = os.path.join(args.workdir, "out-procs")
-            shutil.rmtree(out, ignore_errors=True)
-            settings = Settings(model=model_dir, tap=args.tap, devices=("cpu",) * k, batch_size=64, format=fmt,
-                                max_batch_seconds=300, chunk_seconds=30, num_workers=args.decode_threads, threads=1)
-            summary = extract(folder, out, settings)
-            assert summary["ok"] == summary["todo"]
-            main = spent["main"]
-            results[f"{name} {fmt} x{k}"] = {"audio_seconds": seconds, "items": summary["ok"], "main_cpu_s": main,
-                                             "main_x_per_cpu_s": seconds / main}
-            print(f"procs {name:>8} {fmt:>7} x{k}: the writer process spends {main:.3f} CPU s on {seconds:.0f} audio s "
-                  f"({summary['ok']} items) -> caps at {seconds / main:.0f} x", flush=True)
-            shutil.rmtree(out, ignore_errors=True)
+            for k in map(int, args.procs.split(",")):
+                out = os.path.join(args.workdir, "out-procs")
+                shutil.rmtree(out, ignore_errors=True)
+                shutil.rmtree(dumps, ignore_errors=True)
+                os.makedirs(dumps)
+                settings = Settings(model=model_dir, tap=args.tap, devices=("cpu",) * k, batch_size=64, format=fmt,
+                                    max_batch_seconds=300, chunk_seconds=30, num_workers=args.decode_threads, threads=1,
+                                    resample_on=args.procs_resample_on)
+                t_wall = time.perf_counter()
+                summary = extract(folder, out, settings)
+                wall = time.perf_counter() - t_wall
+                assert summary["ok"] == summary["todo"]
+                main = spent["main"]
+                workers = [json.load(open(os.path.join(dumps, f))) for f in sorted(os.listdir(dumps))]
+                caps, feeding = [], 0.0
+                for w in workers:
+                    r = w["roles"]
+                    gil = (r.get("decode pool", 0) - r.get(DECODER, 0) + r.get("feeder thread", 0)
+                           + r.get("encoder thread", 0) - r.get(DEVICE_WORK, 0))
+                    w["gil_held_cpu_s"] = gil
+                    feeding += w["process_cpu_s"] - r.get(DEVICE_WORK, 0)
+                    if w["audio_seconds"] > 0 and gil > 0:
+                        caps.append(w["audio_seconds"] / gil)
+                process_x = sum(caps) / len(caps) if caps else None
+                # the steady state: the workers' start (forks, imports) is the writer process's too, once per run
+                writer_x = (seconds - spent["first_seconds"]) / spent["steady"]
+                results[f"{name} {fmt} x{k}"] = {
+                    "feeders": k, "audio_seconds": seconds, "items": summary["ok"], "writer_cpu_s": main,
+                    "writer_cpu_s_from_first_piece": spent["steady"], "writer_x_per_cpu_s": writer_x,
+                    "writer_x_per_cpu_s_with_start": seconds / main, "feeding_cpu_s": feeding, "feeding_us_per_audio_s": 1e6 * feeding / seconds,
+                    "process_x_gil_bound": process_x, "machine_x_bound": min(k * process_x, writer_x) if process_x else None,
+                    "wall_s": wall, "wall_x_here": seconds / wall, "workers": workers}
+                r = results[f"{name} {fmt} x{k}"]
+                print(f"procs {name:>8} {fmt:>7} x{k}: writer {main:.3f} CPU s ({spent['steady']:.3f} from its first "
+                      f"piece) on {seconds:.0f} audio s -> caps at {writer_x:.0f}x; feeding {r['feeding_us_per_audio_s']:.0f} us per audio s in all; one process's "
+                      f"GIL caps it at {process_x or 0:.0f}x -> {k} x that or the writer: "
+                      f"{r['machine_x_bound'] or 0:.0f}x; here (2 cores, wall) {seconds / wall:.0f}x", flush=True)
+                shutil.rmtree(out, ignore_errors=True)
     ProcessEngine.run = original
+    DeviceRunner.run = timed_run
+    engines.ENGINES["local"] = local
     return results
 
 
@@ -300,15 +389,19 @@ def write(args) -> dict:
                 os.fsync = real_fsync
             cpu, wall = time.process_time() - t_proc, time.perf_counter() - t_wall
             nbytes = sum(a.nbytes for a in arrays)
+            on_disk = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(out) for f in fs
+                          if f != "run.json")  # shards, manifests, index: what the format stores
             audio = n * frames * 0.08
             results[f"{fmt} {tap}"] = {"items": n, "cpu_s": cpu, "wall_s": wall, "items_per_cpu_s": n / cpu,
                                        "mb_per_cpu_s": nbytes / 1e6 / cpu, "items_per_wall_s": n / wall,
                                        "mb_per_wall_s": nbytes / 1e6 / wall, "fsyncs": fsyncs[0],
+                                       "bytes_on_disk_per_array_byte": on_disk / nbytes,
                                        "x_real_time_per_cpu_s": audio / cpu, "x_real_time_wall": audio / wall}
             r = results[f"{fmt} {tap}"]
             print(f"write {fmt:>7} {tap:>6}: {r['items_per_cpu_s']:8.0f} items/CPU-s, {r['mb_per_cpu_s']:7.1f} MB/CPU-s "
                   f"({r['x_real_time_per_cpu_s']:9.0f} x real time of 10 s items), wall {r['items_per_wall_s']:8.0f} "
-                  f"items/s {r['mb_per_wall_s']:7.1f} MB/s, {fsyncs[0]} fsyncs", flush=True)
+                  f"items/s {r['mb_per_wall_s']:7.1f} MB/s, {fsyncs[0]} fsyncs; {r['bytes_on_disk_per_array_byte']:.2f} "
+                  "bytes on disk per array byte", flush=True)
             shutil.rmtree(out, ignore_errors=True)
     return results
 
@@ -384,14 +477,20 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=1200.0, help="audio seconds per feed corpus")
     p.add_argument("--tap", default="codes")
     p.add_argument("--decode-threads", type=int, default=2, help="--num-workers of the run (the decode pool)")
+    p.add_argument("--torch-threads", type=int, default=2, help="torch's intra-op threads (a GPU worker's: 2); with "
+                   "1 every resampling convolution runs in the thread that calls it, so the device's share is all timed")
+    p.add_argument("--resample-on", default="host", help="feed: host, device or both (host,device): where the run "
+                   "resamples; device: its convolution is timed apart (the GPU's work) and left out of the host's")
     p.add_argument("--write-formats", default="hdf5,parquet,shar")
     p.add_argument("--procs-formats", default="hdf5,parquet", help="output formats of the procs section")
+    p.add_argument("--procs", default="1,2,3,4", help="procs: feeding processes, one run for each count")
+    p.add_argument("--procs-resample-on", default="device", help="procs: where the feeding processes resample")
     p.add_argument("--write-items", type=int, default=8000)
     p.add_argument("--ray-units", type=int, default=200)
     p.add_argument("--json")
     args = p.parse_args()
     os.makedirs(args.workdir, exist_ok=True)
-    torch.set_num_threads(2)  # a GPU worker's torch threads (settings.threads_per_worker)
+    torch.set_num_threads(args.torch_threads)
     results = {"cores": os.cpu_count(), "torch": torch.__version__}
     sections = args.sections.split(",")
 
@@ -409,7 +508,6 @@ def main() -> None:
         model_dir = os.path.join(args.workdir, "tiny-model")
         if not os.path.exists(model_dir):
             random_model(seed=0).save_pretrained(model_dir)
-        install_null()
         results["procs"] = feed_processes(args, model_dir)
         save()
     if "write" in sections:

@@ -4,7 +4,8 @@
 2. end to end (extract, tiny random model on CPU: the read path is then a large share of the work,
    the harshest case for it) on loose files vs tar shards vs Parquet of the same audio;
 3. decode throughput per core (audio seconds per CPU second, one thread) for wav, flac, mp3, ogg
-   opus, webm opus and m4a through the decoder the tool picks, decode alone and decode + 24 kHz.
+   opus, webm opus and m4a through the decoder the tool picks, decode alone and decode + 24 kHz;
+4. ``decoders``: libsndfile against FFmpeg (PyAV) per codec, decode alone, and their samples compared.
 
     PYTHONPATH=. python scripts/bench_sources.py --plan-n 20000 --e2e-n 400 --out /tmp/bench-sources
 """
@@ -194,6 +195,114 @@ def decode(args):
     return rows
 
 
+def _speech(n: int, rate: int, seed: int) -> np.ndarray:
+    """bench_ceilings' speech-like signal (an envelope over harmonics and a little noise)."""
+    import sys
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from bench_ceilings import speechlike
+
+    return speechlike(n, rate, np.random.default_rng(seed))
+
+
+def _pyav_write(path: str, x: np.ndarray, rate: int, container: str, codec: str) -> None:
+    import av
+
+    with av.open(path, "w", format=container) as out:
+        stream = out.add_stream(codec, rate=rate, layout="mono")
+        size = stream.codec_context.frame_size or 1024
+        for i in range(0, len(x), size):
+            frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(x[None, i: i + size]), format="fltp", layout="mono")
+            frame.sample_rate = rate
+            for packet in stream.encode(frame):
+                out.mux(packet)
+        for packet in stream.encode(None):
+            out.mux(packet)
+
+
+def decoders(args):
+    """libsndfile against FFmpeg (PyAV) per codec, decode alone, one thread, CPU time (best of
+    --reps): libsndfile's float32 and int16 reads (blocks of 65,536 frames, as AudioReader reads),
+    FFmpeg's frames as PyAV returns them (``raw``: the decoder's own speed), and PyAVFile, the
+    tool's PyAV reader (what a run would pay); the samples compared with libsndfile's decode
+    (length, max |difference|).  Speech-like mono, --decode-seconds long."""
+    import av
+
+    from mimi_extract.audio import PyAVFile
+
+    torch.set_num_threads(1)
+    root = os.path.join(args.out, "decoders")
+    os.makedirs(root, exist_ok=True)
+    seconds = args.decode_seconds
+    files = {}
+    for name, rate, kw in (("flac16k.flac", 16_000, {"subtype": "PCM_16"}), ("flac48k.flac", 48_000, {"subtype": "PCM_16"}),
+                           ("mp3_48k.mp3", 48_000, {"format": "MP3", "subtype": "MPEG_LAYER_III"}),
+                           ("opus48k.opus", 48_000, {"format": "OGG", "subtype": "OPUS"}),
+                           ("vorbis48k.ogg", 48_000, {"format": "OGG", "subtype": "VORBIS"})):
+        path = os.path.join(root, name)
+        if not os.path.exists(path):
+            x = _speech(rate * seconds, rate, len(files))
+            with sf.SoundFile(path, "w", rate, 1, **kw) as f:  # in 1 s writes: one large Vorbis write came out empty
+                for i in range(0, len(x), rate):
+                    f.write(x[i: i + rate])
+        files[name] = (path, rate)
+    path = os.path.join(root, "aac48k.m4a")
+    if not os.path.exists(path):
+        _pyav_write(path, _speech(48_000 * seconds, 48_000, 9), 48_000, "mp4", "aac")
+    files["aac48k.m4a"] = (path, 48_000)
+
+    def best(fn):
+        out, spent = None, []
+        for _ in range(args.reps):
+            t = time.process_time()
+            out = fn()
+            spent.append(time.process_time() - t)
+        return out, min(spent)
+
+    def soundfile_read(path, dtype):
+        with sf.SoundFile(path) as f:
+            parts = []
+            while len(block := f.read(1 << 16, dtype=dtype, always_2d=True)):
+                parts.append(block)
+        data = np.concatenate(parts)[:, 0]
+        return data.astype(np.float32) / 32768 if dtype == "int16" else data
+
+    def pyav_raw(path):
+        with av.open(path) as c:
+            parts = [frame.to_ndarray() for frame in c.decode(audio=0)]
+        data = np.concatenate(parts, axis=-1)[0]
+        return data.astype(np.float32) / 32768 if data.dtype == np.int16 else data.astype(np.float32)
+
+    def pyav_file(path):
+        f = PyAVFile(path)
+        parts = []
+        while len(block := f.read(1 << 16)):
+            parts.append(block)
+        f.close()
+        return np.concatenate(parts)[:, 0]
+
+    rows = {}
+    for name, (path, _rate) in files.items():
+        row, ref = {"seconds": seconds}, None
+        readers = [("pyav raw", pyav_raw), ("pyav (PyAVFile)", pyav_file)]
+        if not name.endswith(".m4a"):
+            readers = [("soundfile float32", lambda p: soundfile_read(p, "float32"))] + readers
+            if name.startswith("flac"):
+                readers.insert(1, ("soundfile int16", lambda p: soundfile_read(p, "int16")))
+        for label, read in readers:
+            data, cpu = best(lambda: read(path))
+            r = {"x_per_core": round(seconds / cpu, 1), "frames": len(data)}
+            if ref is None:
+                ref = data
+            else:
+                n = min(len(data), len(ref))
+                r["max_abs_diff_vs_first"] = float(np.abs(data[:n] - ref[:n]).max())
+            row[label] = r
+        rows[name] = row
+        print(name, {k: v["x_per_core"] for k, v in row.items() if isinstance(v, dict)}, flush=True)
+    return rows
+
+
 def padding(args):
     """Padding share of the plan (padded - real samples over padded, short items' batches) of the
     same corpus as an uncompressed tar (one global sort) and as a .tar.gz sorted within groups of
@@ -236,11 +345,11 @@ def main():
     p.add_argument("--decode-seconds", type=int, default=120)
     p.add_argument("--pad-n", type=int, default=600)
     p.add_argument("--buffers", type=float, nargs="+", default=[1, 4, 16, 64])
-    p.add_argument("--only", choices=("plan", "e2e", "decode", "padding"), action="append")
+    p.add_argument("--only", choices=("plan", "e2e", "decode", "decoders", "padding"), action="append")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
     result = {}
-    for part, fn in (("decode", decode), ("plan", plan), ("padding", padding), ("e2e", e2e)):
+    for part, fn in (("decode", decode), ("decoders", decoders), ("plan", plan), ("padding", padding), ("e2e", e2e)):
         if not args.only or part in args.only:
             result[part] = fn(args)
             print(json.dumps({part: result[part]}, indent=1), flush=True)

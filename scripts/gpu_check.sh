@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One-shot GPU check, written for a lent GPU machine that reaches no package registry (about 8 minutes).
+# One-shot GPU check, written for a lent GPU machine that reaches no package registry (about 9 minutes;
+# the phase limits add up to ~490 s, so run it with timeout_s 570, or --no-compile for ~45 s less).
 #
 #   scripts/gpu_wheels.sh                 # here, once: .whl/ with soundfile, cffi, pycparser (cp312)
 #   device run: bash scripts/gpu_check.sh      carry: [".whl"]      timeout_s: 570
@@ -9,16 +10,21 @@
 # checkout (PYTHONPATH), then, each phase under its own `timeout`, each writing its results to $OUT
 # before the next starts (a phase that fails or times out loses only itself):
 #   env        versions, nvidia-smi, the imports the tool needs
-#   tests      tests/encoder/test_device.py -k DEVICE: padded, chunked (full-size on CUDA) and end-to-end
-#              `verify` against the single-item reference, strict fp32 (TF32 off)
+#   tests      tests/encoder/test_device.py and test_device_resample.py -k DEVICE: padded, chunked
+#              (full-size on CUDA) and end-to-end `verify` against the single-item reference, strict fp32
+#              (TF32 off); resampling on the device against the host's, and `verify --resample-on device`
 #   bench      scripts/bench.py: per-item MimiModel loop vs `mimi-extract codes` end to end and
-#              encoding phase (x real time), encoder idle share, GPU utilisation per phase
+#              encoding phase (x real time), encoder idle share, GPU utilisation per phase; the default
+#              run has the default feeding processes per GPU, a second run --feeders-per-gpu 1
+#   resample   scripts/bench_resample.py: resampling on the device, exact against the host path at full
+#              size (input max |diff|, latent max relative diff, codes agreement classified by verify's
+#              tie rule) and its speed on the GPU's step shapes (x real time, H2D bytes)
 #   precision  scripts/bench_precision.py: fp32 / TF32 / bf16 throughput on fixed step shapes,
 #              per-codebook agreement with strict fp32, mismatches classified by verify's tie rule
 #   compile    the same for torch.compile of the strict encoder: kept only if faster and exact
 #   summary    summary.md and results.json from the above; the table is printed last
-# Files in $OUT (8 at most come back): log.txt phases.txt bench.json precision.json compile.json
-# summary.md results.json.
+# Files in $OUT (8 at most come back): log.txt phases.txt bench.json resample.json precision.json
+# compile.json summary.md results.json.
 set -u
 cd "$(dirname "$0")/.."
 REPO=$PWD
@@ -40,11 +46,12 @@ LOG=$OUT/log.txt
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/inductor-cache}
 if [ "$DEVICE" = cpu ]; then  # dry run: the same phases on the tiny model, sized for two CPU cores
   MODEL=random-tiny; BENCH_ARGS="--files 12 --min-seconds 0.5 --max-seconds 4"; SHAPES="4x2"; CSHAPES="4x2"; REPS=3
-  T_TESTS=150; T_BENCH=240; T_PREC=120; T_COMPILE=150
+  TINY=$(mktemp -d /tmp/gpu-check-tiny-XXXX); RESAMPLE_ARGS="--model $TINY --q 8 --reps 2"
+  T_TESTS=240; T_BENCH=240; T_RESAMPLE=240; T_PREC=120; T_COMPILE=150
 else
-  MODEL=random-default; BENCH_ARGS="--files 512 --min-seconds 1 --max-seconds 20"; SHAPES="64x4.6,128x10"
-  CSHAPES="64x4.6"; REPS=10
-  T_TESTS=100; T_BENCH=210; T_PREC=75; T_COMPILE=60
+  MODEL=random-default; BENCH_ARGS="--files 384 --min-seconds 1 --max-seconds 20"; SHAPES="64x4.6,128x10"
+  CSHAPES="64x4.6"; REPS=10; RESAMPLE_ARGS="--model random-default --q 32 --rows 16 --step-seconds 120 --chunk-seconds 30"
+  T_TESTS=100; T_BENCH=210; T_RESAMPLE=60; T_PREC=75; T_COMPILE=45
 fi
 
 phase() {  # phase NAME SECONDS COMMAND...: run under timeout, log everything, record rc and time
@@ -72,8 +79,15 @@ print(\"python\", sys.version.split()[0], \"| torch\", torch.__version__, \"| cu
       \"| soundfile\", soundfile.__version__, soundfile.__libsndfile_version__, \"| numpy\", numpy.__version__)
 print(\"device:\", torch.cuda.get_device_name() if torch.cuda.is_available() else \"no CUDA\")
 '"
-phase tests "$T_TESTS" "$PY" -m pytest tests/encoder/test_device.py -q -k "$DEVICE" -p no:cacheprovider
-phase bench "$T_BENCH" "$PY" scripts/bench.py --device "$DEVICE" --model "$MODEL" $BENCH_ARGS --json "$OUT/bench.json"
+phase tests "$T_TESTS" "$PY" -m pytest tests/encoder/test_device.py tests/encoder/test_device_resample.py -q \
+  -k "$DEVICE" -p no:cacheprovider
+phase bench "$T_BENCH" "$PY" scripts/bench.py --device "$DEVICE" --model "$MODEL" $BENCH_ARGS --tool-args "--feeders-per-gpu 1" \
+  --json "$OUT/bench.json"
+if [ "$DEVICE" = cpu ]; then  # (the dry run's tiny model, saved where bench_resample.py loads it from)
+  "$PY" -c "from mimi_extract.demo import random_model; random_model(seed=0).save_pretrained('$TINY')" >>"$LOG" 2>&1
+fi
+phase resample "$T_RESAMPLE" "$PY" scripts/bench_resample.py --device "$DEVICE" $RESAMPLE_ARGS \
+  --workdir "${TMPDIR:-/tmp}/gpu-check-resample" --json "$OUT/resample.json"
 phase precision "$T_PREC" "$PY" scripts/bench_precision.py --device "$DEVICE" --model "$MODEL" --shapes "$SHAPES" \
   --reps "$REPS" --json "$OUT/precision.json"
 if [ "$COMPILE" = 1 ]; then
@@ -82,5 +96,6 @@ if [ "$COMPILE" = 1 ]; then
 fi
 phase summary 30 "$PY" scripts/gpu_summary.py "$OUT"
 cat "$OUT/summary.md" 2>/dev/null || cat "$OUT/phases.txt"
+[ "$DEVICE" = cpu ] && rm -rf "$TINY"
 grep -q "^tests rc=0 " "$OUT/phases.txt" && grep -q "^bench rc=0 " "$OUT/phases.txt" \
-  && grep -q "^precision rc=0 " "$OUT/phases.txt"
+  && grep -q "^resample rc=0 " "$OUT/phases.txt" && grep -q "^precision rc=0 " "$OUT/phases.txt"

@@ -19,6 +19,7 @@ def load(name):
 
 phases = open(os.path.join(out, "phases.txt")).read().split("\n") if os.path.exists(os.path.join(out, "phases.txt")) else []
 bench, precision, compiled = load("bench.json"), load("precision.json"), load("compile.json")
+resample = load("resample.json")
 lines = ["# GPU check summary", "", "phases: " + "; ".join(p for p in phases if p), ""]
 if bench:
     s = bench["speeds"]
@@ -36,6 +37,27 @@ if bench:
               f"{bench['tool_seconds'] - st['elapsed']:.1f} s; code mismatches vs the loop {bench['mismatch']}; "
               f"sgemm {bench['gflops']:.0f} GFLOPS, {bench['flops_per_second'] / 1e9:.2f} GFLOP/audio-s, "
               f"bound {bench['bound']:.0f} x", ""]
+if resample:
+    lines += [f"## resampling on the device ({resample.get('device_name')}, torch {resample.get('torch')})", ""]
+    ex = resample.get("exact")
+    if ex:
+        t = ex["totals"]
+        lines += ["| file | rate | input max abs diff | latent max rel diff | codes equal | tie flips | real |",
+                  "|---|---|---|---|---|---|---|"]
+        for key, f in ex["files"].items():
+            lines.append(f"| {key} | {f['rate']} | {f['input_max_abs_diff']:.1e} | {f.get('latent_max_rel_diff', 0):.1e} | "
+                         f"{f.get('codes_equal')}/{f.get('codes')} | {f.get('tie_flips')} + {f.get('cascades')} cascade | "
+                         f"{f.get('real')} |")
+        lines += ["", f"codes agree {100 * t['agreement']:.4f} % over {ex['q']} codebooks; real mismatches {t['real']}", ""]
+    sp = resample.get("speed")
+    if sp:
+        lines += ["| step | device x real time | ms per step | host path us CPU per audio s | H2D B per audio s |",
+                  "|---|---|---|---|---|"]
+        for label, r in sp["shapes"].items():
+            lines.append(f"| {label} | {r['x_real_time_device']:.0f} | {r['device_ms_per_step']:.2f} | "
+                         f"{r['host_us_per_audio_s']:.0f} | {r['h2d_bytes_per_audio_s']} (host path "
+                         f"{r['h2d_bytes_per_audio_s_host_path']}) |")
+        lines.append("")
 rows = []
 for src in (precision, compiled):
     if not src:
@@ -59,6 +81,6 @@ if rows:
     lines += [f"## precision ({dev}, torch {(precision or compiled)['torch']})", "",
               "| mode | step | x real time | codes equal to strict fp32 | tie flips | real |", "|---|---|---|---|---|---|",
               *rows, ""]
-json.dump({"phases": phases, "bench": bench, "precision": precision, "compile": compiled},
+json.dump({"phases": phases, "bench": bench, "resample": resample, "precision": precision, "compile": compiled},
           open(os.path.join(out, "results.json"), "w"), indent=1)
 open(os.path.join(out, "summary.md"), "w").write("\n".join(lines) + "\n")

@@ -18,25 +18,29 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
 
 from ..audio import SAMPLE_RATE, AudioError, AudioReader, PieceReader, seek_is_exact
+from ..device_resample import NativeChunk, NativeGroup, NativeReader, device_resamplable, resample_rows
 from ..encoder import PaddedMimiEncoder, frames_of
 from ..model import load_model, prepare
-from ..settings import Settings, default_cpu_workers
+from ..settings import Settings, default_cpu_workers, feeders_per_gpu
 from ..sources import Item, bytes_name, open_audio
 from .base import _DONE, Piece, Stats, _AnyEvent, _get_while, is_out_of_memory
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}  # choices.DTYPES
 
 
-def resolve_devices(spec: str, cpu_workers: int | None = None) -> tuple[str, ...]:
+def resolve_devices(spec: str, cpu_workers: int | None = None, feeders: int | None = None,
+                    output_format: str = "hdf5") -> tuple[str, ...]:
     """``auto`` -> every CUDA device (or the CPU); else a comma-separated list such as
     ``cuda:0,cuda:1``.  ``cpu`` becomes ``cpu_workers`` single-device workers (default: one per
-    core pair measured best on CPU, see README: two 1-thread workers beat one 2-thread one)."""
+    core pair measured best on CPU, see README: two 1-thread workers beat one 2-thread one).  Each
+    GPU named once is fed by ``feeders`` processes (default :func:`~mimi_extract.settings.feeders_per_gpu`
+    for the cores, the GPUs and the output format's writer); a list that names a GPU twice says it."""
     spec = spec.strip()
     if spec == "auto":
         n = torch.cuda.device_count()
@@ -59,6 +63,14 @@ def resolve_devices(spec: str, cpu_workers: int | None = None) -> tuple[str, ...
                 raise ValueError(f"device {d!r}: this machine has {torch.cuda.device_count()} GPU(s)")
     if devices == ("cpu",):
         devices = ("cpu",) * (cpu_workers or default_cpu_workers())
+    gpus = [d for d in devices if d.startswith("cuda")]
+    if gpus and len(set(gpus)) < len(gpus):
+        if feeders is not None:
+            raise ValueError("--feeders-per-gpu and a --device list that names a GPU twice both say how many "
+                             "processes feed it: give one of them")
+    elif gpus:
+        k = feeders or feeders_per_gpu(len(gpus), output_format)
+        devices = tuple(d for d in devices for _ in range(k if d.startswith("cuda") else 1))
     return devices
 
 
@@ -86,26 +98,41 @@ class _Stream:
 
 @dataclass
 class _Step:
-    audio: torch.Tensor  # [R, T]
+    audio: torch.Tensor  # [R, T] (24 kHz); with device resampling, only the rows ``host_rows``
     lengths: torch.Tensor
     final: torch.Tensor
     fresh: torch.Tensor  # rows whose stream starts with this step
     slots: torch.Tensor
     items: list[Item]
     errors: list[Piece] = field(default_factory=list)
+    # resampling on the device (device_resample): the rows that ``audio`` holds, and the native-rate rest
+    host_rows: torch.Tensor | None = None  # None: audio holds every row
+    groups: list[NativeGroup] = field(default_factory=list)
 
     @classmethod
     def only_errors(cls, errors: list[Piece]) -> "_Step":
         empty = torch.zeros(0)
         return cls(torch.zeros(0, 0), empty, empty, empty, empty, [], errors)
 
+    @property
+    def size(self) -> int:
+        return self.audio.shape[-1]
+
     def rows(self, index: list[int]) -> "_Step":
-        """The sub-step of rows ``index`` (out-of-memory splitting); trimmed when all of them end."""
-        sel = torch.tensor(index)
+        """The sub-step of rows ``index`` (out-of-memory splitting, failed streams dropped); trimmed
+        when all of them end."""
+        sel = torch.tensor(index, dtype=torch.long)
         lengths, final = self.lengths[sel], self.final[sel]
-        size = self.audio.shape[-1] if not bool(final.all()) else int(lengths.max())
-        return _Step(self.audio[sel, :size], lengths, final, self.fresh[sel], self.slots[sel],
-                     [self.items[i] for i in index])
+        size = self.size if not bool(final.all()) else int(lengths.max())
+        host_rows, groups, audio = None, [], self.audio[sel, :size] if self.host_rows is None else None
+        if self.host_rows is not None:  # not resampled yet: pick among the host rows and the groups
+            at = {int(r): i for i, r in enumerate(self.host_rows.tolist())}
+            mine = [k for k, r in enumerate(index) if r in at]
+            audio = self.audio[torch.tensor([at[index[k]] for k in mine], dtype=torch.long), :size]
+            host_rows = torch.tensor(mine, dtype=torch.long)
+            groups = [g for g in (g.select(sel) for g in self.groups) if g is not None]
+        return _Step(audio, lengths, final, self.fresh[sel], self.slots[sel], [self.items[i] for i in index],
+                     host_rows=host_rows, groups=groups)
 
 
 LATER = object()  # next_unit(block=False): nothing to hand out right now
@@ -122,6 +149,7 @@ class DeviceRunner:
         self.chunk = settings.chunk_samples(self.encoder.hop)
         self.rows = settings.rows
         self.budget = max(int(settings.step_seconds * SAMPLE_RATE), self.chunk)
+        self.device_resample = settings.device_resample  # native-rate rows, resampled by the encoder thread
         self.state = None
         self.failed: set[str] = set()  # streams (Item.uid) that failed in the encoder (the feeder drops them)
         self.warmup: dict[tuple[str, str], int] = {}  # (piece uid, tap): warm-up frames still to drop
@@ -134,14 +162,17 @@ class DeviceRunner:
     # -- feeder ----------------------------------------------------------------------------
     def _open(self, item: Item) -> AudioReader | PieceReader:
         framing = self.settings.framing_rule
+        # resampled by the encoder thread (on the device), or here
+        reader = NativeReader if self.device_resample and device_resamplable(item.sample_rate, self.chunk) \
+            else AudioReader
         if item.piece is None:
-            return AudioReader(open_audio(item), item.channel, framing, item.start, item.frames)
+            return reader(open_audio(item), item.channel, framing, item.start, item.frames)
         begin, end, last = item.piece.begin, item.piece.end, item.piece.last
         if item.sample_rate == SAMPLE_RATE and framing.delay(SAMPLE_RATE) == 0 and seek_is_exact(bytes_name(item)):
             # samples are the source's, and a seek lands on exactly them: seek
             frames = item.frames - begin if last else end - begin
             return AudioReader(open_audio(item), item.channel, framing, item.start + begin, frames)
-        return PieceReader(AudioReader(open_audio(item), item.channel, framing, item.start, item.frames),
+        return PieceReader(reader(open_audio(item), item.channel, framing, item.start, item.frames),
                            begin, None if last else end)
 
     def _read(self, stream: _Stream):
@@ -240,13 +271,22 @@ class DeviceRunner:
                 if all(fin for _, _, fin, _ in rows):  # rows that go on fix the size (the chunk) themselves
                     size = min(-(-size // self._bucket) * self._bucket, max(size, self.chunk))
                 pin = self.device.startswith("cuda")
-                audio = torch.zeros(len(rows), size, pin_memory=pin)
+                host = [r for r, (_, c, _, _) in enumerate(rows) if not isinstance(c, NativeChunk)]
+                audio = torch.empty(len(host), size, pin_memory=pin)  # (one write of each sample)
+                for i, r in enumerate(host):
+                    c = rows[r][1]
+                    audio[i, : len(c)] = c
+                    audio[i, len(c):] = 0
+                groups: dict[tuple, list[int]] = {}
                 for r, (_, c, _, _) in enumerate(rows):
-                    audio[r, : len(c)] = c
+                    if isinstance(c, NativeChunk):
+                        groups.setdefault(c.group, []).append(r)
                 step = _Step(audio, torch.tensor([len(c) for _, c, _, _ in rows]),
                              torch.tensor([fin for _, _, fin, _ in rows]),
                              torch.tensor([fresh for _, _, _, fresh in rows]),
-                             torch.tensor([s.slot for s, _, _, _ in rows]), [s.item for s, _, _, _ in rows], errors)
+                             torch.tensor([s.slot for s, _, _, _ in rows]), [s.item for s, _, _, _ in rows], errors,
+                             None if len(host) == len(rows) else torch.tensor(host, dtype=torch.long),
+                             [NativeGroup.of(g, [rows[r][1] for r in g], pin) for g in groups.values()])
                 for stream, c, fin, _ in rows:
                     stream.emitted += len(c)
                     if fin:
@@ -288,7 +328,18 @@ class DeviceRunner:
         self.state.assign(step.slots, sub)  # only after success: an out-of-memory retry starts clean
         return out
 
+    def _resample(self, step: _Step) -> _Step:
+        """The step with every row at 24 kHz on the device: the host's rows copied, the native-rate
+        ones resampled there (:func:`~mimi_extract.device_resample.resample_rows`)."""
+        device = self.encoder.model.device
+        audio = torch.zeros(len(step.items), step.size, device=device)
+        if len(step.host_rows):
+            audio[step.host_rows.to(device)] = step.audio.to(device, non_blocking=True)
+        return replace(step, audio=resample_rows(step.groups, audio), host_rows=None, groups=[])
+
     def _encode(self, step: _Step) -> list[Piece]:
+        if step.host_rows is not None:
+            step = self._resample(step)
         try:
             out = self._forward(step)
         except Exception as e:

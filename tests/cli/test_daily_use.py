@@ -53,9 +53,12 @@ SEQUENCE = ("import json, sys, runpy\n"
 def test_light_commands_do_not_import_torch(tmp_path):
     out = tmp_path / "out"
     make_out(out, [f"{i}.wav" for i in range(3)])
+    audio = tmp_path / "audio"
+    audio.mkdir()
+    write_noise(audio / "a.flac", 4000, 16_000)
     commands = [["--version"], ["--help"], ["info", out], ["info", out, "--json"], ["status", out],
                 ["cuts", out, "-o", tmp_path / "c.jsonl.gz"], ["report", out], ["report", out, "--json"],
-                ["report", out, "--png", tmp_path / "r.png"]]
+                ["report", out, "--png", tmp_path / "r.png"], ["plan", audio], ["plan", audio, "--json"]]
     commands = [[str(a) for a in c] for c in commands]
     p = subprocess.run([sys.executable, "-c", SEQUENCE, json.dumps(commands)], capture_output=True, text=True,
                        env={**os.environ, "PYTHONPATH": ROOT})

@@ -22,13 +22,18 @@ def test_gpu_check_dry_run(tmp_path):
     log = (out / "log.txt").read_text() if (out / "log.txt").exists() else ""
     assert run.returncode == 0, run.stdout + run.stderr + log[-4000:]
     phases = (out / "phases.txt").read_text().split("\n")
-    assert [p.split()[0] for p in phases if p][-5:] == ["env", "tests", "bench", "precision", "summary"]
+    assert [p.split()[0] for p in phases if p][-6:] == ["env", "tests", "bench", "resample", "precision", "summary"]
     assert all(" rc=0 " in p for p in phases if p), phases
     results = json.loads((out / "results.json").read_text())
     assert results["bench"]["mismatch"] == 0 and results["bench"]["stats"]["ok"] == 12
+    assert any("--feeders-per-gpu 1" in label for label in results["bench"]["speeds"])
+    exact = results["resample"]["exact"]  # resampling on the device: the 24 kHz input, latents and codes vs the host path
+    assert len(exact["files"]) == 4 and exact["totals"]["real"] == 0
+    assert all(f["input_max_abs_diff"] < 1e-6 and f["latent_max_rel_diff"] < 1e-4 for f in exact["files"].values())
+    assert len(results["resample"]["speed"]["shapes"]) == 6
     modes = results["precision"]["modes"]
     assert set(modes) == {"fp32", "tf32", "bf16"} and not any("error" in m for m in modes.values())
     assert modes["tf32"]["4x2s"]["agreement"] == 1.0  # TF32 is a no-op on CPU: identical codes
     assert {"agreement_per_codebook", "tie_flips", "real"} <= set(modes["bf16"]["4x2s"])
     summary = (out / "summary.md").read_text()
-    assert "| bf16 | 4x2s |" in summary and run.stdout.rstrip().endswith(summary.rstrip().split("\n")[-1])
+    assert "| bf16 | 4x2s |" in summary and "## resampling on the device" in summary and run.stdout.rstrip().endswith(summary.rstrip().split("\n")[-1])

@@ -66,6 +66,20 @@ def test_split_codes_equal_the_single_item_reference(corpus, tiny_model, tiny_mo
 
 
 @pytest.mark.slow
+def test_split_recordings_resampled_on_the_device(corpus, tiny_model, tiny_model_dir, tmp_path):
+    """The same split run with ``--resample-on device`` (the GPU's default, here on the CPU device):
+    the 16 and 44.1 kHz recordings' pieces reach the encoder as native-rate rows, each decoded from
+    the start and its warm-up dropped before anything is resampled; codes identical to the reference."""
+    text = run(corpus, tmp_path / "device", tiny_model_dir, "-q", 8, "--resample-on", "device")
+    assert "split 3 long recording(s) into" in text, text
+    check_consistency(str(tmp_path / "device"))
+    for name in [*RATES, "short0.wav"]:
+        ref = reference_single(tiny_model, load(os.path.join(corpus, name)), 8)["codes"].numpy()
+        got = read(tmp_path / "device", name)
+        assert got.shape == ref.shape and np.array_equal(got, ref), name
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("framing, tap", [("transformers", "encoder"), ("moshi-stream", "latent")])
 def test_split_features_every_tap_and_moshi_stream(corpus, tiny_model, tiny_model_dir, tmp_path, framing, tap):
     """The 25 Hz encoder tap (warm-up dropped in 25 Hz steps) and moshi's streaming mask (its call

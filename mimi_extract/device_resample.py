@@ -1,0 +1,235 @@
+"""Resampling to 24 kHz on the device: the host sends native-rate samples, the device resamples.
+
+On a GPU the host's CPU cores decide throughput, and resampling was about half of their work
+(16 kHz PCM decodes at ~23,000x real time per core, ~2,900x with the resampling).  So with
+``--resample-on device`` (the default on a GPU) the feeder no longer resamples: a
+:class:`NativeReader` hands the device, for each row of a step, the *native-rate* samples that the
+row's 24 kHz chunk is computed from (int16 where the source is 16-bit PCM and one channel is
+taken: half the bytes, and libsndfile's float decode is exactly that int16 / 32768), and
+:func:`resample_rows` computes them there, all rows of one rate in one fp32 convolution (TF32 off).
+
+Exact by construction, not by approximation: the kernel is :class:`~mimi_extract.audio.SincResampler`'s
+(torchaudio's formula), and each output block ``j`` of ``new`` samples is the dot product of the
+kernel with the padded input ``P[j*orig : j*orig + size]``, where ``P`` is the item's samples
+preceded by ``width + delay`` zeros and followed, once its end is known, by ``width + orig`` zeros
+(what the streaming resampler pads).  The host keeps ``P`` from the first block not yet computed, so
+each row of a step carries its own history: the device keeps no state between steps (a chunked
+long item, a row refilled mid-run, an out-of-memory retry and a piece of a split recording all need
+nothing more), and the overlap resent per step is ``size - orig`` samples (~26 at 16 kHz).  The
+trimming to the framing's length and its zero padding are arithmetic the host already knows
+(:class:`~mimi_extract.audio.Framing`).  Float noise only: the device's convolution sums the same
+products in another order than the host's (measured: see docs/performance.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import soundfile as sf
+import torch
+
+from .audio import SAMPLE_RATE, AudioError, AudioReader, Framing, _reduced, _sinc_kernel
+
+INT16_SCALE = 1 / 32768  # libsndfile's float from 16-bit PCM (exact: a power of two)
+SKIP_STEP = 128 * 1920  # PieceReader drops a piece's warm-up in reads of this many 24 kHz samples
+
+
+def device_resamplable(rate: int, chunk: int) -> bool:
+    """Whether items at ``rate`` can be resampled on the device in chunks of ``chunk`` 24 kHz
+    samples: the polyphase blocks (``new`` outputs each) must tile every chunk and every skipped
+    warm-up step (``new`` divides 960).  True for every common rate (8-96 kHz, 11.025/22.05/44.1/88.2
+    kHz); 24 kHz needs no resampling, and a rate such as 44,056 Hz (3,000 outputs per block) stays on
+    the host path."""
+    if rate == SAMPLE_RATE or rate <= 0:
+        return False
+    _, new = _reduced(rate, SAMPLE_RATE)
+    return chunk % new == 0 and SKIP_STEP % new == 0
+
+
+@dataclass
+class NativeChunk:
+    """What the device needs to compute one row's next 24 kHz chunk: ``samples`` (int16 or
+    float32, native rate, the padded input from the row's first block not yet computed), how many
+    of its ``blocks`` of ``new`` outputs are the item's (``keep``; the rest of the row's ``length``
+    24 kHz samples are the framing's zero padding), and the rate's reduced ratio ``orig:new``.
+    ``len()`` is its 24 kHz length, as a host-resampled chunk's is."""
+
+    samples: np.ndarray
+    orig: int
+    new: int
+    blocks: int
+    keep: int
+    length: int
+
+    def __len__(self) -> int:
+        return self.length
+
+    @property
+    def group(self) -> tuple[int, int, str]:
+        """Rows that share a kernel and a dtype are resampled in one convolution."""
+        return self.orig, self.new, self.samples.dtype.name
+
+
+class NativeReader(AudioReader):
+    """:class:`~mimi_extract.audio.AudioReader` whose chunks are :class:`NativeChunk` s: the same
+    decoding (seeks, warnings, channels, errors), no resampling.  ``next_chunk(n)`` with ``n`` a
+    multiple of the rate's ``new`` (every chunk of a run is: :func:`device_resamplable`)."""
+
+    def __init__(self, path, channel: int | str = "mix", framing: Framing = Framing(), start: int = 0,
+                 frames: int | None = None):
+        super().__init__(path, channel, framing, start, frames)
+        self.orig, self.new = _reduced(self.rate, SAMPLE_RATE)
+        if self.rate == SAMPLE_RATE or SKIP_STEP % self.new:  # (the engine asks only for rates that are not)
+            self.close()
+            raise AudioError(f"its sample rate, {self.rate} Hz, is not one the device resamples: did the file change "
+                             "since the run was planned?")
+        self.resampler = None
+        kernel, self.width = _sinc_kernel(self.orig, self.new)
+        self.size = kernel.shape[-1]
+        # int16 transport where libsndfile's float would be that int16 / 32768 and no channels are mixed
+        self.dtype = "int16" if (isinstance(self.file, sf.SoundFile) and self.file.subtype == "PCM_16"
+                                 and (self.file.channels == 1 or channel != "mix")) else "float32"
+        self.padded = [np.zeros(self.width + framing.delay(self.rate), self.dtype)]  # P from block `computed` on
+        self.padded_len = len(self.padded[0])
+        self.computed = 0  # blocks handed out (their outputs are the first computed * new samples)
+        self.total = self.target = None  # once the end is known: the framing's length, and the resampled part
+
+    def _decode(self) -> None:
+        data, end = self._decode_block(self.dtype)
+        self.padded.append(data)
+        self.padded_len += len(data)
+        if end:
+            self.close()
+            if self.source_samples == 0:
+                raise AudioError("no audio samples (zero-length)")
+            self.padded.append(np.zeros(self.width + self.orig, self.dtype))
+            self.padded_len += self.width + self.orig
+            self.total = self.framing.input_length(self.source_samples, self.rate)
+            self.target = min(self.total, self.framing.resampled_length(self.source_samples, self.rate))
+            self.done = True
+
+    def _take(self, blocks: int, advance: int) -> np.ndarray:
+        """P's samples for the next ``blocks`` blocks; then drop the first ``advance`` blocks' inputs."""
+        flat = np.concatenate(self.padded) if len(self.padded) != 1 else self.padded[0]
+        need = (blocks - 1) * self.orig + self.size if blocks else 0
+        out = flat[:need]
+        rest = flat[advance * self.orig:]
+        self.padded, self.padded_len = [rest], len(rest)
+        self.computed += advance
+        return out
+
+    def next_chunk(self, n: int) -> tuple[NativeChunk, bool]:
+        while True:
+            if self.done:
+                left = self.total - self.emitted
+                take = min(n, left)
+                keep = max(0, min(take, self.target - self.emitted))
+                blocks = -(-keep // self.new)
+                if take < left and take % self.new:
+                    raise ValueError(f"a chunk that does not end the item must be a multiple of {self.new} samples")
+                samples = self._take(blocks, take // self.new)
+                break
+            lower = self.framing.resampled_length(self.source_samples, self.rate) - 1  # the final length is above
+            if lower - self.emitted > n:  # not the item's last chunk
+                if n % self.new:
+                    raise ValueError(f"a chunk that does not end the item must be a multiple of {self.new} samples")
+                blocks = n // self.new
+                if self.padded_len >= (blocks - 1) * self.orig + self.size:
+                    take = keep = n
+                    samples = self._take(blocks, blocks)
+                    break
+            self._decode()
+        self.emitted += take
+        final = self.done and self.emitted == self.total
+        if final:
+            self.close()
+        return NativeChunk(samples, self.orig, self.new, blocks, keep, take), final
+
+    def read_all(self):
+        raise NotImplementedError("NativeReader hands chunks to the device: use next_chunk")
+
+
+_KERNELS: dict[tuple[int, int, str], torch.Tensor] = {}
+
+
+def _kernel(orig: int, new: int, device: torch.device) -> torch.Tensor:
+    key = (orig, new, str(device))
+    if key not in _KERNELS:
+        _KERNELS[key] = _sinc_kernel(orig, new)[0].to(device)
+    return _KERNELS[key]
+
+
+@dataclass
+class NativeGroup:
+    """The rows of one step that share a kernel and dtype: their padded native samples, right-padded
+    to one length ``[rows, L]`` (pinned for a GPU), and each row's 24 kHz samples kept."""
+
+    rows: torch.Tensor  # row indices in the step
+    samples: torch.Tensor  # [rows, L], int16 or float32
+    keep: torch.Tensor  # [rows]
+    orig: int
+    new: int
+
+    @classmethod
+    def of(cls, rows: list[int], chunks: list[NativeChunk], pin: bool = False) -> "NativeGroup":
+        width = max(len(c.samples) for c in chunks)
+        dtype = torch.int16 if chunks[0].samples.dtype == np.int16 else torch.float32
+        samples = torch.empty(len(chunks), width, dtype=dtype, pin_memory=pin)  # (one write of each sample)
+        for r, c in enumerate(chunks):
+            samples[r, : len(c.samples)] = torch.from_numpy(c.samples)
+            samples[r, len(c.samples):] = 0
+        return cls(torch.tensor(rows), samples, torch.tensor([c.keep for c in chunks]), chunks[0].orig, chunks[0].new)
+
+    def select(self, index: torch.Tensor) -> "NativeGroup | None":
+        """This group's rows among step rows ``index`` (renumbered as their positions in it)."""
+        where = {int(r): i for i, r in enumerate(index.tolist())}
+        mine = [i for i, r in enumerate(self.rows.tolist()) if r in where]
+        if not mine:
+            return None
+        pick = torch.tensor(mine)
+        return NativeGroup(torch.tensor([where[int(self.rows[i])] for i in mine]), self.samples[pick], self.keep[pick],
+                           self.orig, self.new)
+
+
+@torch.no_grad()
+def resample_rows(groups: list[NativeGroup], out: torch.Tensor) -> torch.Tensor:
+    """Write each group's rows, resampled to 24 kHz in fp32, into ``out`` [R, T] (on the device,
+    zeros where nothing is written: the framing's padding and the step's).  TF32 is kept off for
+    the convolution whatever the encoder's dtype: these samples must equal the host's."""
+    device = out.device
+    for g in groups:
+        x = g.samples.to(device, non_blocking=True).float()
+        if g.samples.dtype == torch.int16:
+            x = x * INT16_SCALE
+        kernel = _kernel(g.orig, g.new, device)
+        size = kernel.shape[-1]
+        if x.shape[1] < size:
+            continue  # no row has a block (rows that keep nothing: all padding)
+        with _strict_fp32(device):
+            y = torch.nn.functional.conv1d(x[:, None], kernel, stride=g.orig)  # [rows, new, blocks]
+        y = y.transpose(1, 2).reshape(x.shape[0], -1)
+        width = min(y.shape[1], out.shape[1], int(g.keep.max()))
+        y = y[:, :width]
+        keep = g.keep.to(device)
+        y = y.masked_fill(torch.arange(width, device=device)[None, :] >= keep[:, None], 0)
+        out[g.rows.to(device), :width] = y
+    return out
+
+
+class _strict_fp32:
+    """Around the resampling convolution (a no-op on CPU): cuDNN's TF32 off (these samples must equal
+    the host's), and its autotuning off (the encoder's steps are bucketed so that it pays; these
+    rows' native lengths are not, and autotuning every new shape costs more than it saves)."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def __enter__(self):
+        if self.cuda:
+            self.saved = torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark
+            torch.backends.cudnn.allow_tf32 = torch.backends.cudnn.benchmark = False
+
+    def __exit__(self, *exc):
+        if self.cuda:
+            torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = self.saved

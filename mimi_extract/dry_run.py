@@ -1,0 +1,120 @@
+"""``mimi-extract plan INPUT``: what a run over INPUT would take, without a model.
+
+It reads only what a run's indexing reads (``sources.discover``: the listing and each item's audio
+header) and turns the items into sizes (hours, a duration histogram, frames and tokens, output bytes
+per format and tap) and, through the measured rates of :mod:`~mimi_extract.rates`, into costs: the
+host cores a GPU needs for this corpus's codecs, the time per device kind, and how many ``--part`` s
+make tasks of a given size.  Torch-free: no model, no encoder, seconds on 100k items (docs).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import rates
+from .audio import Framing
+from .input_options import Options
+from .report import _duration_histogram
+from .settings import cpu_cores
+from .sources import bytes_name, discover
+
+HOP = 1920  # 24 kHz samples per 12.5 Hz frame (latent, codes); the encoder tap's 25 Hz frame is half
+TAPS = ("codes", "latent", "encoder")
+FORMATS = ("hdf5", "parquet", "shar")
+
+
+@dataclass
+class PlanAsk:
+    """What ``plan`` is asked besides INPUT (the command line's options)."""
+
+    num_quantizers: int = 8
+    feature_dtype: str = "float32"
+    part_hours: float = 1000.0  # audio hours per part of a job array
+    cores: int | None = None  # host cores (None: this machine's)
+    gpus: int = 1
+    gpu_rate: float | None = None  # x real time per GPU (None: the measured one, unmeasured so far)
+    output_format: str = "hdf5"  # the format the time estimate's writer cap is that of
+    limit: int | None = None
+
+
+def frames(samples: np.ndarray, tap: str) -> np.ndarray:
+    """Frames of ``tap`` for encoder inputs of ``samples`` (24 kHz, framing padding included): Mimi's
+    causal convs give ceil(samples / stride product) (tested against the encoder's own arithmetic)."""
+    per = HOP // 2 if tap == "encoder" else HOP
+    return -(-samples // per)
+
+
+def _bytes(frame_count: int, tap: str, ask: PlanAsk) -> dict[str, int]:
+    """Output bytes of ``frame_count`` frames of ``tap`` per format: the arrays' bytes times the
+    format's measured overhead (``rates.BYTES_PER_ARRAY_BYTE``)."""
+    if tap == "codes":
+        raw, kind = frame_count * ask.num_quantizers * 2, "codes"
+    else:
+        raw, kind = frame_count * rates.FEATURE_DIMS * (2 if ask.feature_dtype == "float16" else 4), "features"
+    return {"arrays": int(raw), **{f: int(raw * rates.BYTES_PER_ARRAY_BYTE[f, kind]) for f in FORMATS}}
+
+
+def plan_report(source: str, options: Options | None = None, channel: str = "mix", framing: Framing = Framing(),
+                ask: PlanAsk | None = None) -> dict:
+    ask = ask or PlanAsk()
+    t_wall, t_cpu = time.perf_counter(), time.process_time()
+    found = discover(source, channel, framing, ask.limit, options=options)
+    indexing = {"wall_s": round(time.perf_counter() - t_wall, 3), "cpu_s": round(time.process_time() - t_cpu, 3)}
+    items = found.items
+    seconds = np.array([it.duration for it in items], dtype=np.float64)
+    samples = np.array([it.samples for it in items], dtype=np.int64)
+    hours = float(seconds.sum()) / 3600
+    counts = {tap: int(frames(samples, tap).sum()) for tap in TAPS}
+    by_codec: dict[tuple[str, int], float] = {}
+    for it, s in zip(items, seconds):
+        key = (rates.codec_of(bytes_name(it)), it.sample_rate)
+        by_codec[key] = by_codec.get(key, 0.0) + float(s)
+    total = max(float(seconds.sum()), 1e-12)
+    mix = [{"codec": c, "sample_rate": r, "hours": s / 3600, "share": s / total,
+            "host_us_per_audio_s": rates.feed_cost(c, r).us_per_audio_second(r),
+            "host_us_per_audio_s_host_resampling": rates.feed_cost(c, r).us_per_audio_second(r, on_device=False)}
+           for (c, r), s in sorted(by_codec.items(), key=lambda kv: -kv[1])]
+    us = sum(m["share"] * m["host_us_per_audio_s"] for m in mix)
+    us_host = sum(m["share"] * m["host_us_per_audio_s_host_resampling"] for m in mix)
+    target = ask.gpu_rate or rates.TARGET_X
+    cores = ask.cores or cpu_cores()
+    gpu_rate = ask.gpu_rate or next((v for v in rates.GPU_X.values() if v), None)
+    estimates = {"cpu": {"x_real_time": cores * rates.CPU_X_PER_CORE, "cores": cores, "measured": True}}
+    for name, x in ({"gpu": gpu_rate} if ask.gpu_rate else rates.GPU_X).items():
+        if not x:
+            estimates[name] = {"x_real_time": None, "measured": False}
+            continue
+        feed = (cores / max(1, ask.gpus)) * 1e6 / us if us else math.inf  # what the host's cores feed a GPU
+        per_gpu = min(x, feed)
+        writer = rates.WRITER_X.get(ask.output_format)
+        machine = min(ask.gpus * per_gpu, writer or math.inf)
+        bound = "GPU" if machine == ask.gpus * x else "host cores" if per_gpu < x and machine == ask.gpus * per_gpu \
+            else "single writer"
+        estimates[name] = {"x_real_time": machine, "gpus": ask.gpus, "cores": cores, "bound": bound,
+                           "measured": not ask.gpu_rate}
+    for e in estimates.values():
+        e["hours"] = total / e["x_real_time"] / 3600 if e.get("x_real_time") else None
+    parts = max(1, math.ceil(hours / ask.part_hours)) if ask.part_hours > 0 else 1
+    reasons = Counter(it.error for it in found.bad)
+    return {
+        "input": found.root, "kind": found.kind, "items": len(items), "unreadable": len(found.bad),
+        "errors_by_reason": dict(reasons.most_common(10)), "warnings": found.warnings,
+        "hours": hours, "durations": _duration_histogram(seconds),
+        "frames": {"12.5 Hz (latent, codes)": counts["codes"], "25 Hz (encoder)": counts["encoder"]},
+        "tokens": counts["codes"] * ask.num_quantizers, "num_quantizers": ask.num_quantizers,
+        "bytes": {tap: _bytes(counts[tap], tap, ask) for tap in TAPS},
+        "codecs": mix,
+        "host": {"us_per_audio_s": us, "us_per_audio_s_host_resampling": us_host, "target_x": target,
+                 "cores_per_gpu": target * us / 1e6, "cores_per_gpu_host_resampling": target * us_host / 1e6,
+                 "measured_on": rates.MEASURED_ON},
+        "estimates": estimates,
+        "parts": {"part_hours": ask.part_hours, "count": parts,
+                  "hours_per_part": hours / parts},
+        "indexing": indexing,
+    }
+

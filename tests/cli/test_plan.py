@@ -1,0 +1,91 @@
+"""``mimi-extract plan INPUT`` (issue 34): a dry run that loads no model and reads only what indexing
+reads; its frames and tokens are what a run then stores, its costs come from the measured rates."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+
+from conftest import ONE_WORKER, cli
+from mimi_extract import rates
+from mimi_extract.dry_run import frames
+
+# name -> (sample rate, frames): 16 kHz FLAC, 48 kHz WAV, 44.1 kHz FLAC
+FILES = {"a.flac": (16_000, 16_000 * 3 + 5), "b.wav": (48_000, 48_000 // 2 + 1), "sub/c.flac": (44_100, 44_100 * 7),
+         "d.flac": (16_000, 700)}
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    root = tmp_path / "in"
+    rng = np.random.default_rng(0)
+    for name, (rate, n) in FILES.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        sf.write(root / name, (0.2 * rng.standard_normal(n)).astype(np.float32), rate, subtype="PCM_16")
+    (root / "broken.wav").write_bytes(b"RIFF not audio")
+    return root
+
+
+def plan_json(*args):
+    result = cli("plan", *args, "--json")
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_plan_counts_what_a_run_then_stores(corpus, tiny_model_dir, tmp_path):
+    """Items, hours, frames and tokens as predicted are what `codes` stores (info says), and the
+    arrays' bytes are frames x codebooks x 2; the unreadable file is counted with its reason."""
+    report = plan_json(corpus, "-q", 4)
+    expected_samples = [math.ceil(n * 24_000 / rate) for rate, n in FILES.values()]
+    assert report["items"] == 4 and report["unreadable"] == 1 and list(report["errors_by_reason"].values()) == [1]
+    assert report["hours"] == pytest.approx(sum(n / rate for rate, n in FILES.values()) / 3600)
+    latent = sum(-(-s // 1920) for s in expected_samples)
+    assert report["frames"] == {"12.5 Hz (latent, codes)": latent, "25 Hz (encoder)": sum(-(-s // 960) for s in expected_samples)}
+    assert report["tokens"] == latent * 4 and report["bytes"]["codes"]["arrays"] == latent * 4 * 2
+    assert report["bytes"]["latent"]["arrays"] == latent * 512 * 4
+    assert sum(report["durations"]["counts"]) == 4
+    run = cli("codes", corpus, tmp_path / "out", "--model", tiny_model_dir, "-q", 4, *ONE_WORKER)
+    assert run.exit_code == 0, run.output
+    info = json.loads(cli("info", tmp_path / "out", "--json").stdout)
+    assert (info["ok"], info["errors"], info["frames"], info["tokens"]) == (4, 1, latent, latent * 4)
+    assert info["hours"] == pytest.approx(report["hours"], rel=1e-4)  # (the manifest rounds durations to ms)
+
+
+def test_plan_costs_follow_the_codecs_and_the_machine(corpus):
+    """Host cores per GPU from the corpus's codec mix (measured per-codec costs, weighted by hours);
+    the GPU estimate is bound by the host's cores when they are too few; parts of --part-hours."""
+    report = plan_json(corpus, "--cores", 4, "--gpus", 1, "--gpu-rate", 20_000, "--part-hours", 0.001)
+    shares = {(m["codec"], m["sample_rate"]): m["share"] for m in report["codecs"]}
+    total = sum(n / rate for rate, n in FILES.values())
+    assert shares[("flac", 16_000)] == pytest.approx((3 + 5 / 16_000 + 700 / 16_000) / total)
+    us = sum(s * rates.feed_cost(c, r).us_per_audio_second(r) for (c, r), s in shares.items())
+    assert rates.feed_cost("flac", 44_100).rate == 48_000 and rates.feed_cost("flac", 22_050).rate == 16_000
+    assert report["host"]["cores_per_gpu"] == pytest.approx(20_000 * us / 1e6)
+    assert report["host"]["cores_per_gpu_host_resampling"] > report["host"]["cores_per_gpu"]
+    gpu = report["estimates"]["gpu"]
+    assert gpu["bound"] == "host cores" and gpu["x_real_time"] == pytest.approx(4 * 1e6 / us)
+    assert report["estimates"]["cpu"]["x_real_time"] == 4 * rates.CPU_X_PER_CORE
+    assert report["parts"]["count"] == math.ceil(report["hours"] / 0.001)
+    fast = plan_json(corpus, "--cores", 400, "--gpu-rate", 20_000)["estimates"]["gpu"]
+    assert fast["bound"] == "single writer" and fast["x_real_time"] == rates.WRITER_X["hdf5"]
+    assert plan_json(corpus)["estimates"]["H100"] == {"x_real_time": None, "measured": False, "hours": None}
+    text = cli("plan", corpus).text
+    assert "4 items, 1 unreadable" in text and "unmeasured" in text and "cores for this corpus" in text
+
+
+def test_frames_are_the_encoders_arithmetic(tiny_model, full_model):
+    from mimi_extract.encoder import PaddedMimiEncoder
+
+    n = torch.arange(1, 12_000)
+    for model in (tiny_model, full_model):
+        got = PaddedMimiEncoder(model).output_lengths(n)
+        for tap in ("encoder", "latent", "codes"):
+            assert np.array_equal(got[tap].numpy(), frames(n.numpy(), tap)), tap
+
+
+def test_plan_errors_are_one_line(tmp_path):
+    result = cli("plan", tmp_path / "nothing-here")
+    assert result.exit_code == 2 and "does not exist" in result.text and "Traceback" not in result.output
