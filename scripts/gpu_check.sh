@@ -2,7 +2,7 @@
 # One-shot GPU check, written for a lent GPU machine that reaches no package registry (about 9 minutes;
 # the phase limits add up to ~490 s, so run it with timeout_s 570, or --no-compile for ~45 s less).
 #
-#   scripts/gpu_wheels.sh                 # here, once: .whl/ with soundfile, cffi, pycparser (cp312)
+#   scripts/gpu_wheels.sh                 # here, once: .whl/ with soundfile, cffi, pycparser, av (cp312)
 #   device run: bash scripts/gpu_check.sh      carry: [".whl"]      timeout_s: 570
 #   scripts/gpu_check.sh --device cpu     # the dry run: tiny model, small corpus, same phases
 #
@@ -65,18 +65,18 @@ phase() {  # phase NAME SECONDS COMMAND...: run under timeout, log everything, r
 }
 
 # -- install: carried wheels only, nothing from a registry ------------------------------------------
-if ls .whl/*.whl >/dev/null 2>&1 && ! "$PY" -c "import soundfile" 2>/dev/null; then
+if ls .whl/*.whl >/dev/null 2>&1 && ! "$PY" -c "import soundfile, av" 2>/dev/null; then
   phase install 60 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target "$SITE" .whl/*.whl
 fi
 export PYTHONPATH="$REPO:$SITE${PYTHONPATH:+:$PYTHONPATH}"
 
 phase env 60 bash -c "nvidia-smi 2>/dev/null | head -15; uname -a; nproc; \"$PY\" -c '
-import sys, torch, transformers, torchaudio, h5py, numpy, soundfile, typer, rich, tqdm
+import sys, torch, transformers, torchaudio, h5py, numpy, soundfile, av, typer, rich, tqdm
 import mimi_extract.cli, mimi_extract.engines
 print(\"python\", sys.version.split()[0], \"| torch\", torch.__version__, \"| cuda\", torch.version.cuda,
       \"| transformers\", transformers.__version__, \"| torchaudio\", torchaudio.__version__,
-      \"| soundfile\", soundfile.__version__, soundfile.__libsndfile_version__, \"| numpy\", numpy.__version__)
+      \"| soundfile\", soundfile.__version__, soundfile.__libsndfile_version__, \"| av\", av.__version__, \"| numpy\", numpy.__version__)
 print(\"device:\", torch.cuda.get_device_name() if torch.cuda.is_available() else \"no CUDA\")
 '"
 phase tests "$T_TESTS" "$PY" -m pytest tests/encoder/test_device.py tests/encoder/test_device_resample.py -q \
