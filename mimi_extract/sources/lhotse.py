@@ -140,6 +140,8 @@ def read_lhotse_manifest(path: str, recordings: str | None = None, keep: Keep | 
         if problem := text_problem(key):
             return fail(where, key, f"id {problem}")
         channels = channels if isinstance(channels, list) else [channels]
+        if not channels:  # (a row naming no channel would otherwise vanish without a row)
+            return fail(where, key, "names no channel")
         for ch in channels:
             k = key if len(channels) == 1 else f"{key}#ch{ch}"
             try:

@@ -97,6 +97,8 @@ class SharSource(Source):
             entry_channels = [None]  # the whole recording: --channel decides (mix, first, each)
         else:
             entry_channels = [ids.index(c) for c in chans]
+        if not entry_channels:  # (a cut naming no channel would otherwise vanish without a row)
+            return [Entry(tar, rel, key=cut.id, where=where, kind="tar", error="the cut names no channel")]
         meta = cut_meta(cut, keep, start) if keep is not None else None  # supervisions, custom fields
         out = []
         for c in entry_channels:
