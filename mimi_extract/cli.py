@@ -505,7 +505,7 @@ def verify(
                                              options=input_options(dict(inputs))), []
             title = f"engine ({settings.dtype}) vs single-item (fp32, transformers)"
             shown = ("encoder", "latent")
-    except (ValueError, FileNotFoundError, RuntimeError, OSError, KeyError) as e:
+    except (RuntimeError, KeyError, *_reading_errors()) as e:
         _fail(e)
     table, failed = _check_table(title, checks, rtol, atol, max_real_mismatches, shown)
     out_console.print(table)
@@ -528,14 +528,14 @@ def verify(
 
 
 def _verify_checksums(out: str) -> None:
-    from .store.files import OutputError
+    from . import remote
     from .store.read import scan_checksums
 
-    if not os.path.isdir(out):
+    if not remote.isdir(out):
         _fail(f"{out} does not exist")
     try:
         report = scan_checksums(out)
-    except (OSError, OutputError) as e:
+    except _reading_errors() as e:
         _fail(str(e))
     for d in report["damaged"]:
         say((d["key"], "bold red"), f" in {d['shard']}: {d['problem']}")
@@ -550,11 +550,19 @@ def _verify_checksums(out: str) -> None:
     say(line + "; ", ("PASS", "green"))
 
 
+def _reading_errors() -> tuple[type[Exception], ...]:
+    """What reading an OUT raises for an OUT that is not there, not a run, malformed (MalformedError,
+    naming the file and line), damaged or unreachable (object storage): one line each, exit 2."""
+    from .store.files import OutputError
+
+    return FileNotFoundError, ValueError, OSError, OutputError
+
+
 def _report(make, out_dir: str, as_json: bool) -> dict | None:
     """``make(out_dir)``, or a clean error; with ``--json`` it is printed and None returned."""
     try:
         report = make(out_dir)
-    except (FileNotFoundError, ValueError) as e:
+    except _reading_errors() as e:
         _fail(e)
     if as_json:
         print(json.dumps(report, indent=2))
@@ -584,7 +592,7 @@ def status(out_dir: Annotated[str, typer.Argument(metavar="OUT")],
     if missing:
         try:
             report = status_report(out_dir)
-        except (FileNotFoundError, ValueError) as e:
+        except _reading_errors() as e:
             _fail(e)
         if as_json:
             print(json.dumps({k: report[k] for k in ("parts", "incomplete_parts", "array", "incomplete_shards")}))
@@ -755,7 +763,7 @@ def cuts(out_dir: Annotated[str, typer.Argument(metavar="OUT")],
 
     try:
         n = write_merged_cuts(out_dir, output)
-    except (FileNotFoundError, ValueError, OSError) as e:
+    except _reading_errors() as e:
         _fail(e)
     say(("done", "green"), f": {n} cuts -> {output}")
 
@@ -787,7 +795,7 @@ def decode(
     try:
         written = decode_items(out_dir, keys or None, output, model and model_path(model), resolve_devices(device)[0],
                                on_item=lambda key, path: say(f"{key} -> {path}"))
-    except (KeyError, ValueError, FileNotFoundError, RuntimeError, OSError) as e:
+    except (KeyError, RuntimeError, *_reading_errors()) as e:
         _fail(e if not isinstance(e, KeyError) else e.args[0])
     say(("done", "green"), f": {len(written)} files")
 
