@@ -11,7 +11,8 @@ encode, so ``--help``, ``--version``, ``info``, ``status`` and ``cuts`` answer i
 the choices offered come from the torch-free ``choices``.
 
 Exit codes (also in ``--help``): 0 done; 1 ``--strict`` and some input failed, or ``verify`` found
-a difference; 2 usage error, or OUT or the model unusable; 3 no input found; 4 every input
+a difference; 2 usage error, or OUT or the model unusable (an OUT that is missing, not a run, malformed --
+its file and line named, one line, never a traceback -- or unreachable); 3 no input found; 4 every input
 failed; 5 the address-space limit (``ulimit -v``) is too small for torch (see ``_limits``); 130
 interrupted (what was encoded is committed: run the same command to resume).
 """
@@ -38,7 +39,8 @@ from .choices import (CHANNEL_MODES, DTYPES, ENGINES, FEATURE_DTYPES, FRAMINGS, 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NO_INPUT, EXIT_ALL_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
 EXIT_ADDRESS_SPACE = _limits.EXIT_ADDRESS_SPACE
 EXIT_CODES_HELP = ("Exit codes: 0 done (error rows allowed unless --strict); 1 --strict and some input failed, "
-                   "or verify found a difference; 2 usage error, OUT or model unusable; 3 no input found; "
+                   "or verify found a difference; 2 usage error, OUT or model unusable (OUT missing, not a run, malformed: "
+                   "the file and line are named, or unreachable); 3 no input found; "
                    "4 every input failed; 5 the address-space limit (ulimit -v) is too small for torch; "
                    "130 interrupted (run the same command to resume).")
 PROGRESS_ENV = "MIMI_EXTRACT_PROGRESS_SECONDS"
@@ -576,7 +578,7 @@ def status(out_dir: Annotated[str, typer.Argument(metavar="OUT")],
            missing: Annotated[bool, typer.Option("--missing", help="Print only the part indices not complete (never "
                               "started, killed, or with inputs not yet encoded) as `sbatch --array=` takes them "
                               "(0,3,5-7; a whole run is part 0); exit 0 when nothing is missing, 1 when something "
-                              "is, 2 when OUT is not a run.")] = False,
+                              "is, 2 when OUT is not a run (or malformed, or unreachable).")] = False,
            shards: Annotated[bool, typer.Option("--shards", help="With --missing: print the input shards of the parts "
                              "not complete instead, one a line (parts that took whole input shards; --json: both).")] = False):
     """Progress of OUT: per part of a job array, inputs, ok, errors, and what is missing.

@@ -267,7 +267,7 @@ _ROW_TYPES: dict[str, tuple] = {
     # the formats' own fields (``ShardBuilder.add``): Parquet's row, a Shar member's bytes and checksums
     "index": (int,), "offset": (int,), "nbytes": (int,), "meta_checksum": (str, None), "cut_checksum": (str, None),
 }
-_SOURCE_TYPES: dict[str, tuple] = {"path": (str,), "frames": (int, None), "channels": (int,), "kind": (str, None)}
+_SOURCE_TYPES: dict[str, tuple] = {"path": (str,), "frames": (int,), "channels": (int,), "kind": (str, None)}
 
 
 def _typed(value, kinds: tuple) -> bool:
@@ -301,8 +301,13 @@ def row_problem(row) -> str | None:
     source = row.get("source")
     if source is not None:
         for field, kinds in _SOURCE_TYPES.items():
-            if field in source and not _typed(source[field], kinds) or (field in ("path", "channels") and field not in source):
+            if field in source and not _typed(source[field], kinds) or (field != "kind" and field not in source):
                 return f"has source.{field} {_type_name(source.get(field))}"
+        if source["frames"] < 0 or source["channels"] < 1:
+            return "has a source of no channels or negative length"
+        if status == "ok" and not (isinstance(row.get("path"), str) and _typed(row.get("sample_rate"), (int,))
+                                   and row["sample_rate"] > 0 and "duration" in row):
+            return "is an ok row without the path, sample rate and duration of its source"
     supervisions = (row.get("meta") or {}).get("supervisions")
     if supervisions is not None and not (isinstance(supervisions, list) and all(isinstance(s, dict) for s in supervisions)):
         return "has meta.supervisions that are not a list of objects"
