@@ -16,7 +16,7 @@ import numpy as np
 from . import remote
 from .store.files import LOCK, PART_RE, PLAN_INFO, RUN_INFO, read_json
 from .store.identity import read_run_info
-from .store.manifest import RunFiles, committed_rows, format_of_path, out_files, shard_attrs
+from .store.manifest import RunFiles, committed_rows, format_of_path, out_files, read_ahead, shard_attrs
 
 
 def _require(out_dir: str, files: list[RunFiles] | None = None) -> list[RunFiles]:
@@ -121,7 +121,7 @@ def _plan(files: RunFiles) -> dict:
     if not files.exists(PLAN_INFO):
         return {}
     path = remote.join(files.path, PLAN_INFO)
-    plan = read_json(path) or {}
+    plan = read_json(path, files.read) or {}
     inputs = plan.get("inputs")
     if inputs is not None and (not isinstance(inputs, int) or isinstance(inputs, bool) or inputs < 0):
         from .store.files import MalformedError
@@ -140,6 +140,7 @@ def status_report(out_dir: str) -> dict:
         if (m := PART_RE.search(name)):
             counts.add((int(m.group(1)), int(m.group(2))))
     dirs = [f for f in files if f.exists(RUN_INFO)] if starting else _require(out_dir, files)
+    read_ahead(dirs, (PLAN_INFO, RUN_INFO))
     for f in dirs:
         d = f.path
         plan = _plan(f)
@@ -166,7 +167,7 @@ def status_report(out_dir: str) -> dict:
     todo = [i for i in range(count) if i not in names or not _run_done(runs[names[i]])]
     # parts of whole input shards: part I took shards I, I+N, I+2N... of the list every part records
     shards = next((info["part_shards"] for f in dirs
-                   if (info := read_run_info(f.path) or {}).get("part_shards") is not None), None)
+                   if (info := read_run_info(f.path, f.read) or {}).get("part_shards") is not None), None)
     return {"runs": runs, "starting": starting, "missing_parts": missing, "ok": ok, "errors": errors, "remaining": remaining,
             "complete": complete, "parts": count, "incomplete_parts": todo, "array": array_spec(todo),
             "incomplete_shards": None if shards is None else [s for n, s in enumerate(shards) if n % count in todo]}
@@ -216,11 +217,12 @@ def _manifest(out_dir: str, files: list[RunFiles]) -> list[dict]:
 def info_report(out_dir: str) -> dict:
     files = out_files(out_dir)
     dirs = _require(out_dir, files)
+    read_ahead(files, (PLAN_INFO,))
     rows = _manifest(out_dir, files)
     ok = list({r["key"]: r for r in rows if r.get("status") == "ok"}.values())  # each key once, whatever the rows
     ok_keys = {r["key"] for r in ok}
     errors = list({r["key"]: r for r in rows if r.get("status") == "error" and r["key"] not in ok_keys}.values())
-    info = read_run_info(dirs[0].path)
+    info = read_run_info(dirs[0].path, dirs[0].read)
     shards = sorted({r["shard"] for r in ok})
     size_of = {remote.relpath(remote.join(f.path, name), out_dir): size
                for f in files for name, size in (f.listing or {}).items()}

@@ -104,12 +104,13 @@ def ensure_dir(path: str) -> None:
 
 
 
-def read_json(path: str) -> dict | None:
+def read_json(path: str, read=None) -> dict | None:
     """A JSON object this tool wrote (``run.json``, ``plan.json``, ``stats.json``), local or on
     object storage; None when there is no such file.  Anything else there (not JSON, not an object,
-    a folder) is a :class:`MalformedError` naming the file."""
+    a folder) is a :class:`MalformedError` naming the file.  ``read(path)``: its bytes, when a
+    caller has them already (``manifest.RunFiles.read``)."""
     try:
-        data = remote.read_bytes(path)
+        data = (read or remote.read_bytes)(path)
     except FileNotFoundError:
         return None
     except IsADirectoryError:

@@ -21,10 +21,11 @@ SCHEMA_KEY = "schema_version"
 SCHEMA_VERSION = 1
 
 
-def read_run_info(run_dir: str) -> dict | None:
-    """A run directory's ``run.json`` (None when it has none), in a layout this version reads."""
+def read_run_info(run_dir: str, read=None) -> dict | None:
+    """A run directory's ``run.json`` (None when it has none), in a layout this version reads;
+    ``read``: see ``files.read_json``."""
     path = remote.join(run_dir, RUN_INFO)
-    info = read_json(path)
+    info = read_json(path, read)
     if info is None:
         return None
     version = info.get(SCHEMA_KEY, 1)

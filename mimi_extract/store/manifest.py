@@ -206,6 +206,12 @@ class RunFiles:
         self.path = run_dir
         self.listing = listing if listing is not None or not remote.is_url(run_dir) else remote.listing(run_dir)
         self._exists: dict[str, bool] = {}
+        self._read: dict[str, bytes] = {}  # path -> bytes read ahead (:func:`read_ahead`)
+
+    def read(self, path: str) -> bytes:
+        """A small file of the run directory (its path): read ahead, or read now."""
+        data = self._read.get(path)
+        return data if data is not None else remote.read_bytes(path)
 
     def exists(self, name: str) -> bool:
         if self.listing is not None:
@@ -235,6 +241,25 @@ class RunFiles:
         return [path]
 
 
+def read_ahead(files: list[RunFiles], names: tuple[str, ...], manifests: bool = True) -> None:
+    """On object storage, read the small files ``names`` (run.json, plan.json...) and (``manifests``)
+    the manifest segments of every run directory at once, ``remote.READ_MANY`` GETs in flight
+    across all parts (round trips: a few per batch, not one per file).  Held in memory until those
+    :class:`RunFiles` go: for commands that hold every row anyway (status, info), not for streaming
+    readers.  Locally: nothing (files are read as they are needed)."""
+    wanted = [(f, remote.join(f.path, n)) for f in files if f.listing is not None for n in names if f.exists(n)]
+    if manifests:
+        wanted += [(f, p) for f in files if f.listing is not None for p in f.manifest_files()]
+    for start in range(0, len(wanted), 8 * remote.READ_MANY):
+        batch = wanted[start:start + 8 * remote.READ_MANY]
+        try:
+            contents = remote.read_many([p for _, p in batch])
+        except FileNotFoundError:  # a run began a new generation and removed these meanwhile
+            raise OutputError(f"{files[0].path}: OUT changed while it was read (a run is rewriting it); try again") from None
+        for (f, p), data in zip(batch, contents):
+            f._read[p] = data
+
+
 def manifest_lines(files: RunFiles) -> Iterator[tuple[str, int, str]]:
     """(file, line number, text) of every line of a run directory's manifest, streamed: a local
     file line by line, segments a batch of ``remote.READ_MANY`` at a time (concurrent GETs)."""
@@ -247,7 +272,8 @@ def manifest_lines(files: RunFiles) -> Iterator[tuple[str, int, str]]:
     for start in range(0, len(paths), remote.READ_MANY):
         batch = paths[start:start + remote.READ_MANY]
         try:
-            contents = remote.read_many(batch)
+            contents = ([files._read[p] for p in batch] if all(p in files._read for p in batch)
+                        else remote.read_many(batch))
         except FileNotFoundError:  # a run began a new generation and removed these meanwhile
             raise OutputError(f"{files.path}: its manifest changed while it was read (a run is rewriting it); "
                               "try again") from None
