@@ -14,7 +14,7 @@ import numpy as np
 
 from .. import remote
 from ..formats import registry
-from ..formats.base import Format, array_checksum
+from ..formats.base import Format, array_checksum, bytes_checksum
 from ..formats.registry import format_of
 from .files import MANIFEST, PART_RE, RUN_INFO, SEGMENT_RE, SEGMENTS, TMP_RE, MalformedError, OutputError, write_error
 
@@ -113,6 +113,7 @@ class ManifestRow:
     status: str | None = None  # "ok" or "error" once written
     error: str | None = None
     checksum: str | None = None
+    shard_checksum: str | None = None  # crc32 of the whole shard file as committed (:func:`with_shard_checksum`)
 
     @classmethod
     def for_item(cls, item: Item, decoder_warnings: str | None = None) -> ManifestRow:
@@ -156,7 +157,18 @@ class ManifestRow:
             row.update(shard=self.shard, status=self.status, error=self.error)
             if self.checksum is not None:
                 row["checksum"] = self.checksum
+            if self.shard_checksum is not None:
+                row["shard_checksum"] = self.shard_checksum
         return row
+
+
+def with_shard_checksum(rows: list[ManifestRow], files: dict, shard: str) -> list[ManifestRow]:
+    """The rows of a shard about to be committed, each with the crc32 of the shard file's bytes
+    (``files[shard]``): what ``verify --checksums`` compares before any library parses the file,
+    so a byte flipped anywhere in it -- unused space, metadata that sends a parser into a loop --
+    is found, not only one inside an array."""
+    checksum = bytes_checksum(files[shard])
+    return [replace(r, shard_checksum=checksum) if r.shard == shard else r for r in rows]
 
 
 class ManifestAppender:
@@ -290,6 +302,7 @@ _ROW_TYPES: dict[str, tuple] = {
     "duration": _NUMBER, "start": (*_NUMBER, None), "end": (*_NUMBER, None), "source": (dict, None),
     "meta": (dict, None), "decoder_warnings": (str, None), "frames": (int, None), "dims": (int, None),
     "shard": (str, None), "status": (str, None), "error": (str, None), "checksum": (str, None),
+    "shard_checksum": (str, None),
     # the formats' own fields (``ShardBuilder.add``): Parquet's row, a Shar member's bytes and checksums
     "index": (int,), "offset": (int,), "nbytes": (int,), "meta_checksum": (str, None), "cut_checksum": (str, None),
 }

@@ -3,6 +3,8 @@ and the Shar fields of a Shar OUT.  ``reader.py`` is the indexed reader built on
 
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 
 from .. import remote
@@ -50,7 +52,11 @@ def scan_checksums(out_dir: str, run_dir: str | None = None, on_item=None) -> di
     checksums existed: read, but only the format's own checks apply), "damaged": [{"key", "shard"
     (relative to OUT), "problem"}]}``.  Each shard is opened once and read in order.  Each shard
     also gets its format's ``check`` (what resume runs: a Shar tar's headers and ``.json`` members,
-    its cuts file): a shard that fails it lists all its items, which resume would encode again."""
+    its cuts file): a shard that fails it lists all its items, which resume would encode again.
+    Last, each shard file's bytes against the crc32 its rows recorded when it was committed
+    (``shard_checksum``): a shard none of whose items failed but whose file did (a byte flipped where
+    no reader reads: an HDF5 file's free space) lists all its items too.  So every byte of a shard
+    is checked, and a damaged item is still named alone."""
     out_dir = remote.absolute(out_dir)
     dirs = [RunFiles(remote.absolute(run_dir))] if run_dir else out_files(out_dir)
     report = {"checked": 0, "unchecked": 0, "damaged": []}
@@ -68,6 +74,9 @@ def scan_checksums(out_dir: str, run_dir: str | None = None, on_item=None) -> di
         for shard, rows in sorted(by_shard.items()):
             name = rows[0]["shard"] if prefix == "." else rows[0]["shard"][len(prefix) + 1:]
             problem = format_of(name).check(remote.join(d, name), in_shard[name])
+            # (after the items: their own checks name the damaged ones; this finds the rest: a byte flipped in
+            # bytes no reader reads, or in metadata that still parses)
+            whole = file_problem(remote.join(d, name), in_shard[name])
             try:
                 handle = open_shard(out_dir, shard)
             except Exception as e:  # noqa: BLE001 -- every item of it is unreadable
@@ -89,11 +98,34 @@ def scan_checksums(out_dir: str, run_dir: str | None = None, on_item=None) -> di
                         on_item(row["key"])
             finally:
                 close_shard(shard, handle)
+            listed = {x["key"] for x in report["damaged"] if x["shard"] == shard}
             if problem is not None:
-                listed = {x["key"] for x in report["damaged"] if x["shard"] == shard}
                 report["damaged"] += [{"key": r["key"], "shard": shard, "problem": f"its shard fails its check: {problem}"}
                                       for r in rows if r["key"] not in listed]
+            elif whole is not None and not listed:
+                report["damaged"] += [{"key": r["key"], "shard": shard, "problem": whole} for r in rows]
     return report
+
+
+def file_problem(path: str, rows: list[dict]) -> str | None:
+    """Why the shard file at ``path`` is not the file its rows were committed with (the crc32 of
+    all its bytes: ``shard_checksum``), or None (also for rows written before that checksum).  Read
+    in blocks of 4 MiB, by ranged GETs on object storage."""
+    want = next((r["shard_checksum"] for r in rows if r.get("shard_checksum")), None)
+    if want is None:
+        return None
+    crc = 0
+    try:
+        with remote.open_object(path) as f:
+            for block in iter(lambda: f.read(remote.READ_BLOCK), b""):
+                crc = zlib.crc32(block, crc)
+    except OSError as e:
+        return f"shard unreadable ({type(e).__name__}: {e})"
+    got = f"crc32:{crc & 0xFFFFFFFF:08x}"
+    if got != want:
+        return (f"the shard file's bytes fail their checksum ({got}, the manifest says {want}): damaged after "
+                "it was written")
+    return None
 
 
 def open_shard(out_dir: str, shard: str):

@@ -286,6 +286,31 @@ def test_a_byte_flipped_in_a_remote_array_is_found_and_reencoded(fmt, s3, loose,
     assert_equal_arrays(check_consistency(pulled(url, str(tmp_path / "after"))), want)
 
 
+def test_a_byte_flipped_in_unused_bytes_of_a_remote_hdf5_shard_is_found(s3, loose, tiny_model_dir, tmp_path,  # noqa: F811
+                                                                        monkeypatch):
+    """The issue's case: a byte flipped where no reader reads (an HDF5 file image's free space; here
+    its last byte): every item still reads back exactly, so no item checksum can see it (before:
+    verify --checksums PASS); the shard's own checksum (crc32 of the file as committed) does, before
+    h5py parses the file, and --reencode-damaged rewrites that shard alone."""
+    monkeypatch.setenv("MIMI_EXTRACT_STAGING", str(tmp_path / "staging"))
+    url = f"s3://{BUCKET}/unused-bytes"
+    run = lambda **kw: extract(loose, url, settings(tiny_model_dir), shard_size=2, **kw)  # noqa: E731
+    assert run()["ok"] == len(FILES)
+    want = dict(mimi_extract.open(url))
+    shard = sorted(n for n in listed(s3, url) if n.endswith(".h5"))[1]
+    data = bytearray(s3.cat(f"{url}/{shard}"))
+    data[-1] ^= 0x10
+    s3.pipe(f"{url}/{shard}", bytes(data))
+    assert_equal_arrays(dict(mimi_extract.open(url)), want)  # unused bytes: every item reads back the same
+    found = cli("verify", "--out", url, "--checksums")
+    assert found.exit_code == 1 and "the shard file's bytes fail their checksum" in " ".join(found.output.split())
+    shutil.rmtree(tmp_path / "staging")
+    summary = run(reencode_damaged=True)
+    assert summary["ok"] == 2 and summary["skipped"] == len(FILES) - 2, summary
+    assert cli("verify", "--out", url, "--checksums").exit_code == 0
+    assert_equal_arrays(dict(mimi_extract.open(url)), want)
+
+
 def listed(s3, url: str) -> list[str]:
     s3.invalidate_cache()
     root = url.removeprefix("s3://")
