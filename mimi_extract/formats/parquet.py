@@ -218,13 +218,13 @@ class Parquet(Format):
             f, source = open_parquet(path)
             try:
                 table = f.read(columns=["key", "frames"])
+                keys, frames = table.column("key").to_pylist(), table.column("frames").to_pylist()
             finally:
                 f.close()
                 if source is not None:
                     source.close()
-        except Exception as e:  # truncated, zeroed or not Parquet at all
+        except Exception as e:  # truncated, zeroed or not Parquet at all; a footer naming other columns
             return f"unreadable ({type(e).__name__}: {e})"
-        keys, frames = table.column("key").to_pylist(), table.column("frames").to_pylist()
         if len(keys) != len(rows) or set(keys) != {r["key"] for r in rows}:
             missing = len({r["key"] for r in rows} - set(keys))
             return f"{missing} items missing, {max(0, len(keys) - len(rows) + missing)} without a manifest row"
