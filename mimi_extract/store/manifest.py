@@ -344,18 +344,29 @@ def row_problem(row) -> str | None:
                 return f"has source.{field} {_type_name(source.get(field))}"
         if source["frames"] < 0 or source["channels"] < 1:
             return "has a source of no channels or negative length"
-        if status == "ok" and not (isinstance(row.get("path"), str) and _typed(row.get("sample_rate"), (int,))
-                                   and row["sample_rate"] > 0 and "duration" in row):
-            return "is an ok row without the path, sample rate and duration of its source"
+
     supervisions = (row.get("meta") or {}).get("supervisions")
     if supervisions is not None and not (isinstance(supervisions, list) and all(isinstance(s, dict) for s in supervisions)):
         return "has meta.supervisions that are not a list of objects"
-    if status == "ok" and (row.get("shard") is None or not isinstance(row.get("frames"), int) or row["frames"] < 0):
-        return "is an ok row without its shard and frame count"
     if any(isinstance(row.get(f), int) and row[f] < 0 for f in ("frames", "dims", "index", "offset", "nbytes")):
         return "has a negative count or offset"
     if row.get("shard") is not None and not valid_shard_name(row["shard"]):
         return (f"names {row['shard']!r} as its shard, which is not a shard name this tool writes")
+    return None
+
+
+def committed_problem(row: dict) -> str | None:
+    """What a committed ok row lacks of what readers take from it (its shard, frame count, and for
+    one with a source, the path, sample rate and duration its cut is made of), or None.  Asked of
+    committed rows only: a row naming a shard that never reached its name is a kill's leftover,
+    dropped whatever it holds."""
+    if row.get("status") != "ok":
+        return None
+    if row.get("shard") is None or not isinstance(row.get("frames"), int):
+        return "is an ok row without its shard and frame count"
+    if row.get("source") is not None and not (isinstance(row.get("path"), str) and _typed(row.get("sample_rate"), (int,))
+                                              and row["sample_rate"] > 0 and "duration" in row):
+        return "is an ok row without the path, sample rate and duration of its source"
     return None
 
 
@@ -364,21 +375,30 @@ def _shown(value) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+def _numbered_rows(files: RunFiles) -> Iterator[tuple[str, int, dict]]:
+    """(file, line number, row) of every row of a run directory's manifest (:func:`iter_rows`)."""
+    for path, n, line in manifest_lines(files):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        _refuse(path, n, row, row_problem(row))
+        yield path, n, row
+
+
+def _refuse(path: str, n: int, row, problem: str | None) -> None:
+    if problem is not None:
+        key = f" (key {row['key']!r})" if isinstance(row, dict) and isinstance(row.get("key"), str) else ""
+        raise MalformedError(f"{path} line {n}{key} {problem}: the manifest was edited or damaged; "
+                             "remove or fix that row")
+
+
 def iter_rows(run_dir: str, files: RunFiles | None = None) -> Iterator[dict]:
     """Every row of one run directory's manifest, streamed; a torn line (a run killed mid-write:
     not JSON) is ignored.  A line that is JSON but not a row this tool writes (:func:`row_problem`)
     is a :class:`MalformedError` naming the file, the line and the key: the manifest was edited or
     damaged, and no reader guesses what it meant."""
-    for path, n, line in manifest_lines(files or RunFiles(run_dir)):
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        problem = row_problem(row)
-        if problem is not None:
-            key = f" (key {row['key']!r})" if isinstance(row, dict) and isinstance(row.get("key"), str) else ""
-            raise MalformedError(f"{path} line {n}{key} {problem}: the manifest was edited or damaged; "
-                                 "remove or fix that row")
+    for _, _, row in _numbered_rows(files or RunFiles(run_dir)):
         yield row
 
 
@@ -392,10 +412,11 @@ def iter_committed(run_dir: str, files: RunFiles | None = None) -> Iterator[dict
     place (a run killed, or a disk filled, between the manifest append and the rename) are left
     out: they are not committed, and resume drops them."""
     files = files or RunFiles(run_dir)
-    for row in iter_rows(run_dir, files):
+    for path, n, row in _numbered_rows(files):
         shard = row.get("shard")
         if shard and not files.exists(shard):
             continue
+        _refuse(path, n, row, committed_problem(row))
         yield row
 
 
