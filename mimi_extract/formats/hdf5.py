@@ -117,12 +117,11 @@ class HDF5(Format):
         data = handle[row.get("dataset") or row["key"]][()]
         # the file's layout read once per open handle, not per item (an attribute read is h5py's
         # slowest step here: 1.7x the CPU of a whole-OUT read, scripts/bench_report.py)
-        # (looked for among the names, not asked for by name: a name lookup in a damaged attribute index
-        # can loop forever inside the HDF5 library; listing the names does not -- docs/object-storage.md)
+        if row.get("shard_checksum"):  # written by a version that records it: time first, no attribute read
+            return data  # (an attribute read in a damaged attribute index can loop forever in HDF5: docs/object-storage.md)
         transposed = getattr(handle, "_mimi_transposed", None)
         if transposed is None:
-            transposed = handle._mimi_transposed = ("layout" in list(handle.attrs.keys())
-                                                    and handle.attrs["layout"] == "[num_quantizers, frames]")
+            transposed = handle._mimi_transposed = handle.attrs.get("layout", "") == "[num_quantizers, frames]"
         return data.T if transposed else data  # outputs of mimi-extract 0.1
 
     def attrs(self, path: str) -> dict:
