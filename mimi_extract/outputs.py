@@ -16,7 +16,8 @@ import numpy as np
 from . import remote
 from .store.files import LOCK, PART_RE, PLAN_INFO, RUN_INFO, read_json
 from .store.identity import read_run_info
-from .store.manifest import RunFiles, committed_rows, format_of_path, out_files, read_ahead, shard_attrs
+from .store.manifest import (RunFiles, committed_rows, format_of_path, out_exists, out_files, read_ahead,
+                             shard_attrs)
 
 
 def _require(out_dir: str, files: list[RunFiles] | None = None) -> list[RunFiles]:
@@ -25,7 +26,7 @@ def _require(out_dir: str, files: list[RunFiles] | None = None) -> list[RunFiles
     files = out_files(out_dir) if files is None else files
     dirs = [f for f in files if f.exists(RUN_INFO)]
     if not dirs:
-        if not files[0].listing and remote.is_url(out_dir) or not remote.is_url(out_dir) and not os.path.isdir(out_dir):
+        if not out_exists(out_dir, files):
             raise FileNotFoundError(f"{out_dir} does not exist")
         starting = starting_runs(out_dir, files)
         if starting:

@@ -30,7 +30,7 @@ import numpy as np
 from . import remote
 from .store.files import MANIFEST, RUN_INFO
 from .store.identity import read_run_info
-from .store.manifest import committed_rows, iter_committed, out_files
+from .store.manifest import committed_rows, iter_committed, out_exists, out_files
 from .store.read import close_shard, load_row, open_shard, unreadable_error
 
 _OPEN_SHARDS = 64  # shard files a reader keeps open (file descriptors are a bounded resource)
@@ -65,8 +65,7 @@ class Reader:
     def __init__(self, out_dir: str):
         self.out_dir = remote.absolute(out_dir)
         files = out_files(self.out_dir)
-        if remote.is_url(self.out_dir) and not any(f.listing for f in files) or (
-                not remote.is_url(self.out_dir) and not os.path.isdir(self.out_dir)):
+        if not out_exists(self.out_dir, files):
             raise FileNotFoundError(f"{out_dir} does not exist")
         self.dirs = [f.path for f in files]
         self.signature = _signature(self.out_dir, self.dirs)  # before reading: a change while we read shows

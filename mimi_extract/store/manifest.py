@@ -197,6 +197,12 @@ class ManifestAppender:
             self._fd = None
 
 
+def out_exists(out_dir: str, files: list[RunFiles]) -> bool:
+    """Whether OUT is there at all (``files``: its :func:`out_files`): a local folder, or a prefix
+    with objects under it (an object store has no empty folders)."""
+    return any(f.listing for f in files) if remote.is_url(out_dir) else os.path.isdir(out_dir)
+
+
 def manifest_segments(names) -> list[str]:
     """The segments that make a remote run directory's manifest, in order: of ``names`` (relative
     to the run directory), those of ``manifest.d/`` of the highest generation, by number."""
