@@ -14,7 +14,7 @@ from collections import Counter
 import numpy as np
 
 from . import remote
-from .store.files import LOCK, PART_RE, PLAN_INFO, RUN_INFO, read_json
+from .store.files import LOCK, PART_RE, PLAN_INFO, RUN_INFO, MalformedError, read_json
 from .store.identity import read_run_info
 from .store.manifest import (RunFiles, committed_rows, format_of_path, out_exists, out_files, read_ahead,
                              shard_attrs)
@@ -125,8 +125,6 @@ def _plan(files: RunFiles) -> dict:
     plan = read_json(path, files.read) or {}
     inputs = plan.get("inputs")
     if inputs is not None and (not isinstance(inputs, int) or isinstance(inputs, bool) or inputs < 0):
-        from .store.files import MalformedError
-
         raise MalformedError(f"{path} has inputs {json.dumps(inputs)[:40]}, not a count: it was edited or damaged")
     return plan
 
