@@ -329,3 +329,17 @@ def test_gzip_cuts_file_of_remote_out_is_valid_jsonl(made, s3, tmp_path):
     _, url = made("hdf5")
     lines = gzip.decompress(s3.cat(f"{url}/cuts.jsonl.gz")).decode().splitlines()
     assert len(lines) == len(FILES) and all(json.loads(line)["type"] in ("MonoCut", "MultiCut") for line in lines)
+
+
+def test_status_names_a_run_starting_on_a_remote_out(s3):
+    """A lock object whose lease runs, no run.json yet: a run is starting there (finding inputs,
+    loading the model), as status says of a local OUT's live lock; one whose lease ran out is not."""
+    import time
+
+    url = f"s3://{BUCKET}/starting"
+    s3.pipe(f"{url}/lock", json.dumps({"pid": 7, "host": "elsewhere", "expires": time.time() + 600}).encode())
+    result = cli("status", url)
+    assert result.exit_code == 0 and "whole run: starting (pid 7 on elsewhere" in " ".join(result.output.split())
+    assert "is starting in it" in " ".join(cli("info", url).output.split())
+    s3.pipe(f"{url}/lock", json.dumps({"pid": 7, "host": "elsewhere", "expires": time.time() - 1}).encode())
+    assert "holds no mimi-extract run" in " ".join(cli("status", url).output.split())
