@@ -11,7 +11,8 @@ encode, so ``--help``, ``--version``, ``info``, ``status`` and ``cuts`` answer i
 the choices offered come from the torch-free ``choices``.
 
 Exit codes (also in ``--help``): 0 done; 1 ``--strict`` and some input failed, or ``verify`` found
-a difference; 2 usage error, or OUT or the model unusable; 3 no input found; 4 every input
+a difference; 2 usage error, or OUT or the model unusable (an OUT that is missing, not a run, malformed --
+its file and line named, one line, never a traceback -- or unreachable); 3 no input found; 4 every input
 failed; 5 the address-space limit (``ulimit -v``) is too small for torch (see ``_limits``); 130
 interrupted (what was encoded is committed: run the same command to resume).
 """
@@ -38,7 +39,8 @@ from .choices import (CHANNEL_MODES, DTYPES, ENGINES, FEATURE_DTYPES, FRAMINGS, 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NO_INPUT, EXIT_ALL_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
 EXIT_ADDRESS_SPACE = _limits.EXIT_ADDRESS_SPACE
 EXIT_CODES_HELP = ("Exit codes: 0 done (error rows allowed unless --strict); 1 --strict and some input failed, "
-                   "or verify found a difference; 2 usage error, OUT or model unusable; 3 no input found; "
+                   "or verify found a difference; 2 usage error, OUT or model unusable (OUT missing, not a run, malformed: "
+                   "the file and line are named, or unreachable); 3 no input found; "
                    "4 every input failed; 5 the address-space limit (ulimit -v) is too small for torch; "
                    "130 interrupted (run the same command to resume).")
 PROGRESS_ENV = "MIMI_EXTRACT_PROGRESS_SECONDS"
@@ -532,7 +534,7 @@ def verify(
                                              options=input_options(dict(inputs))), []
             title = f"engine ({settings.dtype}) vs single-item (fp32, transformers)"
             shown = ("encoder", "latent")
-    except (ValueError, FileNotFoundError, RuntimeError, OSError, KeyError) as e:
+    except (RuntimeError, KeyError, *_reading_errors()) as e:
         _fail(e)
     table, failed = _check_table(title, checks, rtol, atol, max_real_mismatches, shown)
     out_console.print(table)
@@ -557,14 +559,14 @@ def verify(
 
 
 def _verify_checksums(out: str) -> None:
-    from .store.files import OutputError
+    from . import remote
     from .store.read import scan_checksums
 
-    if not os.path.isdir(out):
+    if not remote.isdir(out):
         _fail(f"{out} does not exist")
     try:
         report = scan_checksums(out)
-    except (OSError, OutputError) as e:
+    except _reading_errors() as e:
         _fail(str(e))
     for d in report["damaged"]:
         say((d["key"], "bold red"), f" in {d['shard']}: {d['problem']}")
@@ -579,11 +581,19 @@ def _verify_checksums(out: str) -> None:
     say(line + "; ", ("PASS", "green"))
 
 
+def _reading_errors() -> tuple[type[Exception], ...]:
+    """What reading an OUT raises for an OUT that is not there, not a run, malformed (MalformedError,
+    naming the file and line), damaged or unreachable (object storage): one line each, exit 2."""
+    from .store.files import OutputError
+
+    return FileNotFoundError, ValueError, OSError, OutputError
+
+
 def _report(make, out_dir: str, as_json: bool) -> dict | None:
     """``make(out_dir)``, or a clean error; with ``--json`` it is printed and None returned."""
     try:
         report = make(out_dir)
-    except (FileNotFoundError, ValueError) as e:
+    except _reading_errors() as e:
         _fail(e)
     if as_json:
         print(json.dumps(report, indent=2))
@@ -597,7 +607,7 @@ def status(out_dir: Annotated[str, typer.Argument(metavar="OUT")],
            missing: Annotated[bool, typer.Option("--missing", help="Print only the part indices not complete (never "
                               "started, killed, or with inputs not yet encoded) as `sbatch --array=` takes them "
                               "(0,3,5-7; a whole run is part 0); exit 0 when nothing is missing, 1 when something "
-                              "is, 2 when OUT is not a run.")] = False,
+                              "is, 2 when OUT is not a run (or malformed, or unreachable).")] = False,
            shards: Annotated[bool, typer.Option("--shards", help="With --missing: print the input shards of the parts "
                              "not complete instead, one a line (parts that took whole input shards; --json: both).")] = False):
     """Progress of OUT: per part of a job array, inputs, ok, errors, and what is missing.
@@ -613,7 +623,7 @@ def status(out_dir: Annotated[str, typer.Argument(metavar="OUT")],
     if missing:
         try:
             report = status_report(out_dir)
-        except (FileNotFoundError, ValueError) as e:
+        except _reading_errors() as e:
             _fail(e)
         if as_json:
             print(json.dumps({k: report[k] for k in ("parts", "incomplete_parts", "array", "incomplete_shards")}))
@@ -881,7 +891,7 @@ def cuts(out_dir: Annotated[str, typer.Argument(metavar="OUT")],
 
     try:
         n = write_merged_cuts(out_dir, output)
-    except (FileNotFoundError, ValueError, OSError) as e:
+    except _reading_errors() as e:
         _fail(e)
     say(("done", "green"), f": {n} cuts -> {output}")
 
@@ -913,7 +923,7 @@ def decode(
     try:
         written = decode_items(out_dir, keys or None, output, model and model_path(model), resolve_devices(device)[0],
                                on_item=lambda key, path: say(f"{key} -> {path}"))
-    except (KeyError, ValueError, FileNotFoundError, RuntimeError, OSError) as e:
+    except (KeyError, RuntimeError, *_reading_errors()) as e:
         _fail(e if not isinstance(e, KeyError) else e.args[0])
     say(("done", "green"), f": {len(written)} files")
 

@@ -38,12 +38,12 @@ import threading
 import time
 
 from . import remote
-from .store.files import LOCK, MANIFEST, LockedError, OutputError
+from .store.files import CUTS, LOCK, MANIFEST, SEGMENT_RE, SEGMENTS, LockedError, OutputError
+from .store.directory import write_cuts
+from .store.manifest import manifest_segments, run_dirs
 
-SEGMENTS = "manifest.d"
 STAGING_ENV = "MIMI_EXTRACT_STAGING"
 LEASE_ENV = "MIMI_EXTRACT_LOCK_LEASE"  # seconds a lock object stays valid without its heartbeat
-_SEGMENT_RE = re.compile(r"g(\d+)-(\d+)\.jsonl")
 _SKIPPED = (LOCK, MANIFEST)  # staged files never mirrored: the local lock; the manifest, sent as segments
 
 
@@ -162,7 +162,7 @@ class Mirror:
         found = []
         for name in names:
             folder, _, base = name.rpartition("/")
-            if folder == SEGMENTS and (m := _SEGMENT_RE.fullmatch(base)):
+            if folder == SEGMENTS and (m := SEGMENT_RE.fullmatch(base)):
                 found.append((int(m.group(1)), int(m.group(2)), name))
         return sorted(found)
 
@@ -200,10 +200,9 @@ class Mirror:
             os.remove(os.path.join(self.local, name))
         self.sent = self._staged()
         if segments:
-            generation = segments[-1][0]
-            mine = [s for s in segments if s[0] == generation]
-            self.pulled = b"".join(self.fs.cat_file(f"{self.root}/{name}") for _, _, name in mine)
-            self.last = (generation, mine[-1][1])
+            mine = manifest_segments(objects)  # (the highest generation's, as every reader of the remote OUT reads them)
+            self.pulled = b"".join(remote.read_many([f"{self.url}/{name}" for name in mine]))
+            self.last = (segments[-1][0], segments[-1][1])
         manifest = os.path.join(self.local, MANIFEST)
         if segments:
             with open(manifest + ".pull", "wb") as f:
@@ -219,6 +218,11 @@ class Mirror:
         staged = self._staged()
         if "run.json" not in staged:
             return
+        if CUTS in staged and self.sent.get(CUTS) != staged[CUTS]:
+            # the cuts a run wrote point at the staged shards, on this machine only: the remote's point at
+            # the remote shards (URLs, valid wherever the bucket is), and so do the staged ones from now on
+            write_cuts(self.local, base=self.url)
+            staged = self._staged()
         try:
             for name, stamp in sorted(staged.items()):
                 if self.sent.get(name) != stamp:
@@ -282,6 +286,19 @@ class _Empty:
 
     def seek(self, pos: int) -> int:
         return 0
+
+
+def pull(url: str, local: str) -> list[str]:
+    """A remote OUT's committed state copied into the folder ``local`` (made equal to it:
+    :meth:`Mirror.pull`), every part of a job array into its own ``part-I-of-N`` (a job array's
+    root is the union of its parts, as on disk); returns the run directories pulled (local)."""
+    pulled = []
+    for d in run_dirs(url.rstrip("/")):
+        name = remote.relpath(d, url.rstrip("/"))
+        folder = local if name == "." else os.path.join(local, name)
+        Mirror(d, folder).pull()
+        pulled.append(folder)
+    return pulled
 
 
 def pull_siblings(url: str, staging: str) -> None:

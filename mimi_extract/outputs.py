@@ -4,25 +4,31 @@ neither torch nor transformers (they answer in well under a second); ``decode`` 
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import re
 import socket
+import time
 from collections import Counter
 
 import numpy as np
 
-from .store.files import LOCK, PART_RE, PLAN_INFO
+from . import remote
+from .store.files import LOCK, PART_RE, PLAN_INFO, RUN_INFO, MalformedError, read_json
 from .store.identity import read_run_info
-from .store.manifest import committed_rows, format_of_path, read_manifest, run_dirs, shard_attrs
+from .store.manifest import (RunFiles, committed_rows, format_of_path, out_exists, out_files, read_ahead,
+                             shard_attrs)
 
 
-
-def _require(out_dir: str) -> list[str]:
-    dirs = [d for d in run_dirs(out_dir) if os.path.exists(os.path.join(d, "run.json"))]
+def _require(out_dir: str, files: list[RunFiles] | None = None) -> list[RunFiles]:
+    """The run directories of OUT that hold a run (their run.json), as :class:`RunFiles`; a clear
+    FileNotFoundError when none does (OUT local or on object storage: ``files`` listed once)."""
+    files = out_files(out_dir) if files is None else files
+    dirs = [f for f in files if f.exists(RUN_INFO)]
     if not dirs:
-        starting = starting_runs(out_dir)
+        if not out_exists(out_dir, files):
+            raise FileNotFoundError(f"{out_dir} does not exist")
+        starting = starting_runs(out_dir, files)
         if starting:
             name, who = next(iter(starting.items()))
             raise FileNotFoundError(f"{out_dir}: a run is starting in it ({name}: {who}) and has not written run.json "
@@ -31,21 +37,45 @@ def _require(out_dir: str) -> list[str]:
     return dirs
 
 
-def starting_runs(out_dir: str) -> dict[str, str]:
+def _name(run_dir: str, out_dir: str) -> str:
+    """A run directory as ``status`` names it: ``whole run``, or its part's folder."""
+    name = remote.relpath(run_dir, out_dir)
+    return "whole run" if name == "." else name
+
+
+def starting_runs(out_dir: str, files: list[RunFiles] | None = None) -> dict[str, str]:
     """{run directory (as ``status`` names it): who} for each run directory of OUT whose lock a live
     process holds before run.json exists: a run starting (finding inputs, loading the model).  A lock
     left by a run stopped before it wrote run.json names a process that is gone: not starting.  The
-    lock file is only read (taking it, even for a moment, could make the starting run fail)."""
+    lock file is only read (taking it, even for a moment, could make the starting run fail).  On
+    object storage the lock is an object whose lease (``expires``) runs while its holder lives."""
     found = {}
-    for d in [out_dir] + sorted(glob.glob(os.path.join(out_dir, "part-*-of-*"))):
-        if not os.path.isdir(d) or os.path.exists(os.path.join(d, "run.json")) or not os.path.exists(
-                os.path.join(d, LOCK)):
+    if not remote.is_url(out_dir) and not os.path.isdir(out_dir):
+        return found
+    files = out_files(out_dir) if files is None else files
+    if files[0].path != out_dir and not remote.is_url(out_dir):  # a job array's root: a whole run may be starting
+        files = [RunFiles(out_dir)] + files
+    for f in files:
+        if f.exists(RUN_INFO) or not f.exists(LOCK):
             continue
-        who = _live_holder(os.path.join(d, LOCK))
+        lock = remote.join(f.path, LOCK)
+        who = _remote_holder(lock) if remote.is_url(lock) else _live_holder(lock)
         if who is not None:
-            name = os.path.relpath(d, out_dir)
-            found["whole run" if name == "." else name] = who
+            found[_name(f.path, out_dir)] = who
     return found
+
+
+def _remote_holder(lock: str) -> str | None:
+    """Who holds a lock object (mirror.RemoteLock) whose lease still runs; None if it ran out."""
+    try:
+        holder = json.loads(remote.read_bytes(lock) or b"null")
+    except (OSError, ValueError):
+        return None
+    if not isinstance(holder, dict) or not isinstance(holder.get("expires"), (int, float)):
+        return None
+    if holder["expires"] <= time.time():
+        return None
+    return f"pid {holder.get('pid')} on {holder.get('host')} (its lock's lease runs {holder['expires'] - time.time():.0f} s more)"
 
 
 def _live_holder(lock: str) -> str | None:
@@ -86,29 +116,35 @@ def _flock_held(path: str) -> bool | None:
                for fields in (line.split() for line in locks.splitlines()))
 
 
-def _plan(run_dir: str) -> dict:
-    """What the last run of a run directory planned (``plan.json``: inputs, seconds, when)."""
-    path = os.path.join(run_dir, PLAN_INFO)
-    if not os.path.exists(path):
+def _plan(files: RunFiles) -> dict:
+    """What the last run of a run directory planned (``plan.json``: inputs, seconds, when); a
+    malformed one is a MalformedError naming it."""
+    if not files.exists(PLAN_INFO):
         return {}
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    path = remote.join(files.path, PLAN_INFO)
+    plan = read_json(path, files.read) or {}
+    inputs = plan.get("inputs")
+    if inputs is not None and (not isinstance(inputs, int) or isinstance(inputs, bool) or inputs < 0):
+        raise MalformedError(f"{path} has inputs {json.dumps(inputs)[:40]}, not a count: it was edited or damaged")
+    return plan
 
 
 def status_report(out_dir: str) -> dict:
     """Per run directory (part): planned inputs, ok and error rows; parts not started; totals."""
     runs = {}
     counts = set()
-    starting = starting_runs(out_dir)
+    files = out_files(out_dir)
+    starting = starting_runs(out_dir, files)
     for name in starting:
         if (m := PART_RE.search(name)):
             counts.add((int(m.group(1)), int(m.group(2))))
-    dirs = [d for d in run_dirs(out_dir) if os.path.exists(os.path.join(d, "run.json"))] if starting else _require(out_dir)
-    for d in dirs:
-        plan = _plan(d)
-        rows = committed_rows(d)
-        name = os.path.relpath(d, out_dir)
-        name = "whole run" if name == "." else name
+    dirs = [f for f in files if f.exists(RUN_INFO)] if starting else _require(out_dir, files)
+    read_ahead(dirs, (PLAN_INFO, RUN_INFO))
+    for f in dirs:
+        d = f.path
+        plan = _plan(f)
+        rows = committed_rows(d, f)
+        name = _name(d, out_dir)
         ok = {r["key"] for r in rows if r.get("status") == "ok"}
         errors = len({r["key"] for r in rows if r.get("status") == "error"} - ok)
         inputs = plan.get("inputs")  # (never fewer than the items stored: see info_report's "unplanned")
@@ -129,8 +165,8 @@ def status_report(out_dir: str) -> dict:
     names = {int(m.group(1)) if (m := PART_RE.search(name)) else 0: name for name in runs}
     todo = [i for i in range(count) if i not in names or not _run_done(runs[names[i]])]
     # parts of whole input shards: part I took shards I, I+N, I+2N... of the list every part records
-    shards = next((info["part_shards"] for d in dirs
-                   if "part_shards" in (info := read_run_info(d) or {})), None)
+    shards = next((info["part_shards"] for f in dirs
+                   if (info := read_run_info(f.path, f.read) or {}).get("part_shards") is not None), None)
     return {"runs": runs, "starting": starting, "missing_parts": missing, "ok": ok, "errors": errors, "remaining": remaining,
             "complete": complete, "parts": count, "incomplete_parts": todo, "array": array_spec(todo),
             "incomplete_shards": None if shards is None else [s for n, s in enumerate(shards) if n % count in todo]}
@@ -191,23 +227,45 @@ def run_failures(run_dir: str) -> list[dict]:
     return common_failures(errors, len(ok) + len(errors))
 
 
+def _manifest(out_dir: str, files: list[RunFiles]) -> list[dict]:
+    """The committed rows of every run directory (``read_manifest``, with OUT listed once)."""
+    rows = []
+    for f in files:
+        prefix = remote.relpath(f.path, out_dir)
+        for row in committed_rows(f.path, f):
+            if row.get("shard") and prefix != ".":
+                row["shard"] = f"{prefix}/{row['shard']}"
+            rows.append(row)
+    return rows
+
+
 def info_report(out_dir: str) -> dict:
-    dirs = _require(out_dir)
-    rows = read_manifest(out_dir)
+    files = out_files(out_dir)
+    dirs = _require(out_dir, files)
+    read_ahead(files, (PLAN_INFO,))
+    rows = _manifest(out_dir, files)
     ok = list({r["key"]: r for r in rows if r.get("status") == "ok"}.values())  # each key once, whatever the rows
     ok_keys = {r["key"] for r in ok}
     errors = list({r["key"]: r for r in rows if r.get("status") == "error" and r["key"] not in ok_keys}.values())
-    info = read_run_info(dirs[0])
+    info = read_run_info(dirs[0].path, dirs[0].read)
     shards = sorted({r["shard"] for r in ok})
-    sizes = {s: sum(os.path.getsize(os.path.join(out_dir, f)) for f in [s] + format_of_path(s).companions(s)
-                    if os.path.exists(os.path.join(out_dir, f)))  # a Shar tar with its cuts file
-             for s in shards if os.path.exists(os.path.join(out_dir, s))}
+    size_of = {remote.relpath(remote.join(f.path, name), out_dir): size
+               for f in files for name, size in (f.listing or {}).items()}
+
+    def size(name: str) -> int | None:  # (the listing's, on object storage: no request per shard)
+        if remote.is_url(out_dir):
+            return size_of.get(name)
+        path = os.path.join(out_dir, name)
+        return os.path.getsize(path) if os.path.isfile(path) else None
+
+    sizes = {s: sum(size(f) or 0 for f in [s] + format_of_path(s).companions(s))  # a Shar tar with its cuts file
+             for s in shards if size(s) is not None}
     frames = sum(r.get("frames", 0) for r in ok)
     nq = info.get("num_quantizers") if info.get("tap") == "codes" else None
     settings = {k: info[k] for k in sorted(info) if k not in ("part",)}
     if len(dirs) > 1:
         settings["parts"] = len(dirs)
-    planned = [_plan(d).get("inputs") for d in dirs]
+    planned = [_plan(f).get("inputs") for f in dirs]
     stored = len(ok) + len(errors)
     inputs = sum(planned) if None not in planned else stored  # the runs' planned inputs, once known
     # more items stored than the last runs found inputs: some are not (or no longer) among them (a larger
@@ -262,9 +320,9 @@ def decode_items(out_dir: str, keys: list[str] | None, output: str | None, model
     from .reader import Reader
     from .sources import dataset_name
 
-    dirs = _require(out_dir)
-    info = read_run_info(dirs[0])
-    rows = {r["key"]: r for r in read_manifest(out_dir) if r.get("status") == "ok"}
+    files = out_files(out_dir)
+    info = read_run_info(_require(out_dir, files)[0].path)
+    rows = {r["key"]: r for r in _manifest(out_dir, files) if r.get("status") == "ok"}
     keys = keys or sorted(rows)
     missing = [k for k in keys if k not in rows]
     if missing:

@@ -27,9 +27,10 @@ from collections import OrderedDict
 
 import numpy as np
 
+from . import remote
 from .store.files import MANIFEST, RUN_INFO
 from .store.identity import read_run_info
-from .store.manifest import committed_rows, run_dirs
+from .store.manifest import committed_rows, iter_committed, out_exists, out_files
 from .store.read import close_shard, load_row, open_shard, unreadable_error
 
 _OPEN_SHARDS = 64  # shard files a reader keeps open (file descriptors are a bounded resource)
@@ -43,10 +44,13 @@ def _stamp(path: str):
     return st.st_size, st.st_mtime_ns
 
 
-def _signature(out_dir: str, dirs: list[str]) -> tuple:
+def _signature(out_dir: str, dirs: list[str]) -> tuple | None:
     """What an index depends on, in a few ``stat`` calls: OUT's own mtime (a new part directory),
     and per run directory its mtime (a shard renamed into place makes its rows committed) and its
-    manifest's size and mtime (rows appended)."""
+    manifest's size and mtime (rows appended).  None on object storage, where that would be a
+    listing per call: ``read`` rebuilds its reader there when a key is not in it."""
+    if remote.is_url(out_dir):
+        return None
     return (_stamp(out_dir),) + tuple((_stamp(d), _stamp(os.path.join(d, MANIFEST))) for d in dirs)
 
 
@@ -59,15 +63,17 @@ class Reader:
     When a key has several ok rows (an old OUT), the last one wins, as in ``read``."""
 
     def __init__(self, out_dir: str):
-        self.out_dir = os.path.abspath(out_dir)
-        if not os.path.isdir(self.out_dir):
+        self.out_dir = remote.absolute(out_dir)
+        files = out_files(self.out_dir)
+        if not out_exists(self.out_dir, files):
             raise FileNotFoundError(f"{out_dir} does not exist")
-        self.dirs = run_dirs(self.out_dir)
+        self.dirs = [f.path for f in files]
         self.signature = _signature(self.out_dir, self.dirs)  # before reading: a change while we read shows
         self._rows: list[dict] = []
-        for d in self.dirs:
-            prefix = os.path.relpath(d, self.out_dir)
-            for row in committed_rows(d):
+        for f in files:
+            d = f.path
+            prefix = remote.relpath(d, self.out_dir)
+            for row in committed_rows(d, f):
                 if row.get("shard") and prefix != ".":
                     row["shard"] = f"{prefix}/{row['shard']}"
                 self._rows.append(row)
@@ -191,12 +197,14 @@ _CACHE: dict[str, Reader] = {}
 _CACHE_LOCK = threading.Lock()
 
 
-def cached_reader(out_dir: str) -> Reader:
-    """The reader of OUT, rebuilt when its manifests or shards changed since it was built."""
-    path = os.path.abspath(out_dir)
+def cached_reader(out_dir: str, key: str | None = None) -> Reader:
+    """The reader of OUT, rebuilt when its manifests or shards changed since it was built (on
+    object storage: when it lacks ``key``)."""
+    path = remote.absolute(out_dir)
     with _CACHE_LOCK:
         reader = _CACHE.get(path)
-        if reader is None or reader.signature != _signature(path, reader.dirs):
+        if reader is None or (key not in reader if reader.signature is None
+                              else reader.signature != _signature(path, reader.dirs)):
             if reader is not None:
                 reader.close()
             reader = _CACHE[path] = Reader(path)
@@ -207,36 +215,15 @@ def read(out_dir: str, key: str) -> np.ndarray:
     """One item's array by key, time first: features ``[frames, dim]``, codes ``[frames,
     num_quantizers]`` (``.T`` gives transformers' ``[num_quantizers, frames]``).  The key index is
     built on the first call and reused until OUT's manifests change."""
-    return cached_reader(out_dir)[key]
+    return cached_reader(out_dir, key)[key]
 
 
 # -- lhotse --------------------------------------------------------------------------------
 def _cut_run_dirs(out_dir: str) -> list[str]:
-    dirs = [d for d in run_dirs(out_dir) if os.path.exists(os.path.join(d, RUN_INFO))]
+    dirs = [f.path for f in out_files(out_dir) if f.exists(RUN_INFO)]
     if not dirs:
         raise FileNotFoundError(f"{out_dir} holds no mimi-extract run (no run.json)")
     return dirs
-
-
-def _stream_committed(run_dir: str):
-    """``committed_rows(run_dir)`` one row at a time (a lazy CutSet's first cut comes at once, and
-    memory does not grow with the manifest)."""
-    exists: dict[str, bool] = {}
-    path = os.path.join(run_dir, MANIFEST)
-    if not os.path.exists(path):
-        return
-    with builtins.open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a torn line (killed mid-write), as committed_rows skips it
-            if not isinstance(row, dict) or "key" not in row:
-                continue
-            shard = row.get("shard")
-            if shard and exists.setdefault(shard, os.path.exists(os.path.join(run_dir, shard))) is False:
-                continue
-            yield row
 
 
 class ManifestCuts:
@@ -244,7 +231,7 @@ class ManifestCuts:
     iteration (so never behind them); picklable, like lhotse's own lazy iterators."""
 
     def __init__(self, out_dir: str):
-        self.out_dir = os.path.abspath(out_dir)
+        self.out_dir = remote.absolute(out_dir)
         self.dirs = _cut_run_dirs(self.out_dir)
         self._len: int | None = None
 
@@ -254,7 +241,7 @@ class ManifestCuts:
         for d in self.dirs:
             info = read_run_info(d)
             frame_shift = 0.04 if info["tap"] == "encoder" else 0.08
-            for row in _stream_committed(d):
+            for row in iter_committed(d):
                 if row.get("status") == "ok" and row.get("source"):
                     cut = cut_dict(row, d, FIELDS[info["tap"]], frame_shift)
                     if cut is not None:  # None: a format with no lhotse storage (Format.lhotse_storage)
@@ -273,7 +260,7 @@ class ManifestCuts:
         if self._len is None:
             from .formats.registry import format_of
 
-            self._len = sum(1 for d in self.dirs for r in _stream_committed(d)
+            self._len = sum(1 for d in self.dirs for r in iter_committed(d)
                             if r.get("status") == "ok" and r.get("source")
                             and format_of(r["shard"]).lhotse_storage(r["shard"], r) is not None)
         return self._len
@@ -286,7 +273,7 @@ def read_cuts(out_dir: str):
     A Shar OUT: lhotse's own ``CutSet.from_shar`` over the committed shards of every part."""
     from ._optional import lhotse as _lhotse
 
-    dirs = _cut_run_dirs(os.path.abspath(out_dir))
+    dirs = _cut_run_dirs(remote.absolute(out_dir))
     if read_run_info(dirs[0]).get("format", "hdf5") == "shar":
         from .store.read import shar_fields
 

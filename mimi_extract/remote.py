@@ -12,6 +12,7 @@ cached fsspec filesystem.  See docs/object-storage.md for the design.
 
 from __future__ import annotations
 
+import asyncio
 import glob as _glob
 import gzip
 import io
@@ -121,6 +122,97 @@ def walk_files(path: str) -> list[str]:
         return found
     fs, p = filesystem(path)
     return [_url(fs, f) for f in sorted(fs.find(p))]
+
+
+def listing(folder: str) -> dict[str, int]:
+    """Every file under ``folder`` (recursively): its '/'-separated name relative to ``folder`` ->
+    its size.  A URL is listed afresh (LIST requests of up to 1,000 objects each, whatever the
+    filesystem cached before): what a reader of an OUT that a run may be writing must see."""
+    if not is_url(folder):
+        found = {}
+        for path in walk_files(folder):
+            found[os.path.relpath(path, folder).replace(os.sep, "/")] = os.path.getsize(path)
+        return found
+    fs, p = filesystem(folder)
+    p = p.rstrip("/")
+    fs.invalidate_cache(p)
+    try:
+        infos = fs.find(p, detail=True)
+    except FileNotFoundError:
+        return {}
+    return {posixpath.relpath(name, p): int(info.get("size") or 0) for name, info in infos.items()
+            if info.get("type") != "directory" and name.rstrip("/") != p}
+
+
+def names(folder: str) -> list[str]:
+    """The names directly in a folder (files and sub-folders; a URL listed afresh, one LIST); [] if
+    there is no such folder."""
+    if not is_url(folder):
+        return sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+    fs, p = filesystem(folder)
+    p = p.rstrip("/")
+    fs.invalidate_cache(p)
+    try:
+        return sorted({posixpath.basename(n.rstrip("/")) for n in fs.ls(p, detail=False) if n.rstrip("/") != p})
+    except FileNotFoundError:
+        return []
+
+
+def read_bytes(path: str) -> bytes:
+    """A whole (small) file: run.json, a manifest segment.  FileNotFoundError if there is none."""
+    if not is_url(path):
+        with open(path, "rb") as f:
+            return f.read()
+    fs, p = filesystem(path)
+    return fs.cat_file(p)
+
+
+READ_MANY = 32  # GETs in flight at once when many small objects are read (run.json and segments of each part)
+
+
+def read_many(paths: list[str]) -> list[bytes]:
+    """The contents of ``paths`` (small files), in order: on object storage up to
+    :data:`READ_MANY` GETs at a time (one round trip for a batch, not one per object)."""
+    if not paths or not is_url(paths[0]):
+        return [read_bytes(p) for p in paths]
+    fs, _ = filesystem(paths[0])
+    stripped = [filesystem(p)[1] for p in paths]
+    if not getattr(fs, "async_impl", False):
+        return [fs.cat_file(p) for p in stripped]
+    from fsspec.asyn import sync
+
+    async def gather():
+        limit = asyncio.Semaphore(READ_MANY)
+
+        async def one(p):
+            async with limit:
+                return await fs._cat_file(p)
+
+        return await asyncio.gather(*(one(p) for p in stripped))
+
+    return sync(fs.loop, gather)
+
+
+def open_object(path: str, size: int | None = None):
+    """A fresh, seekable binary reader of one file, closed by its caller: the local file, or an
+    fsspec file with its own read-ahead (``READ_BLOCKS`` blocks of ``READ_BLOCK`` bytes, ranged
+    GETs: never the object whole).  Unlike :func:`open_input` it shares no handle or cached
+    version with the rest of the process, so what it reads is the object as it is now (an output
+    a run rewrites, or a test damages).  ``size``: the object's size when known (no HEAD)."""
+    if not is_url(path):
+        return open(path, "rb")
+    fs, p = filesystem(path)
+    return fs.open(p, "rb", block_size=READ_BLOCK, cache_type="blockcache", cache_options={"maxblocks": READ_BLOCKS},
+                   **({"size": size} if size is not None else {}))
+
+
+def pread(handle, offset: int, size: int) -> bytes:
+    """``size`` bytes from ``offset`` of a handle :func:`open_object` gave: ``os.pread`` on a local
+    file (no shared file position), a seek and a read on an object's."""
+    if isinstance(handle, (io.FileIO, io.BufferedReader)):
+        return os.pread(handle.fileno(), size, offset)
+    handle.seek(offset)
+    return handle.read(size)
 
 
 def glob(pattern: str) -> list[str]:

@@ -26,13 +26,13 @@ from collections import Counter
 
 import numpy as np
 
-from .store.files import MANIFEST, DamagedError, OutputError, write_atomic
+from . import remote
+from .store.files import DamagedError, write_atomic
 from .store.identity import read_run_info
 from .store.lock import RunLock
-from .store.manifest import run_dirs, valid_shard_name
+from .store.manifest import RunFiles, iter_committed, out_files
 from .store.read import close_shard, load_row, open_shard
 from .outputs import _reason, _require
-from .reader import _stream_committed
 
 SCHEMA = 1  # bump when a key of the JSON report changes meaning or goes away
 # duration bins (seconds): left-closed, the last one open-ended; fixed, so reports compare across OUTs
@@ -215,14 +215,9 @@ def _array_stats(out_dir: str, jobs, tap: str, size: int | None, workers: int, o
         pool.shutdown(cancel_futures=True)
 
 
-def _rows_of(run_dir: str):
-    """The committed rows of a run directory, streamed (``reader._stream_committed``), with the
-    check ``read_rows`` makes: a ``shard`` must be a shard name this tool writes."""
-    for row in _stream_committed(run_dir):
-        if row.get("shard") is not None and not valid_shard_name(row["shard"]):
-            raise OutputError(f"{os.path.join(run_dir, MANIFEST)} (key {row['key']!r}) names {row['shard']!r} as its "
-                              "shard, which is not a shard name this tool writes: the manifest was edited or damaged")
-        yield row
+def _rows_of(files: RunFiles):
+    """The committed rows of a run directory, streamed (memory: a row, not the manifest)."""
+    return iter_committed(files.path, files)
 
 
 def default_workers() -> int:
@@ -241,13 +236,14 @@ def corpus_report(out_dir: str, by: str | None = None, arrays: bool = True, work
     (``a.b`` for a nested one) to group the subsets by; ``arrays=False``: the manifests only (no
     codebook statistics, no checksum check: seconds at any size); ``workers``: processes reading
     shards (default :func:`default_workers`); ``on_shard(done)`` after each shard, for progress."""
-    out_dir = os.path.abspath(out_dir)
-    dirs = _require(out_dir)
+    out_dir = remote.absolute(out_dir)
+    files = out_files(out_dir)
+    dirs = [f.path for f in _require(out_dir, files)]
     info = read_run_info(dirs[0])
     tap = info.get("tap")
     size, size_from = codebook_size(info) if tap == "codes" else (None, None)
     subsets = _Subsets(info, by)
-    runs = [(d, os.path.relpath(d, out_dir)) for d in run_dirs(out_dir)]
+    runs = [(f, remote.relpath(f.path, out_dir)) for f in files]
 
     # the manifests, streamed twice (memory: a key index, not every row): which row of a key counts
     # (the last ok one, as for mimi_extract.open / read), then its numbers, shard by shard
@@ -483,8 +479,11 @@ def write_card(out_dir: str, report: dict) -> str:
     the card's path."""
     from .formats.parquet import dataset_card
 
+    if remote.is_url(out_dir):
+        raise ValueError(f"{out_dir}: --card writes OUT/README.md, which a run on object storage rewrites from its "
+                         "staging; write the card into a local OUT (or a pulled copy) and upload it")
     out_dir = os.path.abspath(out_dir)
-    dirs = _require(out_dir)
+    dirs = [f.path for f in _require(out_dir)]
     info = read_run_info(dirs[0])
     if info.get("format") != "parquet":
         raise ValueError(f"{out_dir} is a {info.get('format', 'hdf5')} OUT: only Parquet OUTs have a dataset card "

@@ -35,7 +35,6 @@ the norm of the group's projected latent in that frame (the features' own tolera
 
 from __future__ import annotations
 
-import os
 import random
 import threading
 from dataclasses import dataclass, field
@@ -43,6 +42,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from . import remote
 from .audio import SAMPLE_RATE, Framing, load
 from .encoder import PaddedMimiEncoder, encode_chunked
 from .reference import reference_single
@@ -300,11 +300,12 @@ def verify_outputs(out_dir: str, sample: int | None = 20, seed: int = 0, device:
     infos = {}
     for row in rows:
         top = row["shard"].split("/")[0]  # a part's folder, or a shard (or a format's folder) of a whole run
-        run_dir = os.path.join(out_dir, top) if PART_RE.fullmatch(top) else out_dir
-        infos.setdefault(run_dir, read_run_info(run_dir))
+        run_dir = remote.join(out_dir, top) if PART_RE.fullmatch(top) else out_dir
+        if run_dir not in infos:
+            infos[run_dir] = read_run_info(run_dir)
     missing = sorted(d for d, i in infos.items() if i is None)
     if missing:  # the settings the items were made with (channel, causal_16k...) are not all in the shards
-        raise ValueError(f"{os.path.join(missing[0], 'run.json')} is missing: verify --out re-encodes with the "
+        raise ValueError(f"{remote.join(missing[0], 'run.json')} is missing: verify --out re-encodes with the "
                          "settings OUT was made with, which it records; resume OUT with its original settings "
                          "(that writes run.json back), or use verify --out OUT --checksums (no settings needed)")
     info = next(iter(infos.values()))

@@ -48,12 +48,12 @@ def check_consistency(out_dir: str, expected_keys=None, killed: bool = False) ->
 
 
 def restamp_checksum(out_dir: str, key: str) -> None:
-    """Rewrite the manifest checksum of ``key`` to match what its shard now holds: tests that edit
-    a stored array on purpose (to stand for another device's output) make it a valid item again,
-    instead of a damaged one that every read refuses."""
+    """Rewrite the manifest checksum of ``key`` (and the shard checksum of its shard's rows) to match
+    what its shard now holds: tests that edit a stored array on purpose (to stand for another
+    device's output) make it a valid item again, instead of a damaged one that every read refuses."""
     import json
 
-    from mimi_extract.formats.base import array_checksum
+    from mimi_extract.formats.base import array_checksum, bytes_checksum
     from mimi_extract.store.files import write_atomic
     from mimi_extract.store.manifest import format_of_path, read_rows, run_dirs
 
@@ -62,6 +62,12 @@ def restamp_checksum(out_dir: str, key: str) -> None:
         hit = [r for r in rows if r.get("key") == key and r.get("status") == "ok"]
         for r in hit:
             r["checksum"] = array_checksum(format_of_path(r["shard"]).load(os.path.join(d, r["shard"]), r))
+        for shard in {r["shard"] for r in hit}:
+            with open(os.path.join(d, shard), "rb") as f:
+                whole = bytes_checksum(f.read())
+            for r in rows:
+                if r.get("shard") == shard and r.get("shard_checksum"):
+                    r["shard_checksum"] = whole
         if hit:
             write_atomic(os.path.join(d, "manifest.jsonl"), "".join(json.dumps(r) + "\n" for r in rows))
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 
+from .. import remote
 from .registry import format_of
 
 FIELDS = {"codes": "mimi_codes", "latent": "mimi_latent", "encoder": "mimi_encoder"}
@@ -60,7 +61,7 @@ def cut_dict(row: dict, run_dir: str, field: str, frame_shift: float, array: dic
     src = row["source"]
     rate, start = row["sample_rate"], row.get("start") or 0.0
     channels = list(range(src["channels"]))
-    shard = os.path.abspath(os.path.join(run_dir, row["shard"]))
+    shard = remote.absolute(remote.join(run_dir, row["shard"]))  # a URL on object storage: valid on any machine
     frames = row["frames"]
     dims = row.get("dims")
     if array is None:
@@ -93,15 +94,30 @@ _REGISTERED = False
 
 
 def register_lhotse_readers() -> None:
-    """Add ``mimi_extract_parquet`` to lhotse's storage registry (idempotent): a
+    """Add our storages to lhotse's registry (idempotent): ``mimi_extract_parquet``, a
     ``FeaturesReader`` whose ``read(key, left, right)`` loads row ``INDEX`` of a Parquet shard
-    (checking its key) and slices its frames, as lhotse's own readers do."""
+    (checking its key) and slices its frames, as lhotse's own readers do; ``mimi_extract_hdf5``,
+    lhotse's ``numpy_hdf5`` for a shard on object storage (a URL, which h5py cannot open by name:
+    read through a file object, by ranged GETs)."""
     global _REGISTERED
     if _REGISTERED:
         return
     from lhotse.features.io import FeaturesReader, register_reader
 
     from . import megatron, parquet
+    from .hdf5 import LHOTSE_REMOTE_STORAGE, open_hdf5
+
+    @register_reader
+    class MimiHdf5Reader(FeaturesReader):
+        name = LHOTSE_REMOTE_STORAGE
+
+        def __init__(self, storage_path, *args, **kwargs):
+            super().__init__()
+            self.path = str(storage_path)
+
+        def read(self, key: str, left_offset_frames: int = 0, right_offset_frames=None):
+            handle = _handle(self.path, open_hdf5)
+            return handle[key][left_offset_frames:right_offset_frames]
 
     @register_reader
     class MimiParquetReader(FeaturesReader):
@@ -139,7 +155,7 @@ _HANDLES: dict = {}
 
 def _handle(path: str, opener):
     """A few open shards per process (lhotse readers are built per call; a dataloader reading cuts
-    in shard order then decodes each Parquet row group once)."""
+    in shard order then opens each shard once, and decodes each Parquet row group once)."""
     key = (path, os.getpid())
     handle = _HANDLES.get(key)
     if handle is None:

@@ -14,8 +14,34 @@ import uuid
 import h5py
 import numpy as np
 
+from .. import remote
 from .base import Format, ShardBuilder
 from .registry import register
+
+LHOTSE_REMOTE_STORAGE = "mimi_extract_hdf5"  # lhotse's numpy_hdf5 for a shard on object storage (cuts.py)
+
+
+def open_hdf5(path: str) -> h5py.File:
+    """A shard open for reading: by name, or (a URL, which h5py cannot open by name) through a file
+    object that reads it by ranged GETs (``remote.open_object``): the superblock, the object
+    headers and the chunks an item needs, never the whole object."""
+    if not remote.is_url(path):
+        return h5py.File(path, "r")
+    source = remote.open_object(path)
+    try:
+        f = h5py.File(source, "r")
+    except BaseException:
+        source.close()
+        raise
+    f._mimi_source = source  # closed with it (close_hdf5)
+    return f
+
+
+def close_hdf5(f: h5py.File) -> None:
+    source = getattr(f, "_mimi_source", None)
+    f.close()
+    if source is not None:
+        source.close()
 
 
 class HDF5Shard(ShardBuilder):
@@ -59,7 +85,8 @@ class HDF5(Format):
 
     def check(self, path: str, rows: list[dict]) -> str | None:
         try:
-            with h5py.File(path, "r") as f:
+            f = open_hdf5(path)
+            try:
                 names = set(f.keys())
                 wanted = {r.get("dataset") or r["key"]: r for r in rows}
                 if names != set(wanted):
@@ -68,32 +95,50 @@ class HDF5(Format):
                 for name, row in wanted.items():
                     if f[name].shape[0] != row.get("frames"):
                         return f"{name}: {f[name].shape[0]} frames, manifest says {row.get('frames')}"
+            finally:
+                close_hdf5(f)
         except Exception as e:  # truncated, zeroed or not HDF5 at all
             return f"unreadable ({type(e).__name__}: {e})"
         return None
 
     def open(self, path: str):
-        return h5py.File(path, "r")
+        return open_hdf5(path)
+
+    def close_handle(self, handle) -> None:
+        close_hdf5(handle)
 
     def load(self, path: str, row: dict, handle=None) -> np.ndarray:
         if handle is None:
-            with h5py.File(path, "r") as f:
+            f = open_hdf5(path)
+            try:
                 return self.load(path, row, f)
+            finally:
+                close_hdf5(f)
         data = handle[row.get("dataset") or row["key"]][()]
         # the file's layout read once per open handle, not per item (an attribute read is h5py's
         # slowest step here: 1.7x the CPU of a whole-OUT read, scripts/bench_report.py)
+        if row.get("shard_checksum"):  # written by a version that records it: time first, no attribute read
+            return data  # (an attribute read in a damaged attribute index can loop forever in HDF5: docs/object-storage.md)
         transposed = getattr(handle, "_mimi_transposed", None)
         if transposed is None:
             transposed = handle._mimi_transposed = handle.attrs.get("layout", "") == "[num_quantizers, frames]"
         return data.T if transposed else data  # outputs of mimi-extract 0.1
 
     def attrs(self, path: str) -> dict:
-        with h5py.File(path, "r") as f:
+        f = open_hdf5(path)
+        try:
             return dict(f.attrs)
+        finally:
+            close_hdf5(f)
 
     def lhotse_storage(self, path: str, row: dict) -> tuple[str, str]:
-        return "numpy_hdf5", row.get("dataset") or row["key"]
+        """lhotse's own ``numpy_hdf5``; for a shard on object storage ``mimi_extract_hdf5`` (the same
+        read, through a file object: ``cuts.register_lhotse_readers``)."""
+        return LHOTSE_REMOTE_STORAGE if remote.is_url(path) else "numpy_hdf5", row.get("dataset") or row["key"]
 
     def item_attrs(self, path: str, row: dict) -> dict:
-        with h5py.File(path, "r") as f:
+        f = open_hdf5(path)
+        try:
             return dict(f[row.get("dataset") or row["key"]].attrs)
+        finally:
+            close_hdf5(f)

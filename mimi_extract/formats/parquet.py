@@ -26,6 +26,7 @@ import re
 
 import numpy as np
 
+from .. import remote
 from .._optional import pyarrow
 from .base import Format, ShardBuilder, jsonable
 from .registry import register
@@ -131,9 +132,8 @@ class ParquetHandle:
     read in shard order by iteration, so each group is decoded once)."""
 
     def __init__(self, path: str):
-        pq = pyarrow(NEEDS).parquet
         self.path = path
-        self.file = pq.ParquetFile(path, page_checksum_verification=True)
+        self.file, self._source = open_parquet(path)
         meta = self.file.metadata
         self.starts = [0]
         for g in range(meta.num_row_groups):
@@ -170,7 +170,24 @@ class ParquetHandle:
 
     def close(self) -> None:
         self.file.close()
+        if self._source is not None:
+            self._source.close()
         self._cached = None
+
+
+def open_parquet(path: str):
+    """(``ParquetFile`` with page checksums verified, the file object it reads or None): a local
+    shard by name (pyarrow's own file); one on object storage through a file object reading it by
+    ranged GETs (``remote.open_object``: the footer, then the row groups asked for), as the Parquet
+    sources read their objects."""
+    pq = pyarrow(NEEDS).parquet
+    source = remote.open_object(path) if remote.is_url(path) else None
+    try:
+        return pq.ParquetFile(source if source is not None else path, page_checksum_verification=True), source
+    except BaseException:
+        if source is not None:
+            source.close()
+        raise
 
 
 def attrs_of(file) -> dict:
@@ -194,15 +211,16 @@ class Parquet(Format):
 
     def check(self, path: str, rows: list[dict]) -> str | None:
         try:
-            pq = pyarrow(NEEDS).parquet
-            f = pq.ParquetFile(path, page_checksum_verification=True)
+            f, source = open_parquet(path)
             try:
                 table = f.read(columns=["key", "frames"])
+                keys, frames = table.column("key").to_pylist(), table.column("frames").to_pylist()
             finally:
                 f.close()
-        except Exception as e:  # truncated, zeroed or not Parquet at all
+                if source is not None:
+                    source.close()
+        except Exception as e:  # truncated, zeroed or not Parquet at all; a footer naming other columns
             return f"unreadable ({type(e).__name__}: {e})"
-        keys, frames = table.column("key").to_pylist(), table.column("frames").to_pylist()
         if len(keys) != len(rows) or set(keys) != {r["key"] for r in rows}:
             missing = len({r["key"] for r in rows} - set(keys))
             return f"{missing} items missing, {max(0, len(keys) - len(rows) + missing)} without a manifest row"
@@ -227,8 +245,11 @@ class Parquet(Format):
         return handle.item(row["index"], row["key"], row.get("dims"))
 
     def attrs(self, path: str) -> dict:
-        pq = pyarrow(NEEDS).parquet
-        return attrs_of(pq.ParquetFile(path))
+        handle = ParquetHandle(path)
+        try:
+            return attrs_of(handle.file)
+        finally:
+            handle.close()
 
     def lhotse_storage(self, path: str, row: dict) -> tuple[str, str]:
         """lhotse has no Parquet array storage: ``mimi_extract_parquet`` is a lhotse ``FeaturesReader``
@@ -245,12 +266,14 @@ class Parquet(Format):
         return {"README.md": dataset_card(out_dir, info, parts)}
 
     def item_attrs(self, path: str, row: dict) -> dict:
-        pq = pyarrow(NEEDS).parquet
-        f = pq.ParquetFile(path)
-        starts = np.cumsum([0] + [f.metadata.row_group(g).num_rows for g in range(f.metadata.num_row_groups)])
-        g = int(np.searchsorted(starts, row["index"], side="right") - 1)
-        t = f.read_row_group(g, columns=["key", "duration", "start", "end"]).slice(row["index"] - int(starts[g]), 1)
-        return {k: v for k, v in t.to_pylist()[0].items() if v is not None}
+        handle = ParquetHandle(path)
+        try:
+            f, starts = handle.file, handle.starts
+            g = int(np.searchsorted(starts, row["index"], side="right") - 1)
+            t = f.read_row_group(g, columns=["key", "duration", "start", "end"]).slice(row["index"] - int(starts[g]), 1)
+            return {k: v for k, v in t.to_pylist()[0].items() if v is not None}
+        finally:
+            handle.close()
 
 
 def dataset_card(out_dir: str, info: dict, parts: bool) -> str:

@@ -37,6 +37,7 @@ from pathlib import PurePosixPath
 
 import numpy as np
 
+from .. import remote
 from .base import Format, ShardBuilder, bytes_checksum
 from .registry import register
 
@@ -210,7 +211,7 @@ class Shar(Format):
         file) matches the checksum its row recorded (rows written before those checksums: the
         structure only); tar headers carry their own checksum, which tarfile checks."""
         try:
-            with tarfile.open(path, "r:") as tar:
+            with remote.open_object(path) as raw, tarfile.open(fileobj=raw, mode="r:") as tar:
                 members = tar.getmembers()
                 extend = bool(json.loads(tar.pax_headers.get(PAX_KEY, "{}")).get("shar_extend"))
                 names = [m.name for m in members]
@@ -236,12 +237,13 @@ class Shar(Format):
                     if row.get("status") != "ok" and m.size:
                         return f"{row['key']}: its placeholder {m.name} is not empty"
                 end = max(m.offset_data + m.size for m in members)
-            if os.path.getsize(path) < end + 2 * tarfile.BLOCKSIZE:
-                return "truncated"
+                raw.seek(0, os.SEEK_END)
+                if raw.tell() < end + 2 * tarfile.BLOCKSIZE:
+                    return "truncated"
             if extend:  # a field of the input's shards: no cuts of its own
                 return None
-            cuts = os.path.join(os.path.dirname(path), os.path.basename(cuts_name(os.path.basename(path))))
-            with gzip.open(cuts, "rb") as f:  # read to the end: gzip checks its own crc32 there
+            cuts = remote.join(remote.dirname(path), os.path.basename(cuts_name(remote.basename(path))))
+            with remote.open_object(cuts) as raw, gzip.GzipFile(fileobj=raw) as f:  # to the end: gzip checks its crc32
                 lines = f.read().splitlines(keepends=True)
             if [json.loads(line)["id"] for line in lines] != [r["key"] for r in rows]:
                 return f"{os.path.basename(cuts)} names other cuts than the manifest"
@@ -253,17 +255,17 @@ class Shar(Format):
         return None
 
     def open(self, path: str):
-        return io.open(path, "rb", buffering=0)
+        return io.open(path, "rb", buffering=0) if not remote.is_url(path) else remote.open_object(path)
 
     def load(self, path: str, row: dict, handle=None) -> np.ndarray:
         if handle is None:
             with self.open(path) as f:
                 return self.load(path, row, f)
-        data = os.pread(handle.fileno(), row["nbytes"], row["offset"])
+        data = remote.pread(handle, row["offset"], row["nbytes"])
         if len(data) != row["nbytes"]:
             raise OSError(f"{path}: {row['key']!r} ends past the end of the file (truncated?)")
         return np.load(io.BytesIO(data), allow_pickle=False)
 
     def attrs(self, path: str) -> dict:
-        with tarfile.open(path, "r:") as tar:
+        with remote.open_object(path) as raw, tarfile.open(fileobj=raw, mode="r:") as tar:
             return json.loads(tar.pax_headers[PAX_KEY])

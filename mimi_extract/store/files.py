@@ -6,8 +6,11 @@ through :func:`write_file` (write + fsync, no partial file on failure) or :func:
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
+
+from .. import remote
 
 MANIFEST = "manifest.jsonl"
 RUN_INFO = "run.json"
@@ -17,6 +20,10 @@ CUTS = "cuts.jsonl.gz"  # lhotse cuts pointing into the shards (not for Shar: it
 LOCK = "lock"
 QUARANTINE = "quarantine"
 PART_RE = re.compile(r"part-(\d+)-of-(\d+)$")
+# a run directory on object storage has no manifest.jsonl: its manifest is the concatenation, in name
+# order, of the segments of its highest generation (``manifest.d/g<generation>-<n>.jsonl``; mirror.py)
+SEGMENTS = "manifest.d"
+SEGMENT_RE = re.compile(r"g(\d+)-(\d+)\.jsonl")
 # the run directory's own temporary names (a format's are its file names + ".tmp"; a user's own *.tmp files are theirs)
 # (README.md: Parquet's dataset card; megatron-data-args.txt: the Megatron format's blend: Format.out_files)
 TMP_RE = re.compile(r"(manifest\.jsonl|run\.json|plan\.json|stats\.json|cuts\.jsonl\.gz|README\.md|megatron-data-args\.txt)"
@@ -34,6 +41,12 @@ class LockedError(OutputError):
 class LayoutError(OutputError, ValueError):
     """OUT is in a layout this version does not read (a newer ``run.json`` schema): a ValueError too,
     so that every command that reads OUT reports it as the clean error it is."""
+
+
+class MalformedError(OutputError, ValueError):
+    """A file of OUT that this tool wrote is not what it writes (a manifest row of the wrong types,
+    a line that is not an object, run.json that is not JSON, a folder where a file belongs): the
+    message names the file (and line).  A ValueError too, so every command reports it as one line."""
 
 
 class DamagedError(OutputError):
@@ -91,3 +104,24 @@ def ensure_dir(path: str) -> None:
     except OSError as e:
         raise OutputError(f"cannot create OUT directory {path!r}: {e.strerror or e}") from e
 
+
+
+def read_json(path: str, read=None) -> dict | None:
+    """A JSON object this tool wrote (``run.json``, ``plan.json``, ``stats.json``), local or on
+    object storage; None when there is no such file.  Anything else there (not JSON, not an object,
+    a folder) is a :class:`MalformedError` naming the file.  ``read(path)``: its bytes, when a
+    caller has them already (``manifest.RunFiles.read``)."""
+    try:
+        data = (read or remote.read_bytes)(path)
+    except FileNotFoundError:
+        return None
+    except IsADirectoryError:
+        raise MalformedError(f"{path} is a folder, not the file this tool writes there: move it away") from None
+    try:
+        value = json.loads(data)
+    except ValueError as e:
+        raise MalformedError(f"{path} is not JSON ({e}): it was edited or damaged; restore it, or remove it "
+                             "and resume the run that made OUT (which writes it again)") from None
+    if not isinstance(value, dict):
+        raise MalformedError(f"{path} holds JSON {type(value).__name__}, not an object: it was edited or damaged")
+    return value

@@ -10,7 +10,8 @@ import shlex
 
 import numpy as np
 
-from .files import RUN_INFO, LayoutError, OutputError, write_atomic
+from .. import remote
+from .files import RUN_INFO, LayoutError, MalformedError, OutputError, read_json, write_atomic
 from .manifest import committed_rows, shard_attrs
 
 
@@ -20,18 +21,29 @@ SCHEMA_KEY = "schema_version"
 SCHEMA_VERSION = 1
 
 
-def read_run_info(run_dir: str) -> dict | None:
-    """A run directory's ``run.json`` (None when it has none), in a layout this version reads."""
-    path = os.path.join(run_dir, RUN_INFO)
-    if not os.path.exists(path):
+def read_run_info(run_dir: str, read=None) -> dict | None:
+    """A run directory's ``run.json`` (None when it has none), in a layout this version reads;
+    ``read``: see ``files.read_json``."""
+    path = remote.join(run_dir, RUN_INFO)
+    info = read_json(path, read)
+    if info is None:
         return None
-    with open(path, encoding="utf-8") as f:
-        info = json.load(f)
-    version = info.get(SCHEMA_KEY, 1) if isinstance(info, dict) else None
+    version = info.get(SCHEMA_KEY, 1)
     if not isinstance(version, int) or version > SCHEMA_VERSION:
         raise LayoutError(f"{path} has {SCHEMA_KEY} {version!r}; this mimi-extract reads up to {SCHEMA_VERSION}: "
                           "it was written by a newer mimi-extract; upgrade it to read or resume this OUT")
+    for key, kinds in _INFO_TYPES.items():
+        if key in info and not isinstance(info[key], kinds):
+            raise MalformedError(f"{path} has {key} {json.dumps(info[key])[:40]}, not what this tool writes there: "
+                                 "it was edited or damaged")
+    if info.get("tap", "codes") not in ("codes", "latent", "encoder"):
+        raise MalformedError(f"{path} has tap {info['tap']!r}: not one this tool writes (codes, latent, encoder)")
     return info
+
+
+# the fields of run.json that readers use, and their types (bool is an int: excluded where it matters)
+_INFO_TYPES = {"tap": str, "format": str, "model": str, "input": (str, type(None)), "framing": str,
+               "num_quantizers": (int, type(None)), "channel": (str, int, type(None)), "part_shards": (list, type(None))}
 
 
 def write_run_info(run_dir: str, info: dict) -> None:

@@ -4,9 +4,9 @@ trusted as a path: only names a registered format writes are accepted."""
 
 from __future__ import annotations
 
-import glob
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -14,20 +14,43 @@ import numpy as np
 
 from .. import remote
 from ..formats import registry
-from ..formats.base import Format, array_checksum
+from ..formats.base import Format, array_checksum, bytes_checksum
 from ..formats.registry import format_of
-from .files import MANIFEST, PART_RE, RUN_INFO, TMP_RE, OutputError, write_error
+from .files import MANIFEST, PART_RE, RUN_INFO, SEGMENT_RE, SEGMENTS, TMP_RE, MalformedError, OutputError, write_error
 
 if TYPE_CHECKING:  # (sources import the audio stack: readers of OUT must stay light)
     from ..sources import Item
 
 
 def run_dirs(out_dir: str) -> list[str]:
-    """The run directories of OUT: OUT itself, or its ``part-I-of-N`` folders."""
-    parts = sorted(d for d in glob.glob(os.path.join(out_dir, "part-*-of-*")) if PART_RE.search(d))
-    if os.path.exists(os.path.join(out_dir, RUN_INFO)) or not parts:
+    """The run directories of OUT: OUT itself, or its ``part-I-of-N`` folders (a local folder or a
+    URL: one listing of OUT's names either way)."""
+    return _run_dirs(out_dir, remote.names(out_dir))
+
+
+def _run_dirs(out_dir: str, names) -> list[str]:
+    parts = sorted(remote.join(out_dir, n) for n in set(names) if PART_RE.fullmatch(n))
+    if RUN_INFO in names or not parts:
         return [out_dir] + parts
     return parts
+
+
+def out_files(out_dir: str) -> list[RunFiles]:
+    """:class:`RunFiles` of every run directory of OUT (:func:`run_dirs`, in its order).  On object
+    storage OUT is listed once, its parts and all (LIST requests of 1,000 names), not once per part."""
+    if not remote.is_url(out_dir):
+        return [RunFiles(d) for d in run_dirs(out_dir)]
+    listing = remote.listing(out_dir)
+    own: dict[str, int] = {}
+    parts: dict[str, dict[str, int]] = {}
+    for name, size in listing.items():
+        head, sep, rest = name.partition("/")
+        if sep and PART_RE.fullmatch(head):
+            parts.setdefault(head, {})[rest] = size
+        else:
+            own[name] = size
+    names = {name.partition("/")[0] for name in listing}
+    return [RunFiles(d, own if d == out_dir else parts.get(remote.basename(d), {})) for d in _run_dirs(out_dir, names)]
 
 
 def format_of_path(shard: str) -> Format:
@@ -90,6 +113,7 @@ class ManifestRow:
     status: str | None = None  # "ok" or "error" once written
     error: str | None = None
     checksum: str | None = None
+    shard_checksum: str | None = None  # crc32 of the whole shard file as committed (:func:`with_shard_checksum`)
 
     @classmethod
     def for_item(cls, item: Item, decoder_warnings: str | None = None) -> ManifestRow:
@@ -133,7 +157,18 @@ class ManifestRow:
             row.update(shard=self.shard, status=self.status, error=self.error)
             if self.checksum is not None:
                 row["checksum"] = self.checksum
+            if self.shard_checksum is not None:
+                row["shard_checksum"] = self.shard_checksum
         return row
+
+
+def with_shard_checksum(rows: list[ManifestRow], files: dict, shard: str) -> list[ManifestRow]:
+    """The rows of a shard about to be committed, each with the crc32 of the shard file's bytes
+    (``files[shard]``): what ``verify --checksums`` compares before any library parses the file,
+    so a byte flipped anywhere in it -- unused space, metadata that sends a parser into a loop --
+    is found, not only one inside an array."""
+    checksum = bytes_checksum(files[shard])
+    return [replace(r, shard_checksum=checksum) if r.shard == shard else r for r in rows]
 
 
 class ManifestAppender:
@@ -162,55 +197,250 @@ class ManifestAppender:
             self._fd = None
 
 
-def read_rows(run_dir: str) -> list[dict]:
-    """All rows of one run directory's manifest; a torn line (killed mid-write) is ignored.
-
-    A row's ``shard`` is a name, never trusted as a path: nothing outside OUT may be read, moved
-    or written because of what OUT's files say, so a row naming anything but a shard this tool
-    writes (``../x``, ``/etc/x``, ``sub/shard-00000.h5``) is an error naming the row."""
-    path = os.path.join(run_dir, MANIFEST)
-    rows = []
-    if os.path.exists(path):
-        with open(path, encoding="utf-8", errors="replace") as f:
-            for n, line in enumerate(f, 1):
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                if isinstance(row, dict) and "key" in row:
-                    if row.get("shard") is not None and not valid_shard_name(row["shard"]):
-                        raise OutputError(f"{path} line {n} (key {row['key']!r}) names {row['shard']!r} as its shard, "
-                                          "which is not a shard name this tool writes: the manifest was edited or "
-                                          "damaged; remove or fix that row")
-                    rows.append(row)
-    return rows
+def out_exists(out_dir: str, files: list[RunFiles]) -> bool:
+    """Whether OUT is there at all (``files``: its :func:`out_files`): a local folder, or a prefix
+    with objects under it (an object store has no empty folders)."""
+    return any(f.listing for f in files) if remote.is_url(out_dir) else os.path.isdir(out_dir)
 
 
-def committed_rows(run_dir: str) -> list[dict]:
-    """The committed rows of one run directory: rows whose shard was never renamed into place (a
-    run killed, or a disk filled, between the manifest append and the rename) are left out: they
-    are not committed, and resume drops them."""
-    exists: dict[str, bool] = {}
-    rows = []
-    for row in read_rows(run_dir):
-        shard = row.get("shard")
-        if shard and exists.setdefault(shard, os.path.exists(os.path.join(run_dir, shard))) is False:
+def manifest_segments(names) -> list[str]:
+    """The segments that make a remote run directory's manifest, in order: of ``names`` (relative
+    to the run directory), those of ``manifest.d/`` of the highest generation, by number."""
+    found = []
+    for name in names:
+        folder, _, base = name.rpartition("/")
+        if folder == SEGMENTS and (m := SEGMENT_RE.fullmatch(base)):
+            found.append((int(m.group(1)), int(m.group(2)), name))
+    top = max((g for g, _, _ in found), default=None)
+    return [name for g, _, name in sorted(found) if g == top]
+
+
+class RunFiles:
+    """What the readers of one run directory ask of its files: does a file exist, how big is it,
+    which files hold the manifest.  A local run directory answers with ``os`` calls as they come; one
+    on object storage with one listing (LIST requests of 1,000 names: no request per shard)."""
+
+    def __init__(self, run_dir: str, listing: dict[str, int] | None = None):
+        self.path = run_dir
+        self.listing = listing if listing is not None or not remote.is_url(run_dir) else remote.listing(run_dir)
+        self._exists: dict[str, bool] = {}
+        self._read: dict[str, bytes] = {}  # path -> bytes read ahead (:func:`read_ahead`)
+
+    def read(self, path: str) -> bytes:
+        """A small file of the run directory (its path): read ahead, or read now."""
+        data = self._read.get(path)
+        return data if data is not None else remote.read_bytes(path)
+
+    def exists(self, name: str) -> bool:
+        if self.listing is not None:
+            return name in self.listing
+        found = self._exists.get(name)
+        if found is None:
+            found = self._exists[name] = os.path.exists(os.path.join(self.path, name))
+        return found
+
+    def size(self, name: str) -> int | None:
+        """A file's size (None: no such file)."""
+        if self.listing is not None:
+            return self.listing.get(name)
+        path = os.path.join(self.path, name)
+        return os.path.getsize(path) if os.path.isfile(path) else None
+
+    def manifest_files(self) -> list[str]:
+        """The files whose lines, in order, are the manifest: ``manifest.jsonl``; on object storage
+        its segments (:func:`manifest_segments`)."""
+        if self.listing is not None:
+            return [remote.join(self.path, name) for name in manifest_segments(self.listing)]
+        path = os.path.join(self.path, MANIFEST)
+        if not os.path.exists(path):
+            return []
+        if not os.path.isfile(path):
+            raise MalformedError(f"{path} is not a file: OUT's manifest must be one (move it away, or use another OUT)")
+        return [path]
+
+
+def read_ahead(files: list[RunFiles], names: tuple[str, ...], manifests: bool = True) -> None:
+    """On object storage, read the small files ``names`` (run.json, plan.json...) and (``manifests``)
+    the manifest segments of every run directory at once, ``remote.READ_MANY`` GETs in flight
+    across all parts (round trips: a few per batch, not one per file).  Held in memory until those
+    :class:`RunFiles` go: for commands that hold every row anyway (status, info), not for streaming
+    readers.  Locally: nothing (files are read as they are needed)."""
+    wanted = [(f, remote.join(f.path, n)) for f in files if f.listing is not None for n in names if f.exists(n)]
+    if manifests:
+        wanted += [(f, p) for f in files if f.listing is not None for p in f.manifest_files()]
+    for start in range(0, len(wanted), 8 * remote.READ_MANY):
+        batch = wanted[start:start + 8 * remote.READ_MANY]
+        try:
+            contents = remote.read_many([p for _, p in batch])
+        except FileNotFoundError:  # a run began a new generation and removed these meanwhile
+            raise OutputError(f"{files[0].path}: OUT changed while it was read (a run is rewriting it); try again") from None
+        for (f, p), data in zip(batch, contents):
+            f._read[p] = data
+
+
+def manifest_lines(files: RunFiles) -> Iterator[tuple[str, int, str]]:
+    """(file, line number, text) of every line of a run directory's manifest, streamed: a local
+    file line by line, segments a batch of ``remote.READ_MANY`` at a time (concurrent GETs)."""
+    paths = files.manifest_files()
+    if files.listing is None:
+        for path in paths:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                yield from ((path, n, line) for n, line in enumerate(f, 1))
+        return
+    for start in range(0, len(paths), remote.READ_MANY):
+        batch = paths[start:start + remote.READ_MANY]
+        try:
+            contents = ([files._read[p] for p in batch] if all(p in files._read for p in batch)
+                        else remote.read_many(batch))
+        except FileNotFoundError:  # a run began a new generation and removed these meanwhile
+            raise OutputError(f"{files.path}: its manifest changed while it was read (a run is rewriting it); "
+                              "try again") from None
+        for path, data in zip(batch, contents):
+            text = data.decode("utf-8", errors="replace")
+            yield from ((path, n, line) for n, line in enumerate(text.splitlines(keepends=True), 1))
+
+
+_NUMBER = (int, float)
+# the JSON types each field of a row may hold, as the readers use them (None: null); a field not
+# listed is the reader's business (a newer version's: ignored)
+_ROW_TYPES: dict[str, tuple] = {
+    "key": (str,), "path": (str, None), "dataset": (str, None), "channel": (int, None), "sample_rate": (int, None),
+    "duration": _NUMBER, "start": (*_NUMBER, None), "end": (*_NUMBER, None), "source": (dict, None),
+    "meta": (dict, None), "decoder_warnings": (str, None), "frames": (int, None), "dims": (int, None),
+    "shard": (str, None), "status": (str, None), "error": (str, None), "checksum": (str, None),
+    "shard_checksum": (str, None),
+    # the formats' own fields (``ShardBuilder.add``): Parquet's row, a Shar member's bytes and checksums
+    "index": (int,), "offset": (int,), "nbytes": (int,), "meta_checksum": (str, None), "cut_checksum": (str, None),
+}
+_SOURCE_TYPES: dict[str, tuple] = {"path": (str,), "frames": (int,), "channels": (int,), "kind": (str, None)}
+
+
+def _typed(value, kinds: tuple) -> bool:
+    if value is None:
+        return None in kinds
+    if isinstance(value, bool):  # (a bool is an int to Python, not to a row)
+        return bool in kinds
+    return isinstance(value, tuple(k for k in kinds if k is not None))
+
+
+def _type_name(value) -> str:
+    return "null" if value is None else {dict: "an object", list: "a list", str: "a string", bool: "a boolean",
+                                         int: "an integer", float: "a number"}.get(type(value), type(value).__name__)
+
+
+def row_problem(row) -> str | None:
+    """Why a parsed manifest line is not a row this tool writes (None: it is one): not an object,
+    no ``key``, a field of the wrong type, an ok row without its shard or frame count, a ``shard``
+    that is not a shard name a format writes (a row's ``shard`` is a name, never trusted as a path:
+    nothing outside OUT may be read, moved or written because of what OUT's files say)."""
+    if not isinstance(row, dict):
+        return f"is {_type_name(row)}, not an object"
+    if "key" not in row:
+        return "has no key"
+    for field, kinds in _ROW_TYPES.items():
+        if field in row and not _typed(row[field], kinds):
+            return f"has {field} {_type_name(row[field])} ({_shown(row[field])})"
+    status = row.get("status")
+    if status not in (None, "ok", "error"):
+        return f"has status {_shown(status)} (neither 'ok' nor 'error')"
+    source = row.get("source")
+    if source is not None:
+        for field, kinds in _SOURCE_TYPES.items():
+            if field in source and not _typed(source[field], kinds) or (field != "kind" and field not in source):
+                return f"has source.{field} {_type_name(source.get(field))}"
+        if source["frames"] < 0 or source["channels"] < 1:
+            return "has a source of no channels or negative length"
+
+    supervisions = (row.get("meta") or {}).get("supervisions")
+    if supervisions is not None and not (isinstance(supervisions, list) and all(isinstance(s, dict) for s in supervisions)):
+        return "has meta.supervisions that are not a list of objects"
+    if any(isinstance(row.get(f), int) and row[f] < 0 for f in ("frames", "dims", "index", "offset", "nbytes")):
+        return "has a negative count or offset"
+    if row.get("shard") is not None and not valid_shard_name(row["shard"]):
+        return (f"names {row['shard']!r} as its shard, which is not a shard name this tool writes")
+    return None
+
+
+def committed_problem(row: dict) -> str | None:
+    """What a committed ok row lacks of what readers take from it (its shard, frame count, and for
+    one with a source, the path, sample rate and duration its cut is made of), or None.  Asked of
+    committed rows only: a row naming a shard that never reached its name is a kill's leftover,
+    dropped whatever it holds."""
+    if row.get("status") != "ok":
+        return None
+    if row.get("shard") is None or not isinstance(row.get("frames"), int):
+        return "is an ok row without its shard and frame count"
+    if row.get("source") is not None and not (isinstance(row.get("path"), str) and _typed(row.get("sample_rate"), (int,))
+                                              and row["sample_rate"] > 0 and "duration" in row):
+        return "is an ok row without the path, sample rate and duration of its source"
+    return None
+
+
+def _shown(value) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _numbered_rows(files: RunFiles) -> Iterator[tuple[str, int, dict]]:
+    """(file, line number, row) of every row of a run directory's manifest (:func:`iter_rows`)."""
+    for path, n, line in manifest_lines(files):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
             continue
-        rows.append(row)
-    return rows
+        _refuse(path, n, row, row_problem(row))
+        yield path, n, row
+
+
+def _refuse(path: str, n: int, row, problem: str | None) -> None:
+    if problem is not None:
+        key = f" (key {row['key']!r})" if isinstance(row, dict) and isinstance(row.get("key"), str) else ""
+        raise MalformedError(f"{path} line {n}{key} {problem}: the manifest was edited or damaged; "
+                             "remove or fix that row")
+
+
+def iter_rows(run_dir: str, files: RunFiles | None = None) -> Iterator[dict]:
+    """Every row of one run directory's manifest, streamed; a torn line (a run killed mid-write:
+    not JSON) is ignored.  A line that is JSON but not a row this tool writes (:func:`row_problem`)
+    is a :class:`MalformedError` naming the file, the line and the key: the manifest was edited or
+    damaged, and no reader guesses what it meant."""
+    for _, _, row in _numbered_rows(files or RunFiles(run_dir)):
+        yield row
+
+
+def read_rows(run_dir: str) -> list[dict]:
+    """All rows of one run directory's manifest (:func:`iter_rows`)."""
+    return list(iter_rows(run_dir))
+
+
+def iter_committed(run_dir: str, files: RunFiles | None = None) -> Iterator[dict]:
+    """The committed rows of one run directory, streamed: rows whose shard was never renamed into
+    place (a run killed, or a disk filled, between the manifest append and the rename) are left
+    out: they are not committed, and resume drops them."""
+    files = files or RunFiles(run_dir)
+    for path, n, row in _numbered_rows(files):
+        shard = row.get("shard")
+        if shard and not files.exists(shard):
+            continue
+        _refuse(path, n, row, committed_problem(row))
+        yield row
+
+
+def committed_rows(run_dir: str, files: RunFiles | None = None) -> list[dict]:
+    """:func:`iter_committed` as a list."""
+    return list(iter_committed(run_dir, files))
 
 
 def read_manifest(out_dir: str) -> list[dict]:
     """Committed rows of every run directory of OUT (all parts), ``shard`` relative to OUT."""
     rows = []
     for d in run_dirs(out_dir):
-        prefix = os.path.relpath(d, out_dir)
+        prefix = remote.relpath(d, out_dir)
         for row in committed_rows(d):
             if row.get("shard") and prefix != ".":
                 row["shard"] = f"{prefix}/{row['shard']}"
             rows.append(row)
     return rows
-
 
 
 def next_shard_index(run_dir: str) -> int:
@@ -225,4 +455,4 @@ def next_shard_index(run_dir: str) -> int:
 
 def shard_attrs(out_dir: str, shard: str) -> dict:
     """The settings stored in a shard (relative to OUT)."""
-    return format_of_path(shard).attrs(os.path.join(out_dir, shard))
+    return format_of_path(shard).attrs(remote.join(out_dir, shard))

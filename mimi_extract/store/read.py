@@ -3,16 +3,17 @@ and the Shar fields of a Shar OUT.  ``reader.py`` is the indexed reader built on
 
 from __future__ import annotations
 
-import os
+import zlib
 
 import numpy as np
 
+from .. import remote
 from ..formats.base import array_checksum
 from ..formats.registry import format_of
 from ..formats.shar import FIELDS, cuts_name
 from .files import DamagedError
 from .identity import read_run_info
-from .manifest import committed_rows, format_of_path, run_dirs
+from .manifest import RunFiles, committed_rows, format_of_path, out_files
 
 
 def load_row(out_dir: str, row: dict, shard=None) -> np.ndarray:
@@ -22,7 +23,7 @@ def load_row(out_dir: str, row: dict, shard=None) -> np.ndarray:
     and the shard when the bytes are not what was written."""
     fmt = format_of_path(row["shard"])
     try:
-        data = fmt.load(os.path.join(out_dir, row["shard"]), row, shard)
+        data = fmt.load(remote.join(out_dir, row["shard"]), row, shard)
     except Exception as e:  # fletcher32 / page checksum failures, truncated shards, a row pointing nowhere
         raise unreadable_error(out_dir, row, e) from e
     want = row.get("checksum")
@@ -51,15 +52,20 @@ def scan_checksums(out_dir: str, run_dir: str | None = None, on_item=None) -> di
     checksums existed: read, but only the format's own checks apply), "damaged": [{"key", "shard"
     (relative to OUT), "problem"}]}``.  Each shard is opened once and read in order.  Each shard
     also gets its format's ``check`` (what resume runs: a Shar tar's headers and ``.json`` members,
-    its cuts file): a shard that fails it lists all its items, which resume would encode again."""
-    out_dir = os.path.abspath(out_dir)
-    dirs = [os.path.abspath(run_dir)] if run_dir else run_dirs(out_dir)
+    its cuts file): a shard that fails it lists all its items, which resume would encode again.
+    Last, each shard file's bytes against the crc32 its rows recorded when it was committed
+    (``shard_checksum``): a shard none of whose items failed but whose file did (a byte flipped where
+    no reader reads: an HDF5 file's free space) lists all its items too.  So every byte of a shard
+    is checked, and a damaged item is still named alone."""
+    out_dir = remote.absolute(out_dir)
+    dirs = [RunFiles(remote.absolute(run_dir))] if run_dir else out_files(out_dir)
     report = {"checked": 0, "unchecked": 0, "damaged": []}
-    for d in dirs:
-        prefix = os.path.relpath(d, out_dir)
+    for files in dirs:
+        d = files.path
+        prefix = remote.relpath(d, out_dir)
         by_shard: dict[str, list[dict]] = {}
         in_shard: dict[str, list[dict]] = {}  # every row of a shard (a --shar-extend placeholder too)
-        for row in committed_rows(d):
+        for row in committed_rows(d, files):
             if row.get("shard"):
                 in_shard.setdefault(row["shard"], []).append(dict(row))
             if row.get("status") == "ok" and row.get("shard"):
@@ -67,7 +73,10 @@ def scan_checksums(out_dir: str, run_dir: str | None = None, on_item=None) -> di
                 by_shard.setdefault(row["shard"], []).append(row)
         for shard, rows in sorted(by_shard.items()):
             name = rows[0]["shard"] if prefix == "." else rows[0]["shard"][len(prefix) + 1:]
-            problem = format_of(name).check(os.path.join(d, name), in_shard[name])
+            problem = format_of(name).check(remote.join(d, name), in_shard[name])
+            # (after the items: their own checks name the damaged ones; this finds the rest: a byte flipped in
+            # bytes no reader reads, or in metadata that still parses)
+            whole = file_problem(remote.join(d, name), in_shard[name])
             try:
                 handle = open_shard(out_dir, shard)
             except Exception as e:  # noqa: BLE001 -- every item of it is unreadable
@@ -89,16 +98,39 @@ def scan_checksums(out_dir: str, run_dir: str | None = None, on_item=None) -> di
                         on_item(row["key"])
             finally:
                 close_shard(shard, handle)
+            listed = {x["key"] for x in report["damaged"] if x["shard"] == shard}
             if problem is not None:
-                listed = {x["key"] for x in report["damaged"] if x["shard"] == shard}
                 report["damaged"] += [{"key": r["key"], "shard": shard, "problem": f"its shard fails its check: {problem}"}
                                       for r in rows if r["key"] not in listed]
+            elif whole is not None and not listed:
+                report["damaged"] += [{"key": r["key"], "shard": shard, "problem": whole} for r in rows]
     return report
+
+
+def file_problem(path: str, rows: list[dict]) -> str | None:
+    """Why the shard file at ``path`` is not the file its rows were committed with (the crc32 of
+    all its bytes: ``shard_checksum``), or None (also for rows written before that checksum).  Read
+    in blocks of 4 MiB, by ranged GETs on object storage."""
+    want = next((r["shard_checksum"] for r in rows if r.get("shard_checksum")), None)
+    if want is None:
+        return None
+    crc = 0
+    try:
+        with remote.open_object(path) as f:
+            for block in iter(lambda: f.read(remote.READ_BLOCK), b""):
+                crc = zlib.crc32(block, crc)
+    except OSError as e:
+        return f"shard unreadable ({type(e).__name__}: {e})"
+    got = f"crc32:{crc & 0xFFFFFFFF:08x}"
+    if got != want:
+        return (f"the shard file's bytes fail their checksum ({got}, the manifest says {want}): damaged after "
+                "it was written")
+    return None
 
 
 def open_shard(out_dir: str, shard: str):
     """A handle on a shard (relative to OUT) for :func:`load_row`; close it with :func:`close_shard`."""
-    return format_of_path(shard).open(os.path.join(out_dir, shard))
+    return format_of_path(shard).open(remote.join(out_dir, shard))
 
 
 def close_shard(shard: str, handle) -> None:
@@ -107,7 +139,7 @@ def close_shard(shard: str, handle) -> None:
 
 def item_attrs(out_dir: str, row: dict) -> dict:
     """The per-item metadata stored with an ok row's array (``duration``...)."""
-    return format_of_path(row["shard"]).item_attrs(os.path.join(out_dir, row["shard"]), row)
+    return format_of_path(row["shard"]).item_attrs(remote.join(out_dir, row["shard"]), row)
 
 
 def shar_fields(run_dirs: list[str]) -> dict[str, list[str]]:
@@ -122,18 +154,18 @@ def shar_fields(run_dirs: list[str]) -> dict[str, list[str]]:
         info = read_run_info(d) or {}
         theirs: dict[str, dict[str, str]] = {}
         if info.get("shar_extend"):
-            for name in sorted(os.listdir(info["input"])):
+            for name in remote.names(info["input"]):
                 parts = name.split(".")
                 if len(parts) > 2 and parts[1].isdigit():
-                    theirs.setdefault(parts[1], {})[parts[0]] = os.path.join(info["input"], name)
+                    theirs.setdefault(parts[1], {})[parts[0]] = remote.join(info["input"], name)
         for shard in shards:
-            field, number = os.path.basename(shard).split(".")[:2]
-            fields.setdefault(field, []).append(os.path.join(d, shard))
+            field, number = remote.basename(shard).split(".")[:2]
+            fields.setdefault(field, []).append(remote.join(d, shard))
             if info.get("shar_extend"):
                 for name, path in theirs.get(number, {}).items():
                     fields.setdefault(name, []).append(path)
             else:
-                fields["cuts"].append(os.path.join(d, cuts_name(shard)))
+                fields["cuts"].append(remote.join(d, cuts_name(shard)))
     ours = {f for f in fields if f in FIELDS.values()}
     if len(ours) > 1:
         raise ValueError(f"Shar shards of several fields ({', '.join(sorted(ours))}) in one OUT")

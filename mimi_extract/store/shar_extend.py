@@ -15,7 +15,7 @@ import numpy as np
 from ..formats.base import Format
 from ..formats.shar import FOLDER, SharShard
 from .files import OutputError
-from .manifest import ManifestAppender, ManifestRow
+from .manifest import ManifestAppender, ManifestRow, with_shard_checksum
 from .writer import commit_files
 
 _INPUT_CUTS = re.compile(r"cuts\.(\d+)\.jsonl(?:\.gz)?")
@@ -148,6 +148,7 @@ class SharExtendWriter:
                 rows.append(entry.row.failed(entry.error, name))
         files = shard.files(name)
         shard.close()
+        rows = with_shard_checksum(rows, files, name)
         commit_files(self.run_dir, files, lambda: self._manifest.append(rows))
 
     def abort(self) -> None:

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..formats.base import Format
 from .files import OutputError, fsync_dir, write_error, write_file
-from .manifest import ManifestAppender, ManifestRow, next_shard_index
+from .manifest import ManifestAppender, ManifestRow, next_shard_index, with_shard_checksum
 
 
 def tmp_path(run_dir: str, name: str) -> str:
@@ -129,7 +129,7 @@ class ShardWriter:
             files = shard.files(self.shard_name)
         finally:
             shard.close()
-        rows = self._rows
+        rows = with_shard_checksum(self._rows, files, self.shard_name)
         commit_files(self.run_dir, files, lambda: self._manifest.append(rows))
         self._rows, self._bytes = [], 0
         self.index += 1

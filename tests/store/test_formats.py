@@ -285,6 +285,28 @@ def test_an_array_edited_in_place_fails_the_manifest_checksum(both, tmp_path):
     assert result.exit_code == 1 and "checksum mismatch (crc32)" in result.text and "1 damaged" in result.text
 
 
+def test_a_parquet_footer_naming_other_columns_is_a_damaged_shard_not_a_crash(both, tmp_path):
+    """A byte flipped in a Parquet footer can rename a column ('key' -> 'kez'): the file still parses,
+    and the format's check used to raise KeyError (a traceback in verify --checksums and in every
+    resume); it is a damaged shard, its items listed."""
+    from mimi_extract.store.read import scan_checksums
+
+    out = str(tmp_path / "out")
+    shutil.copytree(both["parquet"], out)
+    rows = [r for r in read_manifest(out) if r["status"] == "ok"]
+    shard = rows[0]["shard"]
+    path = os.path.join(out, shard)
+    with open(path, "rb") as f:
+        data = f.read()
+    footer = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
+    with open(path, "wb") as f:
+        f.write(data[:footer] + data[footer:].replace(b"\x03key", b"\x03kez"))  # (thrift: length, then the name)
+    problem = get_format("parquet").check(path, [r for r in rows if r["shard"] == shard])
+    assert problem is not None and "kez" not in problem and "key" in problem
+    damaged = scan_checksums(out)["damaged"]
+    assert {d["key"] for d in damaged} == {r["key"] for r in rows if r["shard"] == shard}
+
+
 def test_lhotse_sampler_and_dataloader_workers_over_parquet_cuts(both):
     """lhotse's own DynamicBucketingSampler and a DataLoader with a (forked) worker process load
     the Parquet rows through mimi-extract's storage backend, each cut exactly read()."""

@@ -4,7 +4,6 @@ local shard does.  The S3 endpoint is real: moto's server on a free loopback por
 s3fs through HTTP (nothing of fsspec is mocked).  See docs/object-storage.md."""
 
 import functools
-import logging
 import os
 import re
 import shutil
@@ -18,34 +17,11 @@ from mimi_extract.runner import extract
 from mimi_extract.sources import Options, discover
 from helpers import check_consistency, interrupt_after_items
 from conftest import ONE_WORKER, cli
+from s3_server import BUCKET, s3_fixture
 from test_packed_sources import FILES, assert_equal_arrays, settings, write_tar
 from test_packed_sources import hf_dataset, loose, loose_run, shar, shards  # noqa: F401  (fixtures)
 
-BUCKET = "mimi-test"
-
-
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    """A moto S3 server on 127.0.0.1 (a free port), the environment that points s3fs at it (dummy
-    keys, this module only), and one bucket; yields an s3fs filesystem on it."""
-    pytest.importorskip("moto.server")
-    s3fs = pytest.importorskip("s3fs")
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # (one line per request otherwise)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    with pytest.MonkeyPatch.context() as mp:
-        for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                            "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": f"http://{host}:{port}"}.items():
-            mp.setenv(name, value)
-        s3fs.S3FileSystem.clear_instance_cache()  # (an instance made before would not see the endpoint)
-        fs = s3fs.S3FileSystem()
-        fs.mkdir(BUCKET)
-        yield fs
-        s3fs.S3FileSystem.clear_instance_cache()
-    server.stop()
+s3 = s3_fixture()  # moto's server on loopback, with its request log (tests/s3_server.py)
 
 
 def upload(fs, local: str, name: str) -> str:
@@ -138,9 +114,9 @@ def remote_names(fs, url: str) -> list[str]:
 
 def pulled(url: str, where: str) -> str:
     """The remote OUT as a reader sees it: its committed state pulled into a fresh folder."""
-    from mimi_extract.mirror import Mirror
+    from mimi_extract.mirror import pull
 
-    Mirror(url, where).pull()
+    pull(url, where)
     return where
 
 

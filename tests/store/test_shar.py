@@ -533,7 +533,9 @@ def test_a_flipped_byte_anywhere_in_a_shar_shard_is_found_or_harmless_to_lhotse(
     the cuts file is listed by ``verify --out --checksums`` (and a resume's check) unless lhotse's
     ``from_shar`` still sees exactly the same cuts and arrays (a gzip header's mtime, tar padding).
     Before the ``.json`` member and cut line checksums, 4,382 of the 10,624 flips of one shard
-    were unnoticed and changed (or broke) what lhotse reads."""
+    were unnoticed and changed (or broke) what lhotse reads; since the shard checksum (the crc32 of
+    the tar as committed), every byte of the tar is found, and the harmless flips left are in the
+    cuts file's gzip header (its mtime, flags, OS: no reader checks them)."""
     from mimi_extract.store.read import scan_checksums
 
     out = str(tmp_path / "out")
@@ -548,6 +550,7 @@ def test_a_flipped_byte_anywhere_in_a_shar_shard_is_found_or_harmless_to_lhotse(
     reference = _lhotse_view(out)
     assert len(reference) == 7
     found = harmless = 0
+    harmless_in = set()
     for name in (shard, SHAR.companions(shard)[0]):
         path = os.path.join(out, name)
         original = open(path, "rb").read()
@@ -572,9 +575,10 @@ def test_a_flipped_byte_anywhere_in_a_shar_shard_is_found_or_harmless_to_lhotse(
             for key, (text, array) in reference.items():
                 assert view[key][0] == text and np.array_equal(view[key][1], array), (name, offset, key)
             harmless += 1
+            harmless_in.add((name, offset))
         with open(path, "wb") as f:
             f.write(original)
-    assert found > 1000 and harmless > 100, (found, harmless)
+    assert found > 4000 and all(n == SHAR.companions(shard)[0] and o < 10 for n, o in harmless_in), harmless_in
 
 
 def test_damage_to_a_json_member_or_an_edited_cuts_file_is_quarantined_on_resume(many, tiny_model_dir,
