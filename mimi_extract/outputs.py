@@ -17,7 +17,7 @@ from . import remote
 from .store.files import LOCK, PART_RE, PLAN_INFO, RUN_INFO, MalformedError, read_json
 from .store.identity import read_run_info
 from .store.manifest import (RunFiles, committed_rows, format_of_path, out_exists, out_files, read_ahead,
-                             shard_attrs)
+                             read_manifest, shard_attrs)
 
 
 def _require(out_dir: str, files: list[RunFiles] | None = None) -> list[RunFiles]:
