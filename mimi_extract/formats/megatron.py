@@ -55,6 +55,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import remote
 from ..choices import MAX_TOKEN_ID, TOKEN_LAYOUTS
 from .base import Format, ShardBuilder, jsonable
 from .registry import register
@@ -208,15 +209,19 @@ def prefix_of(path: str) -> str:
     return path[: -len(".idx")]
 
 
+def _side(path: str) -> dict:
+    """A shard's ``.json`` (local or on object storage)."""
+    return json.loads(remote.read_bytes(prefix_of(path) + ".json"))
+
+
 class MegatronHandle:
-    """An open shard: its index, its ``.json`` and its ``.bin`` (items read with ``pread``)."""
+    """An open shard: its index, its ``.json`` and its ``.bin`` (items read with ``pread``; on object
+    storage by ranged GETs, ``remote.open_object``)."""
 
     def __init__(self, path: str):
         prefix = prefix_of(path)
-        with open(path, "rb") as f:
-            self.index = IndexFile.parse(f.read())
-        with open(prefix + ".json", encoding="utf-8") as f:
-            side = json.load(f)
+        self.index = IndexFile.parse(remote.read_bytes(path))
+        side = _side(path)
         self.attrs, self.docs = side["attrs"], side["documents"]
         self.tokens = Tokens.of(self.attrs)
         if self.index.dtype.name != self.attrs.get("token_dtype"):
@@ -224,7 +229,7 @@ class MegatronHandle:
         if self.index.document_count != len(self.docs):
             raise ValueError(f"{path}: {self.index.document_count} documents, its .json names {len(self.docs)}")
         self.path = path
-        self.bin = open(prefix + ".bin", "rb", buffering=0)
+        self.bin = remote.open_object(prefix + ".bin")
 
     def item(self, document: int, key: str | None = None) -> np.ndarray:
         if not isinstance(document, int) or not 0 <= document < len(self.docs):
@@ -236,7 +241,7 @@ class MegatronHandle:
         sequences = []
         for s in index.sequences(document):
             nbytes = int(index.lengths[s]) * size
-            data = os.pread(self.bin.fileno(), nbytes, int(index.pointers[s]))
+            data = remote.pread(self.bin, int(index.pointers[s]), nbytes)
             if len(data) != nbytes:
                 raise OSError(f"{prefix_of(self.path)}.bin ends before document {document} (truncated?)")
             sequences.append(np.frombuffer(data, index.dtype))
@@ -358,7 +363,7 @@ class Megatron(Format):
             handle = MegatronHandle(path)
             handle.close()
             index, docs = handle.index, handle.docs
-            size = os.path.getsize(prefix_of(path) + ".bin")
+            size = remote.getsize(prefix_of(path) + ".bin")
             if size != index.bin_size:
                 return f"{os.path.basename(prefix_of(path))}.bin has {size} bytes, its index describes {index.bin_size}"
             if len(docs) != len(rows):
@@ -387,12 +392,10 @@ class Megatron(Format):
         return handle.item(row["document"], row["key"])
 
     def attrs(self, path: str) -> dict:
-        with open(prefix_of(path) + ".json", encoding="utf-8") as f:
-            return json.load(f)["attrs"]
+        return _side(path)["attrs"]
 
     def item_attrs(self, path: str, row: dict) -> dict:
-        with open(prefix_of(path) + ".json", encoding="utf-8") as f:
-            doc = json.load(f)["documents"][row["document"]]
+        doc = _side(path)["documents"][row["document"]]
         return {k: v for k, v in doc.items() if k != "frames"}
 
     def lhotse_storage(self, path: str, row: dict) -> tuple[str, str]:

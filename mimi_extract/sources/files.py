@@ -6,10 +6,12 @@ import csv
 import json
 import os
 
+from ..input_options import MAX_ROW_BYTES
 from .base import (AUDIO_EXTENSIONS, ITEM_FIELDS, Entry, Options, Source, _printable, id_text, json_object, printable,
                    register, row_failed, segment_fields, text_problem)
 
 LIST_EXTENSIONS = (".txt", ".lst", ".scp", ".jsonl", ".csv", ".tsv")
+CSV_FIELD_LIMIT = 8 << 20
 
 
 def walk_directory(root: str, warnings: list[str], exclude: str | None = None) -> list[Entry]:
@@ -145,6 +147,9 @@ def _read_rows(path: str, options: Options | None = None) -> list[Entry]:
                     continue
                 entries.append(_guarded_entry(row, base, f"line {n}", options))
         elif name.endswith((".csv", ".tsv")):
+            # fields up to 8 MiB are read (csv's own limit, 128 KiB, would make a long transcript an
+            # error that can also swallow the rows after it); a row over MAX_ROW_BYTES is then its error
+            csv.field_size_limit(max(csv.field_size_limit(), CSV_FIELD_LIMIT))
             reader = csv.DictReader(f, delimiter="\t" if name.endswith(".tsv") else ",")
             if "path" not in (reader.fieldnames or []):
                 raise ValueError(f"{path}: a CSV list needs a 'path' column (has {reader.fieldnames})")
@@ -166,7 +171,12 @@ def _read_rows(path: str, options: Options | None = None) -> list[Entry]:
 
 
 def _guarded_entry(row: dict, base: str, where: str, options: Options | None) -> Entry:
-    """:func:`_list_entry`, whatever the row holds: what it raises is that row's error row."""
+    """:func:`_list_entry`, whatever the row holds: what it raises is that row's error row, and a row
+    over ``MAX_ROW_BYTES`` is one before it is read further."""
+    size = sum(len(v) for v in row.values() if isinstance(v, str))
+    if size > MAX_ROW_BYTES:
+        return Entry("", where, key=where, where=where, error=f"{where}: the row is {size} characters long, over the "
+                     f"{MAX_ROW_BYTES} a row may take")
     try:
         return _list_entry(row, base, where, options)
     except Exception as e:

@@ -68,6 +68,9 @@ class MetadataTable:
         return table
 
     def _csv_rows(self, f, delimiter: str):
+        from .files import CSV_FIELD_LIMIT
+
+        csv.field_size_limit(max(csv.field_size_limit(), CSV_FIELD_LIMIT))  # (as a list's: long transcripts)
         reader = csv.DictReader(f, delimiter=delimiter)
         while True:
             where = f"line {reader.line_num + 1}"

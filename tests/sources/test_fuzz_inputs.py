@@ -69,6 +69,7 @@ def test_list_and_nemo_lines(tmp_path, lines, nemo):
 @SETTINGS
 @given(rows=st.lists(st.lists(st.text(max_size=30) | st.just("9" * 500) | st.just("y" * 200_000), min_size=1,
                               max_size=5), min_size=1, max_size=5), tsv=st.booleans())
+@example(rows=[["y" * 200_000, "\r"]], tsv=False)  # found by the suite: a field over csv's 128 KiB swallowed the next row
 def test_csv_and_tsv_rows(tmp_path, rows, tsv):
     import csv
 

@@ -18,7 +18,7 @@ import pytest
 
 import mimi_extract
 from mimi_extract.runner import extract
-from mimi_extract.store.manifest import read_manifest
+from mimi_extract.store.manifest import format_of_path, read_manifest
 from conftest import cli
 from helpers import check_consistency
 from s3_server import BUCKET, s3_fixture
@@ -26,8 +26,9 @@ from test_packed_sources import FILES, assert_equal_arrays, settings
 from test_packed_sources import loose  # noqa: F401  (fixture)
 
 s3 = s3_fixture()
-SHARD_RE = re.compile(r"shard-\d+\.(h5|parquet)$|\.tar$")  # a shard object's name (HDF5, Parquet, Shar)
-FORMATS = ["hdf5", pytest.param("parquet", marks=pytest.mark.slow), pytest.param("shar", marks=pytest.mark.slow)]
+SHARD_RE = re.compile(r"shard-\d+\.(h5|parquet|idx|bin)$|\.tar$")  # a shard object's name (HDF5, Parquet, Megatron, Shar)
+FORMATS = ["hdf5", pytest.param("parquet", marks=pytest.mark.slow), pytest.param("shar", marks=pytest.mark.slow),
+           pytest.param("megatron", marks=pytest.mark.slow)]
 
 
 @pytest.fixture(scope="module")
@@ -81,8 +82,8 @@ def test_operations_commands_on_a_remote_out_answer_as_on_a_local_one(fmt, made,
     here, there = ok_json("info", local, "--json"), ok_json("info", url, "--json")
     assert without(there, "shards", "bytes") == without(here, "shards", "bytes")
     assert set(there["shards"]) == set(here["shards"]) and len(there["shards"]) == 3
-    for shard, size in there["shards"].items():  # sizes from the listing: the objects' own
-        companions = [shard.replace("mimi_codes.", "cuts.").replace(".tar", ".jsonl.gz")] if fmt == "shar" else []
+    for shard, size in there["shards"].items():  # sizes from the listing: the objects' own, companions included
+        companions = format_of_path(shard).companions(shard)
         assert size == sum(s3.info(f"{url}/{name}")["size"] for name in [shard] + companions)
     for extra in ([], ["--manifest-only"]):
         here = ok_json("report", local, "--json", "--workers", "1", *extra)
@@ -243,6 +244,14 @@ def flip_inside_an_array(s3, url: str, row: dict) -> tuple[str, int]:
                       if meta.row_group(0).column(c).path_in_schema.startswith("codes"))
         start = column.dictionary_page_offset or column.data_page_offset
         size = column.total_compressed_size
+    elif shard.endswith(".idx"):  # Megatron: the document's tokens are in the .bin the index points into
+        from mimi_extract.formats.megatron import IndexFile
+
+        index = IndexFile.parse(bytes(data))
+        first = index.sequences(row["document"])[0]
+        start, size = int(index.pointers[first]), int(index.lengths[first]) * index.dtype.itemsize
+        shard = shard[: -len(".idx")] + ".bin"
+        data = bytearray(s3.cat(f"{url}/{shard}"))
     else:
         start, size = row["offset"], row["nbytes"]
     offset = start + size // 2
@@ -266,7 +275,8 @@ def test_a_byte_flipped_in_a_remote_array_is_found_and_reencoded(fmt, s3, loose,
     assert run()["ok"] == len(FILES)
     want = check_consistency(pulled(url, str(tmp_path / "before")))
     rows = [r for r in read_manifest(str(tmp_path / "before")) if r["status"] == "ok"]
-    shard, _ = flip_inside_an_array(s3, url, rows[len(rows) // 2])
+    flipped, _ = flip_inside_an_array(s3, url, rows[len(rows) // 2])
+    shard = rows[len(rows) // 2]["shard"]  # (the flipped object: the shard or a companion of it, a Megatron .bin)
     damaged_keys = {r["key"] for r in rows if r["shard"] == shard}
     found = cli("verify", "--out", url, "--checksums")
     assert found.exit_code == 1 and "FAIL" in found.output
@@ -278,7 +288,7 @@ def test_a_byte_flipped_in_a_remote_array_is_found_and_reencoded(fmt, s3, loose,
     assert summary["ok"] == len(damaged_keys) and summary["skipped"] == len(FILES) - len(damaged_keys), summary
     after = {n: s3.info(f"{url}/{n}")["ETag"] for n in listed(s3, url)}
     data_objects = [n for n in etags if SHARD_RE.search(n) or "/cuts." in n]
-    untouched = [n for n in data_objects if n != shard and n != shard.replace("mimi_codes.", "cuts.").replace(".tar", ".jsonl.gz")]
+    untouched = [n for n in data_objects if n not in [shard, flipped, *format_of_path(shard).companions(shard)]]
     assert untouched and all(after[n] == etags[n] for n in untouched)  # nothing else rewritten
     assert shard not in after or after[shard] != etags[shard]
     assert any(n.startswith("quarantine/") for n in after)  # the damaged shard kept aside, as on disk
