@@ -2,11 +2,11 @@
 
 __version__ = "0.3.0"
 
-__all__ = ["__version__", "open", "read", "read_manifest", "read_cuts", "Reader"]
+__all__ = ["__version__", "open", "read", "read_manifest", "read_cuts", "Reader", "megatron_blend"]
 
 
 def __getattr__(name):  # lazy: `import mimi_extract` stays cheap (the CLI's Ctrl-C handling relies on it)
-    if name in ("open", "read", "read_cuts", "Reader"):
+    if name in ("open", "read", "read_cuts", "Reader", "megatron_blend"):
         from . import reader
 
         return getattr(reader, name)

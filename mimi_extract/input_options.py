@@ -20,6 +20,8 @@ RESERVED_FIELDS = frozenset({"key", "path", "start", "end", "duration", "channel
 # kept fields travel into the manifest's JSON rows, the cuts and Parquet columns)
 MAX_ROW_BYTES = 1 << 20  # a list line, sidecar, manifest row or a row's kept fields (a transcript: a few KB)
 MAX_NESTING = 64  # levels of nested lists/objects (Python's JSON gives up near 1,000, and a writer's dumps too)
+CSV_FIELD_LIMIT = 8 << 20  # a CSV/TSV field (csv's own 128 KiB limit made a long transcript an error that also
+# swallowed the rows after it); a row over MAX_ROW_BYTES is then its own error row
 
 
 def is_scalar(value) -> bool:

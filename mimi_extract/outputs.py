@@ -16,7 +16,7 @@ import numpy as np
 from . import remote
 from .store.files import LOCK, PART_RE, PLAN_INFO, RUN_INFO, MalformedError, read_json
 from .store.identity import read_run_info
-from .store.manifest import (RunFiles, committed_rows, format_of_path, out_exists, out_files, read_ahead,
+from .store.manifest import (RunFiles, committed_rows, format_of_path, out_exists, out_files, out_rows, read_ahead,
                              read_manifest, shard_attrs)
 
 
@@ -227,23 +227,11 @@ def run_failures(run_dir: str) -> list[dict]:
     return common_failures(errors, len(ok) + len(errors))
 
 
-def _manifest(out_dir: str, files: list[RunFiles]) -> list[dict]:
-    """The committed rows of every run directory (``read_manifest``, with OUT listed once)."""
-    rows = []
-    for f in files:
-        prefix = remote.relpath(f.path, out_dir)
-        for row in committed_rows(f.path, f):
-            if row.get("shard") and prefix != ".":
-                row["shard"] = f"{prefix}/{row['shard']}"
-            rows.append(row)
-    return rows
-
-
 def info_report(out_dir: str) -> dict:
     files = out_files(out_dir)
     dirs = _require(out_dir, files)
     read_ahead(files, (PLAN_INFO,))
-    rows = _manifest(out_dir, files)
+    rows = out_rows(out_dir, files)
     ok = list({r["key"]: r for r in rows if r.get("status") == "ok"}.values())  # each key once, whatever the rows
     ok_keys = {r["key"] for r in ok}
     errors = list({r["key"]: r for r in rows if r.get("status") == "error" and r["key"] not in ok_keys}.values())
@@ -322,7 +310,7 @@ def decode_items(out_dir: str, keys: list[str] | None, output: str | None, model
 
     files = out_files(out_dir)
     info = read_run_info(_require(out_dir, files)[0].path)
-    rows = {r["key"]: r for r in _manifest(out_dir, files) if r.get("status") == "ok"}
+    rows = {r["key"]: r for r in out_rows(out_dir, files) if r.get("status") == "ok"}
     keys = keys or sorted(rows)
     missing = [k for k in keys if k not in rows]
     if missing:

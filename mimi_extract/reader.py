@@ -30,7 +30,7 @@ import numpy as np
 from . import remote
 from .store.files import MANIFEST, RUN_INFO
 from .store.identity import read_run_info
-from .store.manifest import committed_rows, iter_committed, out_exists, out_files
+from .store.manifest import committed_rows, iter_committed, out_exists, out_files, out_rows
 from .store.read import close_shard, load_row, open_shard, unreadable_error
 
 _OPEN_SHARDS = 64  # shard files a reader keeps open (file descriptors are a bounded resource)
@@ -299,3 +299,16 @@ def write_merged_cuts(out_dir: str, path: str) -> int:
 
 
 __all__ = ["Reader", "OutDataset", "open", "read", "read_cuts", "write_merged_cuts", "ManifestCuts"]
+
+
+def megatron_blend(out_dir: str) -> tuple[list[str], list[float]]:
+    """Megatron-Core's ``BlendedMegatronDatasetConfig.blend`` of a ``--format megatron`` OUT: (absolute
+    shard prefixes, their token counts as weights), from the manifests (never behind them, unlike
+    ``megatron-data-args.txt`` after a kill)."""
+    from .formats.megatron import shard_tokens
+
+    dirs = out_files(out_dir)
+    info = read_run_info(dirs[0].path) or {} if dirs else {}
+    tokens = shard_tokens(out_rows(out_dir, dirs), int(info.get("num_quantizers") or 0))
+    found = {p: t for p, t in tokens.items() if t}
+    return [os.path.join(os.path.abspath(out_dir), p) for p in found], [float(t) for t in found.values()]

@@ -185,11 +185,13 @@ class Format:
         is its own lhotse manifest, as Shar is)."""
         return None
 
-    def out_files(self, out_dir: str, info: dict, parts: bool) -> dict[str, str]:
-        """Files that describe OUT as a whole (Parquet's dataset card), asked for at the end of every
-        run (an interrupted one too) with OUT, its ``run.json`` and whether OUT holds the parts of a
-        job array: name relative to OUT -> text.  The store writes them (atomically, under OUT's
-        lock when parts share OUT): a format never writes to OUT itself."""
+    def out_files(self, out_dir: str, info: dict, parts: bool, rows) -> dict[str, str]:
+        """Files that describe OUT as a whole (Parquet's dataset card, Megatron's data-args list),
+        asked for at the end of every run (an interrupted one too) with OUT, its ``run.json``, whether
+        OUT holds the parts of a job array, and ``rows()``: the committed ok rows of every part, their
+        ``shard`` relative to OUT (read only if called: the store reads its manifests, a format never
+        does).  Name relative to OUT -> text.  The store writes them (atomically, under OUT's lock
+        when parts share OUT): a format never writes to OUT itself."""
         return {}
 
     def is_shard(self, name: str) -> bool:

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 import re
 import shutil
 import struct
@@ -403,34 +404,21 @@ class Megatron(Format):
         adds (``read_cuts`` calls it); the key is ``DOCUMENT/KEY`` (checked against the shard's)."""
         return LHOTSE_STORAGE, f"{row['document']}/{row['key']}"
 
-    def out_files(self, out_dir: str, info: dict, parts: bool) -> dict[str, str]:
-        return {DATA_ARGS: data_args(out_dir)}
+    def out_files(self, out_dir: str, info: dict, parts: bool, rows) -> dict[str, str]:
+        return {DATA_ARGS: data_args(shard_tokens(rows(), int(info.get("num_quantizers") or 0)))}
 
 
-def shard_tokens(out_dir: str) -> dict[str, int]:
-    """{data prefix relative to OUT: tokens} of every committed Megatron shard of OUT (all parts)."""
-    from ..store.identity import read_run_info
-    from ..store.manifest import committed_rows, run_dirs
-
+def shard_tokens(rows, per_frame: int) -> dict[str, int]:
+    """{data prefix relative to OUT: tokens} of the committed Megatron shards the ok ``rows`` of OUT
+    name (every part's: ``shard`` relative to OUT); ``per_frame``: tokens a frame makes (the codebooks)."""
     found: dict[str, int] = {}
-    for d in run_dirs(out_dir):
-        info = read_run_info(d) or {}
-        per_frame = int(info.get("num_quantizers") or 0)
-        rel = os.path.relpath(d, out_dir)
-        for row in committed_rows(d):
-            if row.get("status") == "ok" and Megatron.shard_re.fullmatch(row.get("shard") or ""):
-                prefix = prefix_of(row["shard"] if rel == "." else f"{rel}/{row['shard']}")
-                found[prefix] = found.get(prefix, 0) + int(row.get("frames") or 0) * per_frame
+    for row in rows:
+        if row.get("status") == "ok" and Megatron.shard_re.fullmatch(posixpath.basename(row.get("shard") or "")):
+            prefix = prefix_of(row["shard"])
+            found[prefix] = found.get(prefix, 0) + int(row.get("frames") or 0) * per_frame
     return dict(sorted(found.items()))
 
 
-def data_args(out_dir: str) -> str:
+def data_args(tokens: dict[str, int]) -> str:
     """``megatron-data-args.txt``: ``TOKENS PREFIX`` per shard holding tokens (prefixes relative to OUT)."""
-    return "".join(f"{tokens} {prefix}\n" for prefix, tokens in shard_tokens(out_dir).items() if tokens)
-
-
-def blend(out_dir: str) -> tuple[list[str], list[float]]:
-    """Megatron-Core's ``BlendedMegatronDatasetConfig.blend`` of OUT: (absolute shard prefixes,
-    their token counts as weights), from the manifests (never behind them)."""
-    found = {p: t for p, t in shard_tokens(out_dir).items() if t}
-    return [os.path.join(os.path.abspath(out_dir), p) for p in found], [float(t) for t in found.values()]
+    return "".join(f"{count} {prefix}\n" for prefix, count in tokens.items() if count)

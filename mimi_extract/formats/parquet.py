@@ -256,7 +256,7 @@ class Parquet(Format):
         that ``cuts.register_lhotse_readers`` adds to lhotse's registry (``read_cuts`` calls it); the key is ``INDEX/KEY`` (the row, checked against the key stored there)."""
         return LHOTSE_STORAGE, f"{row['index']}/{row['key']}"
 
-    def out_files(self, out_dir: str, info: dict, parts: bool) -> dict[str, str]:
+    def out_files(self, out_dir: str, info: dict, parts: bool, rows) -> dict[str, str]:
         """OUT's dataset card (``README.md``), unless the user wrote their own (one without our marker)."""
         path = os.path.join(out_dir, "README.md")
         if os.path.exists(path):

@@ -14,11 +14,13 @@ from __future__ import annotations
 from ..audio import AudioError
 from . import shar, tar, tgz, parquet  # noqa: F401  (registers the kinds, in detection order: containers first,
 from . import files, lhotse  # noqa: F401, E402  then any directory, lists and manifests)
-from .base import (AUDIO_EXTENSIONS, KEY_MODES, REGISTRY, SIDECAR_DURATION_MODES, Discovered, Entry, Item, Options, Source, SourceError, dataset_name,
-                   dedup, discover, open_source, plan_group, printable, probe, probe_info, register, seconds_to_samples,
+from ..choices import KEY_MODES, SIDECAR_DURATION_MODES
+from .base import (AUDIO_EXTENSIONS, REGISTRY, Discovered, Entry, Item, Options, Source, SourceError, dataset_name,
+                   dedup, open_source, plan_group, printable, probe, probe_info, register, seconds_to_samples,
                    segment_fields, segment_key, source_kind, text_problem)
 from .base import ITEM_OPTIONS, item_identity  # the run's item identity: the options that shape items
 from .base import Loc, bytes_name, loc_of  # where an item's bytes are in a shard
+from .discover import discover
 from .files import LIST_EXTENSIONS, read_list, walk_directory
 from .lhotse import is_lhotse_manifest, read_lhotse_manifest
 

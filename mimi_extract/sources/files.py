@@ -6,12 +6,11 @@ import csv
 import json
 import os
 
-from ..input_options import MAX_ROW_BYTES
+from ..input_options import CSV_FIELD_LIMIT, MAX_ROW_BYTES
 from .base import (AUDIO_EXTENSIONS, ITEM_FIELDS, Entry, Options, Source, _printable, id_text, json_object, printable,
                    register, row_failed, segment_fields, text_problem)
 
 LIST_EXTENSIONS = (".txt", ".lst", ".scp", ".jsonl", ".csv", ".tsv")
-CSV_FIELD_LIMIT = 8 << 20
 
 
 def walk_directory(root: str, warnings: list[str], exclude: str | None = None) -> list[Entry]:
@@ -147,8 +146,6 @@ def _read_rows(path: str, options: Options | None = None) -> list[Entry]:
                     continue
                 entries.append(_guarded_entry(row, base, f"line {n}", options))
         elif name.endswith((".csv", ".tsv")):
-            # fields up to 8 MiB are read (csv's own limit, 128 KiB, would make a long transcript an
-            # error that can also swallow the rows after it); a row over MAX_ROW_BYTES is then its error
             csv.field_size_limit(max(csv.field_size_limit(), CSV_FIELD_LIMIT))
             reader = csv.DictReader(f, delimiter="\t" if name.endswith(".tsv") else ",")
             if "path" not in (reader.fieldnames or []):

@@ -17,7 +17,7 @@ import csv
 import os
 from dataclasses import dataclass, field
 
-from ..input_options import Keep
+from ..input_options import CSV_FIELD_LIMIT, Keep
 from .base import Entry, json_object, key_stem, shown_value
 
 _SHOWN = 5  # ids named in a warning
@@ -68,8 +68,6 @@ class MetadataTable:
         return table
 
     def _csv_rows(self, f, delimiter: str):
-        from .files import CSV_FIELD_LIMIT
-
         csv.field_size_limit(max(csv.field_size_limit(), CSV_FIELD_LIMIT))  # (as a list's: long transcripts)
         reader = csv.DictReader(f, delimiter=delimiter)
         while True:

@@ -14,7 +14,7 @@ from ..formats.cuts import FIELDS, cut_dict
 from .files import CUTS, LOCK, PLAN_INFO, STATS, write_atomic, write_file
 from .identity import check_run_info, read_run_info, write_run_info
 from .lock import RunLock, lock_run_dir
-from .manifest import committed_rows, run_dirs
+from .manifest import committed_rows, out_rows, run_dirs
 from .read import scan_checksums
 from .recover import recover
 from .shar_extend import SharExtendWriter
@@ -99,12 +99,13 @@ class RunDirectory:
         write_atomic(os.path.join(self.path, STATS), json.dumps(stats, indent=2))
         write_cuts(self.path)
         info = self.info()
-        files = fmt.out_files(self.out_dir, info, not self.whole)
+        rows = lambda: out_rows(self.out_dir)  # noqa: E731  (read only by a format that asks)
+        files = fmt.out_files(self.out_dir, info, not self.whole, rows)
         if files and not self.whole:
             # parts share OUT: one at a time, and asked again under the lock (what another part wrote counts)
             out_lock = RunLock(self.out_dir, wait=30.0, what="dataset card")
             try:
-                self._write_out_files(fmt.out_files(self.out_dir, info, True))
+                self._write_out_files(fmt.out_files(self.out_dir, info, True, rows))
             finally:
                 out_lock.release()
         else:

@@ -431,6 +431,19 @@ def committed_rows(run_dir: str, files: RunFiles | None = None) -> list[dict]:
     return list(iter_committed(run_dir, files))
 
 
+def out_rows(out_dir: str, files: list[RunFiles] | None = None) -> list[dict]:
+    """The committed rows of every run directory of OUT (every part of a job array), each row's
+    ``shard`` relative to OUT (``part-I-of-N/shard-...``); ``files``: OUT's listing when in hand."""
+    rows = []
+    for f in files if files is not None else out_files(out_dir):
+        prefix = remote.relpath(f.path, out_dir)
+        for row in committed_rows(f.path, f):
+            if row.get("shard") and prefix != ".":
+                row["shard"] = f"{prefix}/{row['shard']}"
+            rows.append(row)
+    return rows
+
+
 def read_manifest(out_dir: str) -> list[dict]:
     """Committed rows of every run directory of OUT (all parts), ``shard`` relative to OUT."""
     rows = []

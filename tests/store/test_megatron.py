@@ -20,7 +20,8 @@ import mimi_extract
 from conftest import ONE_WORKER, ROOT, cli
 from helpers import check_consistency
 from mimi_extract import read, read_manifest
-from mimi_extract.formats.megatron import DATA_ARGS, IndexFile, Tokens, blend, indexed_dataset
+from mimi_extract.formats.megatron import DATA_ARGS, IndexFile, Tokens, indexed_dataset
+from mimi_extract.reader import megatron_blend as blend
 from mimi_extract.runner import extract
 from mimi_extract.settings import Settings
 from mimi_extract.store.files import DamagedError
