@@ -42,7 +42,7 @@ class FeedCost:
 FEED: dict[str, tuple[FeedCost, ...]] = {
     "pcm": (FeedCost(16_000, 42.0, 116.0, 616.0),),
     "flac": (FeedCost(16_000, 264.0, 133.0, 694.0), FeedCost(48_000, 720.0, 155.0, 1614.0)),
-    "mp3": (FeedCost(48_000, 774.0, 251.0, 1686.0),),
+    "mp3": (FeedCost(48_000, 778.0, 209.0, 1406.0),),  # FFmpeg's MP3 decoder (0.3; libsndfile's: 774, 251, 1686)
     "opus": (FeedCost(48_000, 3318.0, 231.0, 4229.0),),
     "vorbis": (FeedCost(48_000, 887.0, 200.0, 1787.0),),
     "aac": (FeedCost(48_000, 945.0, 200.0, 1845.0),),
