@@ -45,6 +45,20 @@ EXIT_CODES_HELP = ("Exit codes: 0 done (error rows allowed unless --strict); 1 -
                    "130 interrupted (run the same command to resume).")
 PROGRESS_ENV = "MIMI_EXTRACT_PROGRESS_SECONDS"
 
+# --help written to a file or a pipe (not a terminal) is laid out this wide, not rich's 80 columns, which
+# cut option names and help short ("--max-batch-secon…"); TERMINAL_WIDTH (typer's) or COLUMNS still decide
+HELP_WIDTH = 120
+
+
+def _help_width() -> None:
+    from typer import rich_utils
+
+    if rich_utils.MAX_WIDTH is None and "COLUMNS" not in os.environ and not sys.stdout.isatty():
+        rich_utils.MAX_WIDTH = HELP_WIDTH
+
+
+_help_width()
+
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,

@@ -264,7 +264,7 @@ def corpus_report(out_dir: str, by: str | None = None, arrays: bool = True, work
     def subset(name: str) -> dict:
         s = per.get(name)
         if s is None:
-            s = per[name] = {"items": 0, "errors": 0, "seconds": 0.0, "frames": 0}
+            s = per[name] = {"items": 0, "errors": 0, "seconds": 0.0, "frames": 0, "reasons": Counter()}
         return s
 
     durations = np.empty(len(winner), dtype=np.float64)
@@ -325,7 +325,9 @@ def corpus_report(out_dir: str, by: str | None = None, arrays: bool = True, work
         raise ValueError(f"no row of {out_dir} has a field {by!r}; rows have: {', '.join(fields)}")
     containers = sorted(seen_containers, key=len, reverse=True)
     for row in error_rows.values():
-        subset(subsets.of_error(row, containers))["errors"] += 1
+        s = subset(subsets.of_error(row, containers))
+        s["errors"] += 1
+        s["reasons"][_reason(row.get("error"))] += 1
 
     num_q = counts.shape[0] if counts is not None else (next(iter(dims)) if tap == "codes" and len(dims) == 1 else None)
     tokens = frames_total * num_q if tap == "codes" and num_q else None
@@ -361,7 +363,8 @@ def corpus_report(out_dir: str, by: str | None = None, arrays: bool = True, work
         "dims": sorted(dims),
         "subsets_by": subsets.kind or ("field " + by if by else "top-level folder"),
         "subsets": {name: {"items": s["items"], "errors": s["errors"], "hours": s["seconds"] / 3600,
-                           "frames": s["frames"], "tokens": s["frames"] * num_q if tokens is not None else None}
+                           "frames": s["frames"], "tokens": s["frames"] * num_q if tokens is not None else None,
+                           "errors_by_reason": dict(s["reasons"].most_common())}
                     for name, s in ordered.items()},
         "durations": _duration_histogram(durations),
         "errors_by_reason": dict(Counter(_reason(r.get("error")) for r in error_rows.values()).most_common()),
@@ -397,9 +400,28 @@ def _add_codes(counts: np.ndarray | None, size: int | None, arrays: list[np.ndar
 
 
 # -- the figure ------------------------------------------------------------------------------
+# the figure's error panel: the subsets with the most errors, and the most frequent reasons (the rest: "other")
+PNG_ERROR_SUBSETS, PNG_ERROR_REASONS = 12, 6
+
+
+def error_panel(report: dict) -> tuple[list[str], dict[str, list[int]]]:
+    """What the figure's error panel draws: the subsets with errors (most first, at most
+    :data:`PNG_ERROR_SUBSETS`) and, per reason (the :data:`PNG_ERROR_REASONS` most frequent, the
+    others summed as "other"), its count in each of those subsets."""
+    failing = sorted((n for n, s in report["subsets"].items() if s["errors"]), key=lambda n: -report["subsets"][n]["errors"])
+    names = failing[:PNG_ERROR_SUBSETS]
+    top = list(report["errors_by_reason"])[:PNG_ERROR_REASONS]
+    bars = {reason: [report["subsets"][n]["errors_by_reason"].get(reason, 0) for n in names] for reason in top}
+    other = [report["subsets"][n]["errors"] - sum(bars[r][i] for r in top) for i, n in enumerate(names)]
+    if any(other):
+        bars["other"] = other
+    return names, bars
+
+
 def write_png(report: dict, path: str) -> None:
-    """The duration histogram and, for codes, each codebook's rank-frequency curve (how evenly its
-    codes are used) with its perplexity."""
+    """The duration histogram; for codes, each codebook's rank-frequency curve (how evenly its codes
+    are used) with its perplexity; and where items failed, the errors of each subset by reason
+    (:func:`error_panel`)."""
     from ._optional import need
 
     matplotlib = need("matplotlib", "report figures (--png)")
@@ -407,7 +429,9 @@ def write_png(report: dict, path: str) -> None:
     import matplotlib.pyplot as plt
 
     books = (report.get("codebooks") or {}).get("per_codebook") or []
-    fig, axes = plt.subplots(1, 2 if books else 1, figsize=(13 if books else 7, 4.5), squeeze=False)
+    names, bars = error_panel(report)
+    panels = 1 + bool(books) + bool(names)
+    fig, axes = plt.subplots(1, panels, figsize=(6.5 * panels, 4.5), squeeze=False)
     d = report["durations"]
     labels = [f"{a:g}-{b:g}" for a, b in zip(d["edges"], d["edges"][1:])] + [f">={d['edges'][-1]:g}"]
     ax = axes[0][0]
@@ -430,6 +454,19 @@ def write_png(report: dict, path: str) -> None:
         ax.set_ylabel("frequency")
         ax.set_title("codebook usage")
         ax.legend(fontsize=7)
+    if names:
+        ax = axes[0][-1]
+        left = np.zeros(len(names))
+        for reason, counts in bars.items():
+            label = reason if len(reason) <= 60 else reason[:59] + "…"
+            ax.barh(range(len(names)), counts, left=left, label=label)
+            left += counts
+        ax.set_yticks(range(len(names)), [n if len(n) <= 30 else "…" + n[-29:] for n in names], fontsize=7)
+        ax.invert_yaxis()
+        ax.set_xlabel("error rows")
+        shown = len(names) < sum(1 for s in report["subsets"].values() if s["errors"])
+        ax.set_title(f"errors by subset ({report['subsets_by']}) and reason" + (", the most failing" if shown else ""))
+        ax.legend(fontsize=6, loc="lower right")
     fig.suptitle(f"{os.path.basename(report['out'])}: {report['model'].get('model')} "
                  f"(weights {report['model'].get('weights')}, {report['model'].get('precision')})", fontsize=9)
     fig.tight_layout()

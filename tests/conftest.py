@@ -29,6 +29,14 @@ def tolerance(reference: torch.Tensor) -> float:
     return 1e-5 * max(1.0, float(reference.abs().max()))
 
 
+@pytest.fixture(autouse=True)
+def _empty_working_directory(tmp_path_factory, monkeypatch):
+    """Every test runs in an empty working directory of its own: none may depend on what the folder
+    pytest was started from holds (the README's offline step leaves ``tiny/``, ``demo/`` and ``out/``
+    in the repository root, and a relative model name such as ``tiny`` would resolve there)."""
+    monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
+
+
 @pytest.fixture(scope="session")
 def tiny_model():
     return random_model(seed=0)

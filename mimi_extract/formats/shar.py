@@ -14,7 +14,7 @@ is a companion, the tar is the shard (renamed last: the commit point; rows point
   (``np.save``) then ``KEY.json`` (the field's ``TemporalArray`` manifest with ``shar``
   placeholder storage, which lhotse's reader fills with the bytes).  Unlike ``ArrayTarWriter``
   the manifest keeps the item's ``start`` (a segment's offset in its recording): the cuts carry
-  their real recording and offset (so ``cut.load_audio()`` is the item's audio), and a
+  their real recording and offset (so, for a loose-file input, ``cut.load_audio()`` is the item's audio), and a
   ``TemporalArray`` whose start differs from its cut's would be sliced at the wrong frames.
 * The run's settings ride in the tar's PAX global header (``mimi_extract.attrs``, JSON):
   tar readers, lhotse's included, skip it, so the tar stays a plain Shar field.

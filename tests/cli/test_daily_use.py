@@ -325,3 +325,17 @@ def test_a_systematic_rejection_is_called_out(tmp_path, tiny_model_dir):
     common = json.loads(cli("info", out, "--json").output)["common_failures"]
     assert [(f["count"], f["first_keys"]) for f in common] == [(4, ["bad0.flac", "bad1.flac", "bad2.flac"])]
     assert cli("codes", corpus, tmp_path / "strict", "--model", tiny_model_dir, *FAST, "--strict").exit_code == 1
+
+
+def test_help_written_to_a_file_is_not_cut(tmp_path):
+    """--help into a file or a pipe (not a terminal): rich lays it out 80 columns wide there, which cut
+    option names and their help short ("--max-batch-secon…"); every word is there whole instead."""
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "TERMINAL_WIDTH")}
+    for command in ("codes", "features", "verify", "plan", "report", "status"):
+        with open(tmp_path / "help.txt", "w") as f:
+            subprocess.run([sys.executable, "-m", "mimi_extract", command, "--help"], stdout=f, check=True,
+                           env={**env, "PYTHONPATH": ROOT})
+        text = (tmp_path / "help.txt").read_text()
+        assert "…" not in text, (command, [line for line in text.splitlines() if "…" in line][:3])
+        if command == "codes":
+            assert "--max-batch-seconds" in text and "--reencode-changed" in text

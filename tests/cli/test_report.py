@@ -15,7 +15,8 @@ import pytest
 import mimi_extract
 from conftest import ONE_WORKER, cli, cli_process
 from mimi_extract import read_manifest
-from mimi_extract.report import CARD_BEGIN, CARD_END, DURATION_EDGES, SCHEMA, corpus_report
+from mimi_extract.report import (CARD_BEGIN, CARD_END, DURATION_EDGES, PNG_ERROR_REASONS, PNG_ERROR_SUBSETS, SCHEMA,
+                                 corpus_report, error_panel, write_png)
 from mimi_extract.demo import tiny_config
 
 CODEBOOK = tiny_config().codebook_size  # the tiny model's codebooks (64), read back from its config.json
@@ -166,6 +167,14 @@ def test_parts_and_damaged_items(tmp_path):
     top = max(int(a.max()) for a in arrays.values())
     assert got["codebooks"]["size"] == top + 1 and got["codebooks"]["size_from"] == "observed"
     assert got["errors_by_reason"] == {"cannot decode": 2}
+    # the errors of each subset by reason: in the numbers and in the figure's error panel
+    failing = [n for n, s in got["subsets"].items() if s["errors"]]
+    assert all(s["errors_by_reason"] == ({"cannot decode": s["errors"]} if s["errors"] else {})
+               for s in got["subsets"].values())
+    names, bars = error_panel(got)
+    assert sorted(names) == sorted(failing) and bars == {"cannot decode": [got["subsets"][n]["errors"] for n in names]}
+    write_png(got, str(tmp_path / "errors.png"))
+    assert (tmp_path / "errors.png").read_bytes().startswith(b"\x89PNG")
 
     victim = next(r for r in read_manifest(str(out)) if r["status"] == "ok" and r["key"] == "a/3.wav")
     _flip_hdf5_byte(str(out), victim)
@@ -180,6 +189,18 @@ def test_parts_and_damaged_items(tmp_path):
     assert result.exit_code == 0 and "damaged: a/3.wav" in result.text
 
 
+def test_error_panel_shows_the_most_failing_subsets_and_reasons():
+    """The figure's error panel: at most PNG_ERROR_SUBSETS subsets, the most failing first; the
+    PNG_ERROR_REASONS most frequent reasons, each subset's other errors summed as "other"."""
+    reasons = {f"r{j}": 100 - j for j in range(PNG_ERROR_REASONS + 2)}
+    subsets = {f"s{i}": {"errors": i, "errors_by_reason": {f"r{j}": 1 for j in range(min(i, PNG_ERROR_REASONS + 2))}}
+               for i in range(PNG_ERROR_SUBSETS + 5)}
+    names, bars = error_panel({"subsets": subsets, "errors_by_reason": reasons})
+    assert names == [f"s{i}" for i in range(PNG_ERROR_SUBSETS + 4, 4, -1)]  # s0 has none; the most failing first
+    assert list(bars) == [f"r{j}" for j in range(PNG_ERROR_REASONS)] + ["other"]
+    assert all(sum(bars[r][k] for r in bars) == subsets[n]["errors"] for k, n in enumerate(names))
+
+
 def test_cli_json_schema_png_and_errors(outs, tmp_path):
     out = outs["hdf5"]
     png = tmp_path / "fig.png"
@@ -192,7 +213,8 @@ def test_cli_json_schema_png_and_errors(outs, tmp_path):
                             "frame_rate", "dims", "subsets_by", "subsets", "durations", "errors_by_reason", "codebooks"]
     assert list(report["model"]) == ["model", "weights", "config_hash", "dtype", "feature_dtype", "tap", "num_quantizers",
                                      "framing", "format", "tool_version", "precision"]
-    assert all(list(s) == ["items", "errors", "hours", "frames", "tokens"] for s in report["subsets"].values())
+    assert all(list(s) == ["items", "errors", "hours", "frames", "tokens", "errors_by_reason"]
+               for s in report["subsets"].values())
     assert list(report["durations"]) == ["edges", "counts", "min", "mean", "median", "p95", "max"]
     assert list(report["codebooks"]) == ["size", "size_from", "per_codebook"]
     assert list(report["codebooks"]["per_codebook"][0]) == ["index", "tokens", "used", "unused", "entropy_bits",

@@ -413,6 +413,16 @@ def test_shar_equals_its_members_as_loose_files(shar, tiny_model_dir, tmp_path):
     assert_equal_arrays(check_consistency(shar_out), check_consistency(loose_out), lambda k: k + ".flac")
     each = discover(shar, "each")
     assert {"d#ch0", "d#ch1"} <= {it.key for it in each.items}  # d.wav is stereo: a MultiCut
+    # as the docs say (docs/inputs.md): the cuts' recording is the input's recording tar, which lhotse
+    # cannot load as audio (the input's own Shar fields give it); the features load
+    from lhotse.audio.utils import AudioLoadingError
+
+    import mimi_extract
+
+    cut = next(iter(mimi_extract.read_cuts(shar_out)))
+    assert cut.load_custom("mimi_codes").shape[0] > 0
+    with pytest.raises(AudioLoadingError):
+        cut.load_audio()
     # a cut with an offset: rewrite shard 0's first cut as 0.2 s from 0.1 s
     cuts_file = os.path.join(shar, "cuts.000000.jsonl.gz")
     lines = gzip.open(cuts_file, "rt").read().splitlines()
