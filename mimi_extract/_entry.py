@@ -5,7 +5,7 @@ with a one-line message and exit 130, not a traceback; an address-space limit to
 import os
 import sys
 
-from . import _limits
+from .cli import limits
 
 TORCH_COMMANDS = ("codes", "features", "verify", "decode")  # the others never import torch
 
@@ -23,11 +23,11 @@ def _leave(message: str, code: int) -> None:
 
 def run() -> int:
     if _needs_torch(sys.argv[1:]):
-        problem = _limits.check()
+        problem = limits.check()
         if problem:
-            _leave(problem, _limits.EXIT_ADDRESS_SPACE)
+            _leave(problem, limits.EXIT_ADDRESS_SPACE)
     try:
-        from .cli import app
+        from .cli.app import app
 
         return app(prog_name="mimi-extract", standalone_mode=True)
     except KeyboardInterrupt:  # during start-up (torch imports): nothing held, nothing written; an
@@ -41,9 +41,9 @@ def run() -> int:
             os._exit(130)
         raise
     except Exception as e:  # noqa: BLE001 -- only to recognise a too-small address space
-        problem = _limits.explain(e)
+        problem = limits.explain(e)
         if problem:
-            _leave(problem, _limits.EXIT_ADDRESS_SPACE)
+            _leave(problem, limits.EXIT_ADDRESS_SPACE)
         raise
 
 

@@ -31,11 +31,11 @@ from transformers import MimiConfig
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from mimi_extract import read
-from mimi_extract.audio import load
-from mimi_extract.encoder import PaddedMimiEncoder
-from mimi_extract.model import load_model
-from mimi_extract.settings import cpu_cores
-from mimi_extract.demo import random_model, tiny_config
+from mimi_extract.audio.reader import load
+from mimi_extract.codec.encoder import PaddedMimiEncoder
+from mimi_extract.codec.model import load_model
+from mimi_extract.config.settings import cpu_cores
+from mimi_extract.codec.demo import random_model, tiny_config
 
 p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 p.add_argument("--model", default="random-default", help="random-default | random-tiny | hub id | local dir")
@@ -148,7 +148,7 @@ if cuda:
 LOOP_SCRIPT = """
 import os, sys, torch
 from transformers import MimiModel
-from mimi_extract.audio import load
+from mimi_extract.audio.reader import load
 model = MimiModel.from_pretrained(sys.argv[1]).to(sys.argv[3]).eval()
 with torch.no_grad():
     for f in sorted(os.listdir(sys.argv[2])):

@@ -55,12 +55,12 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from mimi_extract.encoder import EncoderOutput  # noqa: E402
+from mimi_extract.codec.encoder import EncoderOutput  # noqa: E402
 import mimi_extract.engines.device as device_mod  # noqa: E402
 from mimi_extract.engines.device import DeviceRunner  # noqa: E402
 from mimi_extract.engines.inprocess import InProcessEngine  # noqa: E402
-from mimi_extract.settings import Settings  # noqa: E402
-from mimi_extract.demo import random_model  # noqa: E402
+from mimi_extract.config.settings import Settings  # noqa: E402
+from mimi_extract.codec.demo import random_model  # noqa: E402
 
 TARGET = 20_000
 # name: (extension, sample rate, soundfile format/subtype)
@@ -201,7 +201,7 @@ def install_probes() -> None:
 
 
 def feed(args, model_dir: str) -> dict:
-    from mimi_extract.runner import extract
+    from mimi_extract.run.runner import extract
 
     results = {}
     for name, where in [(n, w) for n in args.formats.split(",") for w in args.resample_on.split(",")]:
@@ -251,9 +251,9 @@ def feed_processes(args, model_dir: str) -> dict:
     thread CPU per role says what holds its GIL (everything but the decoder library's own calls and
     the device's work: an upper bound, numpy and torch release the GIL in places), so its ceiling
     (its audio / its GIL-held CPU).  The machine's: min(K x a process's, the writer's)."""
-    from mimi_extract import audio as audio_mod
+    from mimi_extract.audio import reader as audio_mod
     from mimi_extract.engines.processes import ProcessEngine
-    from mimi_extract.runner import extract
+    from mimi_extract.run.runner import extract
 
     hook = os.path.join(args.workdir, "null-hook")
     os.makedirs(hook, exist_ok=True)

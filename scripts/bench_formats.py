@@ -52,7 +52,7 @@ def write(fmt_name: str, out: str, n: int, layout: str = "flat") -> dict:
     from types import SimpleNamespace
 
     from mimi_extract.formats import get_format
-    from mimi_extract.settings import Settings
+    from mimi_extract.config.settings import Settings
     from mimi_extract.store.files import write_atomic
     from mimi_extract.store.manifest import ManifestRow
     from mimi_extract.store.writer import ShardWriter
@@ -165,8 +165,8 @@ def read(reader: str, out: str, cache: str, fmt_name: str) -> dict:
 
 
 def end_to_end(fmt_name: str, corpus: str, out: str, model: str) -> float:
-    from mimi_extract.runner import extract
-    from mimi_extract.settings import Settings
+    from mimi_extract.run.runner import extract
+    from mimi_extract.config.settings import Settings
 
     shutil.rmtree(out, ignore_errors=True)
     started = time.perf_counter()
@@ -199,7 +199,7 @@ def main():
     if args.e2e_items:
         import soundfile as sf
 
-        from mimi_extract.demo import random_model
+        from mimi_extract.codec.demo import random_model
 
         corpus, model = os.path.join(args.workdir, "corpus"), os.path.join(args.workdir, "model")
         if not os.path.exists(model):

@@ -29,7 +29,7 @@ from transformers import MimiConfig
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, HERE)
 
-from mimi_extract.demo import random_model, tiny_config  # noqa: E402
+from mimi_extract.codec.demo import random_model, tiny_config  # noqa: E402
 
 p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 p.add_argument("mode", choices=["rss", "exact", "speed"])
@@ -99,10 +99,10 @@ if args.mode == "rss":
             results.append({"model": kind, "minutes": minutes, "rss_gb": rss, "wall": wall, "rc": rc})
 
 elif args.mode == "exact":
-    from mimi_extract.audio import load
-    from mimi_extract.encoder import PaddedMimiEncoder, encode_chunked
-    from mimi_extract.reference import reference_single
-    from mimi_extract.verify import classify_codes
+    from mimi_extract.audio.reader import load
+    from mimi_extract.codec.encoder import PaddedMimiEncoder, encode_chunked
+    from mimi_extract.codec.reference import reference_single
+    from mimi_extract.audit.verify import classify_codes
 
     model = random_model(MimiConfig(), seed=0)
     encoder = PaddedMimiEncoder(model)

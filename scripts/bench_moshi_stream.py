@@ -28,8 +28,8 @@ def main() -> None:
     from moshi_ref import moshi_encode, moshi_mimi, to_transformers
     from transformers import MimiConfig
 
-    from mimi_extract.encoder import PaddedMimiEncoder, frames_of
-    from mimi_extract.model import prepare
+    from mimi_extract.codec.encoder import PaddedMimiEncoder, frames_of
+    from mimi_extract.codec.model import prepare
 
     torch.manual_seed(0)
     config = MimiConfig()

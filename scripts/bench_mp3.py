@@ -21,7 +21,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 CHILD = r"""
 import json, sys, threading, time
-from mimi_extract.audio import open_decoder
+try:
+    from mimi_extract.audio.decoders import open_decoder
+except ImportError:  # a checkout from before the audio package (--before)
+    from mimi_extract.audio import open_decoder
 paths, repeats = json.loads(sys.argv[1]), int(sys.argv[2])
 
 def read(path):

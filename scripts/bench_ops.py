@@ -34,9 +34,9 @@ def make_seed(folder: str, items: int, shard_size: int) -> str:
     import numpy as np
     import soundfile as sf
 
-    from mimi_extract.demo import random_model
-    from mimi_extract.runner import extract
-    from mimi_extract.settings import Settings
+    from mimi_extract.codec.demo import random_model
+    from mimi_extract.run.runner import extract
+    from mimi_extract.config.settings import Settings
 
     audio = os.path.join(folder, "in")
     os.makedirs(audio)
@@ -103,7 +103,7 @@ def upload_remote(fs, seed: str, url: str, parts: int) -> int:
 def timed(args: list[str], repeat: int) -> float:
     from typer.testing import CliRunner
 
-    from mimi_extract.cli import app
+    from mimi_extract.cli.app import app
 
     runner = CliRunner()
     best = float("inf")

@@ -6,13 +6,13 @@
 Modes: ``fp32`` (strict: TF32 off for matmuls and cuDNN convs, what ``--dtype fp32`` runs), ``tf32``
 (the same fp32 weights with TF32 allowed), ``bf16`` (weights and audio in bf16, what ``--dtype bf16``
 runs) and, with ``--compile``, ``fp32+compile`` (``torch.compile`` of the strict encoder; kept only
-if faster and exact).  Each runs the exact :class:`~mimi_extract.encoder.PaddedMimiEncoder` on
+if faster and exact).  Each runs the exact :class:`~mimi_extract.codec.encoder.PaddedMimiEncoder` on
 right-padded steps of ``ROWSxSECONDS`` (the tool's GPU default is 64 rows, 300 padded seconds), warmed
 up, timed with a device sync per step, median over ``--reps``: audio seconds of valid (unpadded)
 samples per second of wall time (x real time).
 
 Agreement: per codebook, the share of codes equal to strict fp32's on the same step, and each
-differing code classified by ``verify``'s tie rule (``mimi_extract.verify.classify_codes``: a code
+differing code classified by ``verify``'s tie rule (``mimi_extract.audit.verify.classify_codes``: a code
 within ``2|Δr| + float rounding`` of the nearest codeword along the stored codes is a tie flip; the
 perturbation |Δr| is measured from this mode's latent against strict fp32's).  Random weights and
 noise: this measures mechanics and rounding drift, not real-speech code statistics.
@@ -28,10 +28,10 @@ import time
 import torch
 from transformers import MimiConfig
 
-from mimi_extract.encoder import PaddedMimiEncoder, frames_of
-from mimi_extract.model import prepare
-from mimi_extract.demo import random_model, tiny_config
-from mimi_extract.verify import classify_codes
+from mimi_extract.codec.encoder import PaddedMimiEncoder, frames_of
+from mimi_extract.codec.model import prepare
+from mimi_extract.codec.demo import random_model, tiny_config
+from mimi_extract.audit.verify import classify_codes
 
 p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 p.add_argument("--model", default="random-default", help="random-default | random-tiny | local dir")
@@ -62,7 +62,7 @@ def set_tf32(on: bool):
 if args.model.startswith("random-"):
     base = random_model(MimiConfig() if args.model == "random-default" else tiny_config(), args.seed)
 else:
-    from mimi_extract.model import load_model
+    from mimi_extract.codec.model import load_model
 
     base = load_model(args.model, "cpu")
 reference_model = prepare(copy.deepcopy(base), args.device, torch.float32)  # classify_codes' fp32 quantizer

@@ -10,7 +10,7 @@
   the codes (agreement over every codebook, each differing code classified by ``verify``'s tie
   rule against the host path's latent: tie flips and their cascades are float noise, "real" ones
   would be a leak);
-* ``speed``: :func:`~mimi_extract.device_resample.resample_rows` on the device for the GPU's step
+* ``speed``: :func:`~mimi_extract.audio.device.resample_rows` on the device for the GPU's step
   shapes (64 rows of 4.6 s, 10 rows of 30 s) per input rate, x real time of the device (synchronised),
   and the host's cost of the same work through ``SincResampler`` (one thread, CPU time) for
   comparison; the host-to-device bytes per audio second (int16 native vs float32 at 24 kHz).
@@ -32,11 +32,13 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from mimi_extract.audio import SAMPLE_RATE, AudioReader, SincResampler  # noqa: E402
-from mimi_extract.device_resample import NativeGroup, NativeReader, resample_rows  # noqa: E402
+from mimi_extract.config.choices import SAMPLE_RATE  # noqa: E402
+from mimi_extract.audio.reader import AudioReader
+from mimi_extract.audio.resample import SincResampler
+from mimi_extract.audio.device import NativeGroup, NativeReader, resample_rows  # noqa: E402
 from mimi_extract.engines import DeviceRunner  # noqa: E402
-from mimi_extract.plan import plan_units  # noqa: E402
-from mimi_extract.settings import Settings  # noqa: E402
+from mimi_extract.engines.plan import plan_units  # noqa: E402
+from mimi_extract.config.settings import Settings  # noqa: E402
 from mimi_extract.sources import discover  # noqa: E402
 
 FILES = [("long16k.wav", 16_000, 45.0, "PCM_16", 1), ("mid44k.wav", 44_100, 12.0, "FLOAT", 1),
@@ -68,8 +70,8 @@ def engine_outputs(settings: Settings, device: str, model, items) -> dict:
 def exact(args) -> dict:
     from transformers import MimiConfig, MimiModel
 
-    from mimi_extract.demo import random_model
-    from mimi_extract.verify import classify_codes
+    from mimi_extract.codec.demo import random_model
+    from mimi_extract.audit.verify import classify_codes
 
     folder = os.path.join(args.workdir, "exact")
     os.makedirs(folder, exist_ok=True)

@@ -97,10 +97,10 @@ def plan(args):
 
 
 def e2e(args):
-    from mimi_extract.runner import extract
-    from mimi_extract.settings import Settings
+    from mimi_extract.run.runner import extract
+    from mimi_extract.config.settings import Settings
     from mimi_extract.sources import Options
-    from mimi_extract.demo import random_model
+    from mimi_extract.codec.demo import random_model
 
     model_dir = os.path.join(args.out, "tiny-mimi")
     if not os.path.isdir(model_dir):
@@ -134,7 +134,8 @@ def e2e(args):
 def decode(args):
     import av
 
-    from mimi_extract.audio import AudioReader, decoder_for, open_decoder
+    from mimi_extract.audio.reader import AudioReader
+    from mimi_extract.audio.decoders import decoder_for, open_decoder
 
     torch.set_num_threads(1)
     root = os.path.join(args.out, "decode")
@@ -228,7 +229,7 @@ def decoders(args):
     (length, max |difference|).  Speech-like mono, --decode-seconds long."""
     import av
 
-    from mimi_extract.audio import PyAVFile
+    from mimi_extract.audio.decoders import PyAVFile
 
     torch.set_num_threads(1)
     root = os.path.join(args.out, "decoders")
@@ -309,7 +310,7 @@ def padding(args):
     --sort-buffer-mb, at the CPU and the GPU step defaults."""
     import gzip
 
-    from mimi_extract.plan import padding_fraction, plan_units
+    from mimi_extract.engines.plan import padding_fraction, plan_units
     from mimi_extract.sources import Options, discover, plan_group
 
     root = os.path.join(args.out, "pad-loose")

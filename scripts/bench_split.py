@@ -39,9 +39,9 @@ def main() -> None:
     args = ap.parse_args()
     from transformers import MimiConfig
 
-    from mimi_extract.encoder import PaddedMimiEncoder, encode_piece, split_bounds
-    from mimi_extract.reference import reference_single
-    from mimi_extract.demo import random_model
+    from mimi_extract.codec.encoder import PaddedMimiEncoder, encode_piece, split_bounds
+    from mimi_extract.codec.reference import reference_single
+    from mimi_extract.codec.demo import random_model
 
     model = random_model(MimiConfig(), seed=0)
     encoder = PaddedMimiEncoder(model)
@@ -96,7 +96,7 @@ def main() -> None:
             err = ((got[tap] - ref[tap]).abs().max() / ref[tap].abs().max()).item()
             print(f"exactness {args.exact_minutes:g} min, {args.exact_pieces} pieces, {tap}: "
                   f"{got[tap].shape[0]} frames, max |diff| / max |ref| = {err:.2e}")
-        from mimi_extract.verify import classify_codes
+        from mimi_extract.audit.verify import classify_codes
 
         mismatches, _ = classify_codes(model, got["codes"], ref["latent"], 32, got["latent"])
         ties, cascade = sum(m.tie for m in mismatches), sum(m.cascade and not m.tie for m in mismatches)

@@ -84,7 +84,7 @@ phase tests "$T_TESTS" "$PY" -m pytest tests/encoder/test_device.py tests/encode
 phase bench "$T_BENCH" "$PY" scripts/bench.py --device "$DEVICE" --model "$MODEL" $BENCH_ARGS --tool-args "--feeders-per-gpu 1" \
   --json "$OUT/bench.json"
 if [ "$DEVICE" = cpu ]; then  # (the dry run's tiny model, saved where bench_resample.py loads it from)
-  "$PY" -c "from mimi_extract.demo import random_model; random_model(seed=0).save_pretrained('$TINY')" >>"$LOG" 2>&1
+  "$PY" -c "from mimi_extract.codec.demo import random_model; random_model(seed=0).save_pretrained('$TINY')" >>"$LOG" 2>&1
 fi
 phase resample "$T_RESAMPLE" "$PY" scripts/bench_resample.py --device "$DEVICE" $RESAMPLE_ARGS \
   --workdir "${TMPDIR:-/tmp}/gpu-check-resample" --json "$OUT/resample.json"

@@ -9,7 +9,7 @@ without downloading kyutai/mimi.
 
 import argparse
 
-from mimi_extract.demo import random_model, write_corpus
+from mimi_extract.codec.demo import random_model, write_corpus
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("out", help="directory to write the corpus into")

@@ -64,7 +64,7 @@ def main() -> None:
     for shape in shapes():
         shape.make(folder / shape.filename)
 
-    from mimi_extract.audio import _seek, open_decoder
+    from mimi_extract.audio.decoders import _seek, open_decoder
 
     after = probe_with(ROOT, folder)
     before = probe_with(os.path.abspath(args.before), folder) if args.before else None

@@ -9,7 +9,7 @@ import pytest
 import soundfile as sf
 import torch
 
-from mimi_extract.demo import random_model, write_corpus
+from mimi_extract.codec.demo import random_model, write_corpus
 
 torch.set_num_threads(2)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -104,7 +104,7 @@ def cli(*args, env=None):
     """The CLI in-process; ``text`` is the output with rich's line wrapping (long paths) undone."""
     from typer.testing import CliRunner
 
-    from mimi_extract.cli import app
+    from mimi_extract.cli.app import app
 
     result = CliRunner().invoke(app, [str(a) for a in args], env=env)
     result.text = " ".join(result.output.split())

@@ -16,8 +16,8 @@ import numpy as np
 from conftest import cli_process
 from helpers import check_consistency
 from mimi_extract import read_manifest
-from mimi_extract.runner import extract
-from mimi_extract.settings import Settings
+from mimi_extract.run.runner import extract
+from mimi_extract.config.settings import Settings
 from mimi_extract.formats import formats
 
 

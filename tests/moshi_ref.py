@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from transformers import MimiConfig, MimiModel
 
-from mimi_extract.model import reset_codebook_cache
+from mimi_extract.codec.model import reset_codebook_cache
 
 
 def moshi_available() -> bool:

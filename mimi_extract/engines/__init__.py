@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ..settings import Settings
+from ..config.settings import Settings
 from .base import Engine, Piece, Stats, is_out_of_memory
 from .device import LATER, DeviceRunner, build_encoder
 from .inprocess import InProcessEngine

@@ -18,8 +18,8 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from ..plan import WorkUnit
-from ..settings import Settings
+from .plan import WorkUnit
+from ..config.settings import Settings
 from ..sources import Item
 
 

@@ -1,11 +1,11 @@
 """The engine on one device: :class:`DeviceRunner`.
 
 A *feeder* thread composes each step ahead of the encoder: it keeps up to ``batch_size`` rows, each
-a stream (an item being read chunk by chunk through :class:`~mimi_extract.audio.AudioReader`),
+a stream (an item being read chunk by chunk through :class:`~mimi_extract.audio.reader.AudioReader`),
 refills a row as soon as its stream ends (continuous batching), decodes in a small thread pool, and
 stays under the padded-seconds budget.  The encoder thread runs the exact
-:class:`~mimi_extract.encoder.PaddedMimiEncoder` on each step with the rows'
-:class:`~mimi_extract.encoder.EncoderState`, and emits a :class:`~.base.Piece` per row.  A step
+:class:`~mimi_extract.codec.encoder.PaddedMimiEncoder` on each step with the rows'
+:class:`~mimi_extract.codec.encoder.EncoderState`, and emits a :class:`~.base.Piece` per row.  A step
 whose rows all start and end in it (short files) takes the single-shot path.  Every engine runs
 its units through one of these, wherever it runs.
 """
@@ -23,11 +23,14 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
-from ..audio import SAMPLE_RATE, AudioError, AudioReader, PieceReader, seek_is_exact
-from ..device_resample import NativeChunk, NativeGroup, NativeReader, device_resamplable, resample_rows
-from ..encoder import PaddedMimiEncoder, frames_of
-from ..model import load_model, prepare
-from ..settings import Settings, default_cpu_workers, feeders_per_gpu
+from ..config.choices import SAMPLE_RATE
+from ..audio.decoders import AudioError, seek_is_exact
+from ..audio.reader import AudioReader, PieceReader
+from ..audio.device import NativeChunk, NativeGroup, NativeReader, device_resamplable, resample_rows
+from ..codec.encoder import PaddedMimiEncoder, frames_of
+from ..codec.model import load_model, prepare
+from ..audio.framing import Framing
+from ..config.settings import Settings, default_cpu_workers, feeders_per_gpu
 from ..sources import Item, bytes_name, open_audio
 from .base import _DONE, Piece, Stats, _AnyEvent, _get_while, is_out_of_memory
 
@@ -39,7 +42,7 @@ def resolve_devices(spec: str, cpu_workers: int | None = None, feeders: int | No
     """``auto`` -> every CUDA device (or the CPU); else a comma-separated list such as
     ``cuda:0,cuda:1``.  ``cpu`` becomes ``cpu_workers`` single-device workers (default: one per
     core pair measured best on CPU, see README: two 1-thread workers beat one 2-thread one).  Each
-    GPU named once is fed by ``feeders`` processes (default :func:`~mimi_extract.settings.feeders_per_gpu`
+    GPU named once is fed by ``feeders`` processes (default :func:`~mimi_extract.config.settings.feeders_per_gpu`
     for the cores, the GPUs and the output format's writer); a list that names a GPU twice says it."""
     spec = spec.strip()
     if spec == "auto":
@@ -85,7 +88,7 @@ def build_encoder(settings: Settings, device: str, model=None) -> PaddedMimiEnco
         torch.backends.cudnn.benchmark = True  # step shapes are bucketed, so autotuning is reused
     dtype = TORCH_DTYPES[settings.dtype]
     model = prepare(model, device, dtype) if model is not None else load_model(settings.model, device, dtype)
-    return PaddedMimiEncoder(model, settings.framing_rule.stream_frames)
+    return PaddedMimiEncoder(model, Framing.of(settings).stream_frames)
 
 
 @dataclass
@@ -161,7 +164,7 @@ class DeviceRunner:
 
     # -- feeder ----------------------------------------------------------------------------
     def _open(self, item: Item) -> AudioReader | PieceReader:
-        framing = self.settings.framing_rule
+        framing = Framing.of(self.settings)
         # resampled by the encoder thread (on the device), or here
         reader = NativeReader if self.device_resample and device_resamplable(item.sample_rate, self.chunk) \
             else AudioReader
@@ -330,7 +333,7 @@ class DeviceRunner:
 
     def _resample(self, step: _Step) -> _Step:
         """The step with every row at 24 kHz on the device: the host's rows copied, the native-rate
-        ones resampled there (:func:`~mimi_extract.device_resample.resample_rows`)."""
+        ones resampled there (:func:`~mimi_extract.audio.device.resample_rows`)."""
         device = self.encoder.model.device
         audio = torch.zeros(len(step.items), step.size, device=device)
         if len(step.host_rows):

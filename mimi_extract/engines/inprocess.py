@@ -8,8 +8,8 @@ import threading
 
 import torch
 
-from ..plan import WorkUnit
-from ..settings import threads_per_worker
+from .plan import WorkUnit
+from ..config.settings import threads_per_worker
 from .base import _DONE, Engine, _AnyEvent, _get_while
 from .device import DeviceRunner
 

@@ -22,8 +22,8 @@ from dataclasses import replace
 import torch
 
 from .._boot import die_with_parent, ignore_stop_signals, worker_main
-from ..plan import WorkUnit
-from ..settings import Settings, threads_per_worker
+from .plan import WorkUnit
+from ..config.settings import Settings, threads_per_worker
 from .base import Engine, Stats
 from .device import LATER, DeviceRunner
 

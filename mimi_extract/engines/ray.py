@@ -20,8 +20,8 @@ import os
 import threading
 from dataclasses import replace
 
-from ..plan import WorkUnit
-from ..settings import Settings
+from .plan import WorkUnit
+from ..config.settings import Settings
 from .assembly import Assembler
 from .base import Engine, Piece, Stats
 from .device import DeviceRunner
@@ -78,7 +78,7 @@ class RayEngine(Engine):
             quiet = dict(log_to_driver=False, logging_level=logging.ERROR)
             address = settings.ray_address
             if address in (None, "", "local", "none"):  # a private local cluster: never attach to a stray one
-                from .. import _reaper
+                from . import _reaper
 
                 self.reaper = _reaper.start()  # the cluster goes with this process, however it dies
                 try:
@@ -113,7 +113,7 @@ class RayEngine(Engine):
         if self.started_here and self.ray.is_initialized():
             self.ray.shutdown()
         if self.reaper is not None:  # it sweeps what the shutdown left (Ray's agents), then exits
-            from .. import _reaper
+            from . import _reaper
 
             _reaper.stop(self.reaper)
             self.reaper = None

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 
-from .. import remote
+from ..common import remote
 from .registry import format_of
 
 FIELDS = {"codes": "mimi_codes", "latent": "mimi_latent", "encoder": "mimi_encoder"}

@@ -14,7 +14,7 @@ import uuid
 import h5py
 import numpy as np
 
-from .. import remote
+from ..common import remote
 from .base import Format, ShardBuilder
 from .registry import register
 

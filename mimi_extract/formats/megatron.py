@@ -56,8 +56,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import remote
-from ..choices import MAX_TOKEN_ID, TOKEN_LAYOUTS
+from ..common import remote
+from ..config.choices import MAX_TOKEN_ID, TOKEN_LAYOUTS
 from .base import Format, ShardBuilder, jsonable
 from .registry import register
 
@@ -77,7 +77,7 @@ def indexed_dataset():
     on a machine with a CUDA toolkit but no GPU, logs that too: neither concerns a data writer."""
     import logging
 
-    from .._optional import need
+    from ..common.optional import need
 
     logger = logging.getLogger("torch.utils.cpp_extension")
     level = logger.level

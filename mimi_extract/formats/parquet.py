@@ -26,8 +26,8 @@ import re
 
 import numpy as np
 
-from .. import remote
-from .._optional import pyarrow
+from ..common import remote
+from ..common.optional import pyarrow
 from .base import Format, ShardBuilder, jsonable
 from .registry import register
 

@@ -37,7 +37,7 @@ from pathlib import PurePosixPath
 
 import numpy as np
 
-from .. import remote
+from ..common import remote
 from .base import Format, ShardBuilder, bytes_checksum
 from .registry import register
 
@@ -77,7 +77,7 @@ def key_problem(key: str) -> str | None:
 def _memory_tar_writer(pax_headers: dict):
     """lhotse's ``TarWriter`` writing into memory (with a PAX global header) instead of a path:
     the shared commit protocol, not tarfile, writes the bytes to OUT."""
-    from .._optional import need
+    from ..common.optional import need
 
     TarWriter = need("lhotse.shar.writers.tar", "--format shar (lhotse's Shar tar writer) and lhotse cuts").TarWriter
 
@@ -184,7 +184,7 @@ class Shar(Format):
         self.field = field
 
     def require(self) -> None:
-        from .._optional import need
+        from ..common.optional import need
 
         need("lhotse.shar.writers.tar", "--format shar (lhotse's Shar tar writer)")
 

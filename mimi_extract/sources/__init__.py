@@ -11,10 +11,10 @@ how an engine gets an item's bytes, whatever its kind.
 
 from __future__ import annotations
 
-from ..audio import AudioError
+from ..audio.decoders import AudioError
 from . import shar, tar, tgz, parquet  # noqa: F401  (registers the kinds, in detection order: containers first,
 from . import files, lhotse  # noqa: F401, E402  then any directory, lists and manifests)
-from ..choices import KEY_MODES, SIDECAR_DURATION_MODES
+from ..config.choices import KEY_MODES, SIDECAR_DURATION_MODES
 from .base import (AUDIO_EXTENSIONS, REGISTRY, Discovered, Entry, Item, Options, Source, SourceError, dataset_name,
                    dedup, open_source, plan_group, printable, probe, probe_info, register, seconds_to_samples,
                    segment_fields, segment_key, source_kind, text_problem)
@@ -26,7 +26,7 @@ from .lhotse import is_lhotse_manifest, read_lhotse_manifest
 
 
 def open_audio(item: Item):
-    """What :class:`~mimi_extract.audio.AudioReader` decodes for ``item``: a path or a file-like
+    """What :class:`~mimi_extract.audio.reader.AudioReader` decodes for ``item``: a path or a file-like
     object with its bytes, opened by the item's kind (in the worker that encodes it).  Bytes that
     cannot be reached (a file deleted since planning, a damaged shard) raise AudioError: the
     item's error row, as a decode error is."""

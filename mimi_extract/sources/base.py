@@ -20,10 +20,11 @@ from dataclasses import dataclass, field, fields
 from decimal import ROUND_HALF_UP, Decimal
 
 
-from .. import remote
-from ..audio import DECODED_EXTENSIONS, Framing, open_decoder
-from ..choices import SIDECAR_DURATION_MODES
-from ..input_options import MAX_NESTING, MAX_ROW_BYTES, Options, is_scalar, nesting
+from ..common import remote
+from ..audio.decoders import DECODED_EXTENSIONS, open_decoder
+from ..audio.framing import Framing
+from ..config.choices import SIDECAR_DURATION_MODES
+from ..config.input_options import MAX_NESTING, MAX_ROW_BYTES, Options, is_scalar, nesting
 
 # what a directory walk picks up: every extension a decoder reads, but not video containers
 AUDIO_EXTENSIONS = tuple(e for e in DECODED_EXTENSIONS if e not in (".mp4", ".mkv", ".3gp", ".asf", ".snd", ".au"))

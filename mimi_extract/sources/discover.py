@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .. import remote
-from ..audio import Framing
-from ..choices import KEY_MODES, LIST_KEY_MODES, SIDECAR_DURATION_MODES
-from ..input_options import Options
+from ..common import remote
+from ..audio.framing import Framing
+from ..config.choices import KEY_MODES, LIST_KEY_MODES, SIDECAR_DURATION_MODES
+from ..config.input_options import Options
 from .base import REGISTRY, Discovered, dedup, key_stem, metadata_columns, safe_probe, source_kind
 from .metadata import MetadataTable
 

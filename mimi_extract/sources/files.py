@@ -6,7 +6,7 @@ import csv
 import json
 import os
 
-from ..input_options import CSV_FIELD_LIMIT, MAX_ROW_BYTES
+from ..config.input_options import CSV_FIELD_LIMIT, MAX_ROW_BYTES
 from .base import (AUDIO_EXTENSIONS, ITEM_FIELDS, Entry, Options, Source, _printable, id_text, json_object, printable,
                    register, row_failed, segment_fields, text_problem)
 

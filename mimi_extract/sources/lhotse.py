@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 import os
 
-from .. import remote
-from .._optional import lhotse as _lhotse
-from ..input_options import Keep
+from ..common import remote
+from ..common.optional import lhotse as _lhotse
+from ..config.input_options import Keep
 from .base import Entry, Source, json_object, printable, register, supervisions_for_channel, text_problem
 
 

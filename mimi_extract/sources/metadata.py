@@ -17,7 +17,7 @@ import csv
 import os
 from dataclasses import dataclass, field
 
-from ..input_options import CSV_FIELD_LIMIT, Keep
+from ..config.input_options import CSV_FIELD_LIMIT, Keep
 from .base import Entry, json_object, key_stem, shown_value
 
 _SHOWN = 5  # ids named in a warning

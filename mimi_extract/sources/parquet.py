@@ -19,8 +19,8 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 
-from .. import remote
-from .._optional import pyarrow
+from ..common import remote
+from ..common.optional import pyarrow
 from .base import Entry, Loc, Source, SourceError, printable, probe, register, text_problem
 
 PARQUET_EXTENSIONS = (".parquet",)

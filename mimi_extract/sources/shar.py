@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import re
 
-from .. import remote
+from ..common import remote
 from .base import Entry, Source, printable, register, row_failed, supervisions_for_channel, text_problem
 from .lhotse import _manifest_items, cut_meta
 from .tar import MemberLoc, index_tar, shard_identity
@@ -42,7 +42,7 @@ class SharSource(Source):
         return remote.isdir(path) and bool(remote.glob(remote.join(remote.escape(path), "cuts.*.jsonl*")))
 
     def entries(self, warnings: list[str]) -> list[Entry]:
-        from .._optional import lhotse as _lhotse
+        from ..common.optional import lhotse as _lhotse
 
         _lhotse()
         entries = []

@@ -23,8 +23,8 @@ import tarfile
 
 from dataclasses import dataclass
 
-from .. import remote
-from ..audio import DECODED_EXTENSIONS
+from ..common import remote
+from ..audio.decoders import DECODED_EXTENSIONS
 from .base import ITEM_FIELDS, Entry, Loc, SourceError, Source, climbs, id_text, json_object, key_stem, printable, \
     register, row_failed, segment_fields, text_problem
 

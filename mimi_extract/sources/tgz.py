@@ -30,8 +30,8 @@ import zlib
 from dataclasses import dataclass, replace
 from types import SimpleNamespace
 
-from .. import remote
-from ..input_options import MAX_ROW_BYTES
+from ..common import remote
+from ..config.input_options import MAX_ROW_BYTES
 from .base import Entry, Loc, Source, SourceError, register
 from .tar import COMPRESSED_TAR_EXTENSIONS, audio_candidate, _is_shard_input, _shown_names, check_first_samples, guarded_sample, \
     missing_end, shard_identity, split_name, tar_shards
@@ -59,7 +59,7 @@ class GroupMemberLoc(Loc):
 def _header(data, name: str, shown: str | None = None):
     """(sample rate, frames, channels) of a member's bytes (or a file holding them), or the
     exception that says why not (naming the member ``shown``: shard/member)."""
-    from ..audio import open_decoder
+    from ..audio.decoders import open_decoder
 
     buffer = io.BytesIO(data) if isinstance(data, bytes) else data
     buffer.seek(0)

@@ -10,7 +10,7 @@ import json
 import os
 import re
 
-from .. import remote
+from ..common import remote
 
 MANIFEST = "manifest.jsonl"
 RUN_INFO = "run.json"

@@ -10,7 +10,7 @@ import shlex
 
 import numpy as np
 
-from .. import remote
+from ..common import remote
 from .files import RUN_INFO, LayoutError, MalformedError, OutputError, read_json, write_atomic
 from .manifest import committed_rows, shard_attrs
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .. import remote
+from ..common import remote
 from ..formats import registry
 from ..formats.base import Format, array_checksum, bytes_checksum
 from ..formats.registry import format_of

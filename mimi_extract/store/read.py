@@ -7,7 +7,7 @@ import zlib
 
 import numpy as np
 
-from .. import remote
+from ..common import remote
 from ..formats.base import array_checksum
 from ..formats.registry import format_of
 from ..formats.shar import FIELDS, cuts_name

@@ -24,7 +24,7 @@ _INPUT_CUTS = re.compile(r"cuts\.(\d+)\.jsonl(?:\.gz)?")
 def input_cut_ids(shar_dir: str) -> dict[str, list[str]]:
     """Cut ids of each ``cuts.NNNNNN.jsonl.gz`` of a Shar folder, in order, by shard number (its
     digits as written), read with lhotse's own JSONL reader."""
-    from .._optional import need
+    from ..common.optional import need
 
     LazyJsonlIterator = need("lhotse.lazy", "--shar-extend").LazyJsonlIterator
     layout = {}

@@ -7,7 +7,23 @@ import pytest
 import soundfile as sf
 import torch
 
-from mimi_extract.audio import AudioError, AudioReader, Framing, causal_lookahead, causal_resample, load
+from mimi_extract.audio.decoders import AudioError
+from mimi_extract.audio.reader import AudioReader, load
+from mimi_extract.audio.framing import Framing
+from mimi_extract.audio.resample import SincResampler, causal_lookahead
+
+
+def causal_resample(wav: torch.Tensor, orig_sr: int, new_sr: int) -> torch.Tensor:
+    """Resample 1-D ``wav`` so output n only uses inputs m with m / orig_sr <= n / new_sr: the
+    package's streaming resampler delayed by its look-ahead, in one block, cut to the nominal length
+    ceil(T * new_sr / orig_sr) (what ``--resampler causal`` computes for 16 kHz input)."""
+    if orig_sr == new_sr:
+        return wav
+    r = SincResampler(orig_sr, new_sr, causal_lookahead(orig_sr, new_sr))
+    head = r.push(wav)
+    tail = r.finish().reshape(*wav.shape[:-1], -1)
+    y = torch.cat([head, tail], dim=-1)
+    return y[..., : math.ceil(r.new * wav.shape[-1] / r.orig)].to(wav.dtype)
 
 
 def test_causal_resample_ignores_future_input():

@@ -14,13 +14,8 @@ import soundfile as sf
 import torch
 
 import av
-from mimi_extract.audio import (
-    _BLOCK,
-    AudioReader,
-    _seek,
-    load,
-    open_decoder,
-)
+from mimi_extract.audio.decoders import _BLOCK, _seek, open_decoder
+from mimi_extract.audio.reader import AudioReader, load
 
 SAMPLES = 4 * _BLOCK + 12_345  # several blocks, and a partial one
 
@@ -223,9 +218,9 @@ def test_error_rows_name_the_member_and_info_groups_them(tmp_path, tiny_model_di
     import json
     import tarfile
 
-    from mimi_extract.outputs import info_report
-    from mimi_extract.runner import extract
-    from mimi_extract.settings import Settings
+    from mimi_extract.audit.outputs import info_report
+    from mimi_extract.run.runner import extract
+    from mimi_extract.config.settings import Settings
 
     ok = io.BytesIO()
     sf.write(ok, np.zeros(2400, np.float32), 24_000, format="WAV")
@@ -333,7 +328,7 @@ def test_split_24k_mp3_equals_its_single_item_reference(tmp_path, tiny_model, ti
     stored codes are MimiModel's on FFmpeg's whole decode."""
     from conftest import cli
     from mimi_extract import read
-    from mimi_extract.reference import reference_single
+    from mimi_extract.codec.reference import reference_single
 
     (tmp_path / "in").mkdir()
     write_mp3(tmp_path / "in" / "long24.mp3", 24_000, "cbr32", True, n=30 * 24_000 + 777)

@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from shapes import ffmpeg_decode, shapes
-from mimi_extract.audio import _seek, load, open_decoder
+from mimi_extract.audio.decoders import _seek, open_decoder
+from mimi_extract.audio.reader import load
 
 SHAPES = {s.name: s for s in shapes()}
 BOUND = {".ogg": 3e-7, ".opus": 5e-7}  # libsndfile vs FFmpeg (Vorbis, Opus); every other shape: 0

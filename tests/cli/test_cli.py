@@ -13,10 +13,10 @@ import torch
 from conftest import cli, tolerance
 from helpers import interrupt_after_items
 from mimi_extract import read, read_manifest
-from mimi_extract.audio import load
-from mimi_extract.reference import reference_single
-from mimi_extract.runner import extract
-from mimi_extract.settings import Settings
+from mimi_extract.audio.reader import load
+from mimi_extract.codec.reference import reference_single
+from mimi_extract.run.runner import extract
+from mimi_extract.config.settings import Settings
 
 BAD = {"empty.wav": "empty file", "corrupt.wav": "corrupt", "zero_len.wav": "zero-length"}
 
@@ -197,7 +197,7 @@ def test_help(command):
 def test_out_of_memory_splits_batch(corpus, tiny_model, tiny_model_dir, tmp_path, monkeypatch, error):
     """A batch that does not fit (on any device) is halved and retried; nothing is lost and results
     stay exact.  Today only CUDA's error is caught: the CPU allocator's aborts the run."""
-    from mimi_extract.encoder import PaddedMimiEncoder
+    from mimi_extract.codec.encoder import PaddedMimiEncoder
 
     real_forward = PaddedMimiEncoder.forward
     tried, encoded = [], []
@@ -220,7 +220,7 @@ def test_out_of_memory_splits_batch(corpus, tiny_model, tiny_model_dir, tmp_path
 
 def test_out_of_memory_alone_is_an_error_row(corpus, tiny_model_dir, tmp_path, monkeypatch):
     """An item that does not fit even alone gets an error row; the run goes on and completes."""
-    from mimi_extract.encoder import PaddedMimiEncoder
+    from mimi_extract.codec.encoder import PaddedMimiEncoder
 
     real_forward = PaddedMimiEncoder.forward
 

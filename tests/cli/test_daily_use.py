@@ -73,8 +73,8 @@ def test_light_commands_do_not_import_torch(tmp_path):
 def test_request_and_settings_import_without_torch():
     """What a run is asked (the request, its settings and input options, the choices the CLI offers) is
     plain data: the CLI builds it, and a spawned worker unpickles it, before torch is imported."""
-    code = ("import sys, pickle; import mimi_extract.request as r, mimi_extract.settings, mimi_extract.choices; "
-            "pickle.loads(pickle.dumps(r.RunRequest('in', 'out', options=r.Options(keep_fields='a')))); "
+    code = ("import sys, pickle; import mimi_extract.config.request as r, mimi_extract.config.settings, mimi_extract.config.choices; "
+            "import mimi_extract.cli.request; pickle.loads(pickle.dumps(r.RunRequest('in', 'out', options=r.Options(keep_fields='a')))); "
             "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
     p = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True, text=True)
     assert p.returncode == 0 and p.stdout.strip() == "[]", p.stdout + p.stderr
@@ -99,7 +99,7 @@ def test_log_gets_phase_lines_and_plain_progress(corpus, tiny_model_dir, tmp_pat
 
 
 def test_process_age_is_the_age_ps_reports():
-    from mimi_extract.runner import process_age
+    from mimi_extract.run.runner import process_age
 
     etimes = int(subprocess.run(["ps", "-o", "etimes=", "-p", str(os.getpid())], capture_output=True,
                                 text=True, check=True).stdout)
@@ -187,11 +187,11 @@ def test_offline_first_run_fails_fast_and_leaves_nothing(tmp_path, corpus, monke
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-empty"))  # nothing cached
     out = tmp_path / "out"
     called = []  # fails fast: no request to the Hub, no model load (was: a wall-time bound, load-dependent)
-    import mimi_extract.model
-    import mimi_extract.hub
+    import mimi_extract.codec.hub
+    import mimi_extract.codec.model
 
-    monkeypatch.setattr(mimi_extract.hub, "hub_reachable", lambda *a, **k: called.append("hub") or None)
-    monkeypatch.setattr(mimi_extract.model, "load_model", lambda *a, **k: called.append("load_model"))
+    monkeypatch.setattr(mimi_extract.codec.hub, "hub_reachable", lambda *a, **k: called.append("hub") or None)
+    monkeypatch.setattr(mimi_extract.codec.model, "load_model", lambda *a, **k: called.append("load_model"))
     result = cli("codes", root, out, "--device", "cpu", env={"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf-empty")})
     assert called == []
     assert result.exit_code == 2, result.output
@@ -229,7 +229,7 @@ def test_441k_long_item_is_what_torchaudio_plus_mimimodel_gives(tmp_path, tiny_m
     import torchaudio.functional as taf
 
     from mimi_extract import read
-    from mimi_extract.reference import reference_single
+    from mimi_extract.codec.reference import reference_single
 
     from conftest import tolerance
 
@@ -250,8 +250,8 @@ def test_an_out_made_with_the_exact_length_resumes_and_audits_with_it(tmp_path, 
     """An OUT made before the length rule was recorded cut items to the exact ceil(n * 24000 / rate):
     a resume goes on with that rule (one OUT never mixes two), and ``verify --out`` audits with it."""
     from mimi_extract import read
-    from mimi_extract.runner import extract
-    from mimi_extract.settings import Settings
+    from mimi_extract.run.runner import extract
+    from mimi_extract.config.settings import Settings
     from mimi_extract.store.identity import read_run_info, write_run_info
 
     from conftest import tolerance
@@ -279,8 +279,8 @@ def test_16k_default_is_what_torchaudio_plus_mimimodel_gives(tmp_path, tiny_mode
     import torchaudio.functional as taf
 
     from mimi_extract import read
-    from mimi_extract.audio import causal_lookahead
-    from mimi_extract.reference import reference_single
+    from mimi_extract.audio.resample import causal_lookahead
+    from mimi_extract.codec.reference import reference_single
 
     (tmp_path / "in").mkdir()
     path = tmp_path / "in" / "a16k.wav"

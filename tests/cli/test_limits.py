@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from conftest import ROOT
-from mimi_extract import _limits
+from mimi_extract.cli import limits
 
 MIB = 1 << 20
 
@@ -43,14 +43,14 @@ def run_limited(limit: int, *args, env=None, tmp_path=None):
 
 def assert_explained(p, limit):
     lines = p.stderr.strip().splitlines()
-    assert p.returncode == _limits.EXIT_ADDRESS_SPACE, (p.returncode, p.stderr[-2000:])
+    assert p.returncode == limits.EXIT_ADDRESS_SPACE, (p.returncode, p.stderr[-2000:])
     assert len(lines) == 1 and lines[0].startswith("error: the address-space limit"), p.stderr[-2000:]
     assert f"({limit // 1024} KiB)" in lines[0] and "ulimit -v unlimited" in lines[0] and "--mem" in lines[0]
 
 
 def test_limit_below_need_refused_before_torch(tmp_path, tiny_model_dir):
     (tmp_path / "in").mkdir()
-    limit = _limits.needed() - 64 * MIB
+    limit = limits.needed() - 64 * MIB
     p, imported_torch = run_limited(limit, "codes", tmp_path / "in", tmp_path / "out", "--model", tiny_model_dir,
                                     "--device", "cpu", tmp_path=tmp_path)
     assert_explained(p, limit)
@@ -64,7 +64,7 @@ def test_import_failing_under_the_limit_is_explained(tmp_path, tiny_model_dir):
     (tmp_path / "in").mkdir()
     limit = 600 * MIB
     p, _ = run_limited(limit, "codes", tmp_path / "in", tmp_path / "out", "--model", tiny_model_dir,
-                       "--device", "cpu", env={_limits.NO_CHECK_ENV: "1"})
+                       "--device", "cpu", env={limits.NO_CHECK_ENV: "1"})
     assert_explained(p, limit)
     for light in (["--version"], ["codes", "--help"], ["status", tmp_path / "nothing"]):
         p, _ = run_limited(limit, *light)

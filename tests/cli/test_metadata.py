@@ -17,8 +17,8 @@ datasets = pytest.importorskip("datasets")
 
 from conftest import ONE_WORKER, cli, write_noise  # noqa: E402
 from mimi_extract import read, read_cuts, read_manifest  # noqa: E402
-from mimi_extract.runner import extract  # noqa: E402
-from mimi_extract.settings import Settings  # noqa: E402
+from mimi_extract.run.runner import extract  # noqa: E402
+from mimi_extract.config.settings import Settings  # noqa: E402
 from mimi_extract.sources import Options, discover  # noqa: E402
 from mimi_extract.store.files import OutputError  # noqa: E402
 from mimi_extract.store.identity import read_run_info

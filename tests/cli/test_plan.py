@@ -10,8 +10,8 @@ import soundfile as sf
 import torch
 
 from conftest import ONE_WORKER, cli
-from mimi_extract import rates
-from mimi_extract.dry_run import frames
+from mimi_extract.config import rates
+from mimi_extract.audit.dry_run import frames
 
 # name -> (sample rate, frames): 16 kHz FLAC, 48 kHz WAV, 44.1 kHz FLAC
 FILES = {"a.flac": (16_000, 16_000 * 3 + 5), "b.wav": (48_000, 48_000 // 2 + 1), "sub/c.flac": (44_100, 44_100 * 7),
@@ -77,7 +77,7 @@ def test_plan_costs_follow_the_codecs_and_the_machine(corpus):
 
 
 def test_frames_are_the_encoders_arithmetic(tiny_model, full_model):
-    from mimi_extract.encoder import PaddedMimiEncoder
+    from mimi_extract.codec.encoder import PaddedMimiEncoder
 
     n = torch.arange(1, 12_000)
     for model in (tiny_model, full_model):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import mimi_extract
-from mimi_extract.reader import Reader, cached_reader
+from mimi_extract.readers.reader import Reader, cached_reader
 from mimi_extract.formats import get_format
 from mimi_extract.store.files import write_atomic
 from mimi_extract.store.manifest import ManifestRow, read_manifest
@@ -80,7 +80,7 @@ def test_read_is_fast_on_a_large_out(tmp_path, monkeypatch):
     """2000 items in 20 shards: 200 read() calls parse the manifests once and open each shard they
     touch once (before: a manifest scan per call).  Counted, not timed: a timing bound fails on a
     loaded machine (scripts/bench_reader.py measures the time)."""
-    import mimi_extract.reader as reader_module
+    import mimi_extract.readers.reader as reader_module
 
     out = tmp_path / "out"
     arrays = make_out(out, [f"spk{i % 7}/{i}.wav" for i in range(2000)], shard_size=100)

@@ -15,9 +15,9 @@ import pytest
 import mimi_extract
 from conftest import ONE_WORKER, cli, cli_process
 from mimi_extract import read_manifest
-from mimi_extract.report import (CARD_BEGIN, CARD_END, DURATION_EDGES, PNG_ERROR_REASONS, PNG_ERROR_SUBSETS, SCHEMA,
-                                 corpus_report, error_panel, write_png)
-from mimi_extract.demo import tiny_config
+from mimi_extract.audit.report import (CARD_BEGIN, CARD_END, DURATION_EDGES, PNG_ERROR_REASONS, PNG_ERROR_SUBSETS,
+                                       SCHEMA, corpus_report, error_panel, write_png)
+from mimi_extract.codec.demo import tiny_config
 
 CODEBOOK = tiny_config().codebook_size  # the tiny model's codebooks (64), read back from its config.json
 
@@ -82,7 +82,7 @@ def test_numbers_equal_an_independent_count(outs, fmt):
     # errors: the three unreadable files, by reason, in their subsets
     assert got["errors"] == len(want["errors"]) == 3 == sum(s["errors"] for s in got["subsets"].values())
     assert sum(got["errors_by_reason"].values()) == 3
-    from mimi_extract.outputs import info_report
+    from mimi_extract.audit.outputs import info_report
 
     assert got["errors_by_reason"] == info_report(out)["errors_by_reason"]
     # durations: every item in its bin

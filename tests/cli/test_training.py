@@ -12,9 +12,9 @@ lhotse = pytest.importorskip("lhotse")
 
 import mimi_extract  # noqa: E402
 from mimi_extract import read  # noqa: E402
-from mimi_extract.dataset import CutsDataset, OutDataset, PadCollate, pad_collate  # noqa: E402
-from mimi_extract.runner import extract  # noqa: E402
-from mimi_extract.settings import Settings  # noqa: E402
+from mimi_extract.readers.dataset import CutsDataset, OutDataset, PadCollate, pad_collate  # noqa: E402
+from mimi_extract.run.runner import extract  # noqa: E402
+from mimi_extract.config.settings import Settings  # noqa: E402
 
 FORMATS = ["hdf5", "parquet", "shar", "megatron"]
 WORKERS = {"spawn": 1, "fork": 2}  # a spawned worker imports torch and lhotse anew (seconds each on 2 cores)

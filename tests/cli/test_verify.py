@@ -10,13 +10,13 @@ import torch
 
 from conftest import cli
 from mimi_extract import read_manifest
-from mimi_extract.reference import reference_single
-from mimi_extract.model import reset_codebook_cache
-from mimi_extract.runner import extract
-from mimi_extract.settings import Settings
-from mimi_extract.demo import random_model
+from mimi_extract.codec.reference import reference_single
+from mimi_extract.codec.model import reset_codebook_cache
+from mimi_extract.run.runner import extract
+from mimi_extract.config.settings import Settings
+from mimi_extract.codec.demo import random_model
 from helpers import restamp_checksum
-from mimi_extract.verify import classify_codes, rvq_trace, verify_outputs
+from mimi_extract.audit.verify import classify_codes, rvq_trace, verify_outputs
 
 FRAME = 1920
 

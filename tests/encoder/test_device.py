@@ -14,11 +14,11 @@ import torch
 from transformers import MimiConfig
 
 from conftest import cli, ragged, tolerance
-from mimi_extract.encoder import encode_chunked, frames_of
-from mimi_extract.reference import reference_single
+from mimi_extract.codec.encoder import encode_chunked, frames_of
+from mimi_extract.codec.reference import reference_single
 from mimi_extract.engines import build_encoder
-from mimi_extract.settings import Settings
-from mimi_extract.demo import random_model
+from mimi_extract.config.settings import Settings
+from mimi_extract.codec.demo import random_model
 
 FRAME = 1920
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -95,7 +95,7 @@ def test_gpu_decode_threads_scale_with_cores(monkeypatch):
     """On GPU the host decodes and resamples for the device: every core but two decodes (two
     threads capped a GPU at ~4,000x real time on 16 kHz FLAC: scripts/bench_ceilings.py); on CPU
     the cores encode and two decoding threads suffice; an explicit --num-workers wins."""
-    import mimi_extract.settings as settings_mod
+    import mimi_extract.config.settings as settings_mod
 
     monkeypatch.setattr(settings_mod, "cpu_cores", lambda: 16)
     assert Settings(devices=("cuda:0",)).decode_threads == 14

@@ -13,12 +13,14 @@ import soundfile as sf
 import torch
 
 from conftest import cli, tolerance, write_noise
-from mimi_extract.audio import AudioError, AudioReader, Framing, PieceReader, load
-from mimi_extract.device_resample import NativeChunk, NativeGroup, NativeReader, device_resamplable, resample_rows
+from mimi_extract.audio.decoders import AudioError
+from mimi_extract.audio.reader import AudioReader, PieceReader, load
+from mimi_extract.audio.framing import Framing
+from mimi_extract.audio.device import NativeChunk, NativeGroup, NativeReader, device_resamplable, resample_rows
 from mimi_extract.engines import DeviceRunner
-from mimi_extract.plan import plan_units, split_items
-from mimi_extract.reference import reference_single
-from mimi_extract.settings import Settings
+from mimi_extract.engines.plan import plan_units, split_items
+from mimi_extract.codec.reference import reference_single
+from mimi_extract.config.settings import Settings
 from mimi_extract.sources import discover
 
 FRAME = 1920
@@ -156,7 +158,7 @@ def test_split_recording_resampled_on_the_device(tmp_path, tiny_model, tiny_mode
     settings = Settings(model=tiny_model_dir, tap="codes", batch_size=4, max_batch_seconds=8, chunk_seconds=1,
                         num_workers=1, resample_on="device")
     found = discover(str(tmp_path))
-    from mimi_extract.encoder import PaddedMimiEncoder
+    from mimi_extract.codec.encoder import PaddedMimiEncoder
 
     encoder = PaddedMimiEncoder(tiny_model)
     items, split = split_items(found.items, 4, encoder.receptive_field, encoder.hop, max_overhead=0.5)

@@ -7,9 +7,9 @@ import torch
 from transformers.models.mimi import modeling_mimi as mm
 
 from conftest import ragged, tolerance
-from mimi_extract.encoder import PaddedMimiEncoder, encode_chunked, frames_of
-from mimi_extract.reference import reference_single
-from mimi_extract.demo import random_model, tiny_config
+from mimi_extract.codec.encoder import PaddedMimiEncoder, encode_chunked, frames_of
+from mimi_extract.codec.reference import reference_single
+from mimi_extract.codec.demo import random_model, tiny_config
 
 FRAME = 1920  # samples per 12.5 Hz frame at 24 kHz
 # ragged on purpose: shorter than a frame, off-by-one around frame multiples, every length different,

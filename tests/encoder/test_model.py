@@ -4,8 +4,8 @@ check (``hub.offline_problem``, before OUT is touched) and for loading (``model.
 import pytest
 from transformers import MimiModel
 
-from mimi_extract.hub import looks_local, offline_problem
-from mimi_extract.model import from_pretrained
+from mimi_extract.codec.hub import looks_local, offline_problem
+from mimi_extract.codec.model import from_pretrained
 
 
 @pytest.mark.parametrize("name, local", [

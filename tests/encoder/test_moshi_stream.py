@@ -18,12 +18,12 @@ pytest.importorskip("moshi.models.compression", reason="pip install --no-deps mo
 from conftest import ONE_WORKER, cli, tolerance  # noqa: E402
 from moshi_ref import moshi_encode, moshi_mimi, to_transformers  # noqa: E402
 
-from mimi_extract.audio import load  # noqa: E402
-from mimi_extract.encoder import PaddedMimiEncoder, encode_chunked, frames_of  # noqa: E402
-from mimi_extract.reference import moshi_stream_mask, reference_single  # noqa: E402
-from mimi_extract.model import prepare  # noqa: E402
-from mimi_extract.demo import tiny_config  # noqa: E402
-from mimi_extract.verify import classify_codes  # noqa: E402
+from mimi_extract.audio.reader import load  # noqa: E402
+from mimi_extract.codec.encoder import PaddedMimiEncoder, encode_chunked, frames_of  # noqa: E402
+from mimi_extract.codec.reference import moshi_stream_mask, reference_single  # noqa: E402
+from mimi_extract.codec.model import prepare  # noqa: E402
+from mimi_extract.codec.demo import tiny_config  # noqa: E402
+from mimi_extract.audit.verify import classify_codes  # noqa: E402
 from mimi_extract.store.identity import read_run_info  # noqa: E402
 from mimi_extract.store.manifest import read_manifest
 

@@ -10,9 +10,9 @@ import torch
 from conftest import cli, tolerance
 from mimi_extract import read, read_manifest
 from mimi_extract.store.manifest import shard_attrs
-from mimi_extract.reference import reference_single
-from mimi_extract.runner import extract
-from mimi_extract.settings import Settings
+from mimi_extract.codec.reference import reference_single
+from mimi_extract.run.runner import extract
+from mimi_extract.config.settings import Settings
 
 FRAME = 1920
 
@@ -104,7 +104,7 @@ def test_decode_and_info(corpus, tiny_model, tiny_model_dir, tmp_path):
 def test_decode_features(corpus, tiny_model, tiny_model_dir, tmp_path):
     """Features decode through the quantizer (every codebook) and the decoder: equal to decoding the
     single-item reference latent's codes (the encoder tap goes through the downsample first)."""
-    from mimi_extract.audio import load
+    from mimi_extract.audio.reader import load
 
     root, _ = corpus
     latent = reference_single(tiny_model, load(os.path.join(root, "sine_440.wav")), 8)["latent"]

@@ -7,9 +7,9 @@ import torch
 from transformers import MimiConfig
 
 from conftest import tolerance
-from mimi_extract.encoder import PaddedMimiEncoder, encode_piece, split_bounds
-from mimi_extract.reference import reference_single
-from mimi_extract.demo import random_model
+from mimi_extract.codec.encoder import PaddedMimiEncoder, encode_piece, split_bounds
+from mimi_extract.codec.reference import reference_single
+from mimi_extract.codec.demo import random_model
 
 FRAME = 1920
 TAPS = ("encoder", "latent", "codes")
@@ -122,7 +122,7 @@ def test_assembler_orders_pieces_and_restarts_a_rehanded_one():
 def test_split_items_cuts_fair_shares_and_keeps_short_recordings_whole():
     """Pieces of one lane's fair share each (the last takes the rest, never shorter than the
     warm-up bound allows); a recording within its fair share, or with one lane, stays whole."""
-    from mimi_extract.plan import split_items
+    from mimi_extract.engines.plan import split_items
     from mimi_extract.sources import Item
 
     rate, hop, warm = 24_000, FRAME, 10 * FRAME  # shortest piece: warm / 0.15 = 66.7 frames

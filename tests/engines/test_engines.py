@@ -9,12 +9,12 @@ import torch
 
 from conftest import tolerance, write_noise
 from mimi_extract import read, read_manifest
-from mimi_extract.audio import load
-from mimi_extract.reference import reference_single
+from mimi_extract.audio.reader import load
+from mimi_extract.codec.reference import reference_single
 from mimi_extract.engines import DeviceRunner
-from mimi_extract.plan import plan_units
-from mimi_extract.runner import extract
-from mimi_extract.settings import Settings
+from mimi_extract.engines.plan import plan_units
+from mimi_extract.run.runner import extract
+from mimi_extract.config.settings import Settings
 from mimi_extract.sources import discover
 from helpers import check_consistency
 
@@ -77,7 +77,7 @@ def test_cpu_workers_are_forked_with_the_runners_model(tmp_path, tiny_model, tin
     second weight load) and give the single-item reference; without a model (or on GPU) they are
     spawned and load the weights themselves, with the same result."""
     from mimi_extract.engines import ProcessEngine
-    from mimi_extract.model import load_model
+    from mimi_extract.codec.model import load_model
 
     write(str(tmp_path), [FRAME * 7 + 5, 3000, FRAME * 3])
     settings = Settings(model=tiny_model_dir, tap="codes", devices=("cpu", "cpu"), num_workers=1, batch_size=2)

@@ -6,9 +6,9 @@ scripts/bench_ceilings.py procs (null encoder, CPU time)."""
 import pytest
 import torch
 
-from mimi_extract import rates
+from mimi_extract.config import rates
 from mimi_extract.engines.device import resolve_devices
-from mimi_extract.settings import feeders_per_gpu
+from mimi_extract.config.settings import feeders_per_gpu
 
 
 def test_feeders_per_gpu_from_cores_gpus_and_the_writer(monkeypatch):

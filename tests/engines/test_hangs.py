@@ -13,8 +13,8 @@ import soundfile as sf
 
 from conftest import cli_process
 from mimi_extract.engines import LATER, DeviceRunner
-from mimi_extract.plan import plan_units
-from mimi_extract.settings import Settings
+from mimi_extract.engines.plan import plan_units
+from mimi_extract.config.settings import Settings
 from mimi_extract.sources import discover
 
 RATE = 24_000
@@ -107,7 +107,7 @@ def test_failing_item_is_an_error_row_on_every_engine(tmp_path, tiny_model_dir, 
                                                          "last.wav": "error", "clean.wav": "ok"}
     assert all(rows[k]["error"] == "contains NaN or infinite samples" for k in NAN_AT)
     if engine == "ray":  # the engine's private cluster: every core of the machine, shared by the 2 actors
-        from mimi_extract.settings import cpu_cores
+        from mimi_extract.config.settings import cpu_cores
 
         assert f"2 Ray actors on CPU ({max(1, cpu_cores() // 2)} threads each)" in " ".join(output.split()), output
 

@@ -10,8 +10,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from mimi_extract.runner import extract
-from mimi_extract.settings import Settings
+from mimi_extract.run.runner import extract
+from mimi_extract.config.settings import Settings
 from helpers import check_consistency
 from conftest import write_noise
 from kill_trials import KillTrial, kill_9_then_resume
@@ -124,7 +124,7 @@ def test_packed_inputs_on_ray_into_every_format(kind, fmt, many_packed, packed_r
 def test_packed_parts_union_equals_a_whole_run(kind, many_packed, packed_reference, tiny_model_dir, tmp_path):
     """--part by key hash over a packaged input: two parts into one OUT hold every item once,
     each equal to the whole run's."""
-    from mimi_extract.plan import Part
+    from mimi_extract.config.settings import Part
 
     out = str(tmp_path / "out")
     settings = Settings(model=tiny_model_dir, tap="codes", num_workers=1)

@@ -12,8 +12,8 @@ import pytest
 
 pytest.importorskip("ray")
 
-from mimi_extract.runner import extract  # noqa: E402
-from mimi_extract.settings import Settings  # noqa: E402
+from mimi_extract.run.runner import extract  # noqa: E402
+from mimi_extract.config.settings import Settings  # noqa: E402
 from helpers import check_consistency  # noqa: E402
 from conftest import write_noise  # noqa: E402
 

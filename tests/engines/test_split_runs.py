@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from conftest import cli, cli_process, tolerance, write_noise
-from mimi_extract.audio import load
-from mimi_extract.reference import reference_single
+from mimi_extract.audio.reader import load
+from mimi_extract.codec.reference import reference_single
 from helpers import check_consistency
 from kill_trials import kill_9_part_way
 from mimi_extract.store.manifest import read_manifest
@@ -97,9 +97,9 @@ def test_split_features_every_tap_and_moshi_stream(corpus, tiny_model, tiny_mode
 
 
 def _framing(name):
-    from mimi_extract.audio import framing_of
+    from mimi_extract.audio.framing import Framing
 
-    return framing_of(name)
+    return Framing(name)
 
 
 @pytest.mark.slow

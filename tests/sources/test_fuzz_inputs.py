@@ -15,7 +15,7 @@ import numpy as np
 import soundfile as sf
 from hypothesis import HealthCheck, example, given, settings, strategies as st
 
-from mimi_extract.input_options import Options
+from mimi_extract.config.input_options import Options
 from mimi_extract.sources import discover
 
 SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,

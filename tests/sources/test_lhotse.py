@@ -11,11 +11,11 @@ import torch
 lhotse = pytest.importorskip("lhotse")
 
 from mimi_extract import read, read_cuts  # noqa: E402
-from mimi_extract.audio import load  # noqa: E402
-from mimi_extract.reference import reference_single  # noqa: E402
-from mimi_extract.plan import Part  # noqa: E402
-from mimi_extract.runner import extract  # noqa: E402
-from mimi_extract.settings import Settings  # noqa: E402
+from mimi_extract.audio.reader import load  # noqa: E402
+from mimi_extract.codec.reference import reference_single  # noqa: E402
+from mimi_extract.config.settings import Part  # noqa: E402
+from mimi_extract.run.runner import extract  # noqa: E402
+from mimi_extract.config.settings import Settings  # noqa: E402
 from mimi_extract.sources import Options  # noqa: E402
 from helpers import check_consistency  # noqa: E402
 from conftest import write_noise  # noqa: E402

@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from mimi_extract.plan import Part
-from mimi_extract.runner import extract
-from mimi_extract.settings import Settings
+from mimi_extract.config.settings import Part
+from mimi_extract.run.runner import extract
+from mimi_extract.config.settings import Settings
 from mimi_extract.sources import Options, discover, open_audio
 from helpers import check_consistency
-from mimi_extract.verify import verify_outputs, verify_source
+from mimi_extract.audit.verify import verify_outputs, verify_source
 from mimi_extract.store.files import OutputError
 from mimi_extract.store.identity import read_run_info
 from conftest import cli
@@ -270,7 +270,7 @@ def test_tar_sidecar_segment_and_channel(loose, tmp_path):
         add_bytes(tf, "x.json", json.dumps({"start": 0.25, "end": 0.5, "channel": 1}).encode())
     (item,) = discover(path).items
     assert (item.key, item.start, item.frames, item.channel, item.segment) == ("seg.tar/x", 6000, 6000, 1, (0.25, 0.5))
-    from mimi_extract.audio import load
+    from mimi_extract.audio.reader import load
 
     want = load(os.path.join(loose, "d.wav"), 1, start=6000, frames=6000)
     assert np.array_equal(load(open_audio(item), item.channel, start=item.start, frames=item.frames), want)
@@ -471,7 +471,8 @@ def ffmpeg_samples(path: str) -> int:
 def test_pyav_formats_decode_and_encode(tmp_path, tiny_model_dir):
     """m4a/AAC and Opus-in-WebM made here through PyAV: decoded by PyAV (chosen by extension),
     their lengths are FFmpeg's, and they encode; run.json records both decoders."""
-    from mimi_extract.audio import decoder_for, load
+    from mimi_extract.audio.decoders import decoder_for
+    from mimi_extract.audio.reader import load
 
     root = tmp_path / "in"
     root.mkdir()
@@ -501,8 +502,8 @@ def test_pyav_formats_decode_and_encode(tmp_path, tiny_model_dir):
 def test_mp3_decoder_is_fixed_and_recorded(tmp_path, tiny_model_dir, monkeypatch):
     """MP3 goes to FFmpeg (priming and gapless trimming differ between decoders: one decoder per
     format); a resume whose decoders differ from run.json's is refused, never mixed."""
-    import mimi_extract.audio as audio
-    import mimi_extract.runner as runner
+    import mimi_extract.audio.decoders as audio
+    import mimi_extract.run.runner as runner
 
     root = tmp_path / "mp3"
     root.mkdir()

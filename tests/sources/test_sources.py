@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from mimi_extract.plan import Part, padding_fraction, parse_part, part_of, plan_batches, plan_units
+from mimi_extract.config.settings import Part, parse_part
+from mimi_extract.engines.plan import padding_fraction, part_of, plan_batches, plan_units
 from mimi_extract.sources import Item, dataset_name, discover, walk_directory
 
 
@@ -195,8 +196,8 @@ def test_list_rows_without_an_id_are_keyed_from_the_corpus_root(tmp_path, tiny_m
     file included; relative rows stay as written below the list's folder.  An OUT made before (its
     run.json records no --list-keys) resumes with its own keys, storing nothing twice; a new OUT
     refuses another --list-keys."""
-    from mimi_extract.runner import extract
-    from mimi_extract.settings import Settings
+    from mimi_extract.run.runner import extract
+    from mimi_extract.config.settings import Settings
     from mimi_extract.sources import Options
     from mimi_extract.store.files import OutputError
     from mimi_extract.store.identity import read_run_info, write_run_info

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from conftest import write_noise
-from mimi_extract.runner import extract
-from mimi_extract.settings import Settings
+from mimi_extract.run.runner import extract
+from mimi_extract.config.settings import Settings
 from mimi_extract.sources import discover
 from helpers import check_consistency
 from mimi_extract.store.manifest import read_manifest
@@ -66,7 +66,7 @@ def test_bad_list_rows_are_error_rows_naming_the_line(tmp_path):
 
 def test_bad_list_rows_run_resume_and_verify(tmp_path, tiny_model_dir):
     from mimi_extract import read_cuts
-    from mimi_extract.verify import verify_outputs
+    from mimi_extract.audit.verify import verify_outputs
 
     lst = _bad_list(tmp_path)
     out = str(tmp_path / "out")

@@ -13,8 +13,8 @@ import mimi_extract
 from conftest import ONE_WORKER, cli
 from mimi_extract import read, read_manifest
 from mimi_extract.formats import get_format, names
-from mimi_extract.runner import extract
-from mimi_extract.settings import Settings
+from mimi_extract.run.runner import extract
+from mimi_extract.config.settings import Settings
 from mimi_extract.store.files import DamagedError
 from mimi_extract.store.read import load_row
 from helpers import check_consistency
@@ -186,7 +186,7 @@ def test_parquet_parts_card_and_union(corpus, tiny_model_dir, tmp_path):
     """Parts of a job array: one card for OUT, its glob over every part's shards."""
     from datasets import load_dataset
 
-    from mimi_extract.plan import Part
+    from mimi_extract.config.settings import Part
 
     root, _ = corpus
     out = str(tmp_path / "parts")

@@ -21,12 +21,12 @@ import soundfile as sf
 
 from mimi_extract.store.files import OutputError
 from mimi_extract.store.lock import RunLock
-from mimi_extract.plan import Part
-from mimi_extract.runner import extract
-from mimi_extract.settings import Settings
+from mimi_extract.config.settings import Part
+from mimi_extract.run.runner import extract
+from mimi_extract.config.settings import Settings
 from mimi_extract.sources import Options
 from helpers import check_consistency
-from mimi_extract.verify import verify_outputs
+from mimi_extract.audit.verify import verify_outputs
 from conftest import ONE_WORKER, cli
 
 NAMES = [f"u{i}.wav" for i in range(4)]
@@ -298,7 +298,7 @@ def test_wrong_input_option_fails_before_anything_is_loaded(case, inputs, tiny_m
 
 def test_wrong_input_option_never_loads_the_model(inputs, tmp_path, monkeypatch):
     """The API too: the model is never loaded (the engine and the weights' loader would fail loudly)."""
-    from mimi_extract import runner
+    from mimi_extract.run import runner
 
     def never(*args, **kwargs):
         raise AssertionError("the model was loaded")
@@ -364,7 +364,7 @@ def test_run_json_records_library_versions_and_a_resume_with_others_goes_on(inpu
     import torch
     import transformers
 
-    from mimi_extract import runner
+    from mimi_extract.run import runner
     from mimi_extract.store.identity import check_run_info, read_run_info
 
     out = str(tmp_path / "out")

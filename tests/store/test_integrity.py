@@ -17,9 +17,9 @@ import soundfile as sf
 
 from conftest import ONE_WORKER, cli, cli_process, write_noise
 from mimi_extract import read_manifest
-from mimi_extract.runner import extract
-from mimi_extract.settings import Settings
-from mimi_extract.demo import random_model, tiny_config
+from mimi_extract.run.runner import extract
+from mimi_extract.config.settings import Settings
+from mimi_extract.codec.demo import random_model, tiny_config
 from helpers import check_consistency
 from kill_trials import KillTrial, kill_9_then_resume
 from mimi_extract.store.files import LockedError
@@ -337,7 +337,7 @@ def test_run_json_records_identity(tiny_model_dir, corpus, tmp_path):
 def test_second_signal_handler_exits_at_once(monkeypatch):
     import threading
 
-    from mimi_extract import runner
+    from mimi_extract.run import runner
 
     exits = []
     monkeypatch.setattr(runner.os, "_exit", lambda code: exits.append(code))
@@ -362,7 +362,7 @@ def test_float_features_after_a_disk_full_resume_differ_by_batch_composition_onl
     the resume encoded: the difference is batch composition, nothing else."""
     import torch
 
-    from mimi_extract.verify import FileCheck, _compare_features
+    from mimi_extract.audit.verify import FileCheck, _compare_features
 
     reference = str(tmp_path / "reference")
     assert _fill_disk_run(many, reference, tiny_model_dir).exit_code == 0

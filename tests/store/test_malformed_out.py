@@ -12,7 +12,7 @@ import shutil
 import pytest
 
 from conftest import cli
-from mimi_extract.runner import extract
+from mimi_extract.run.runner import extract
 from test_packed_sources import FILES, settings
 from test_packed_sources import loose  # noqa: F401  (fixture)
 

@@ -21,9 +21,9 @@ from conftest import ONE_WORKER, ROOT, cli
 from helpers import check_consistency
 from mimi_extract import read, read_manifest
 from mimi_extract.formats.megatron import DATA_ARGS, IndexFile, Tokens, indexed_dataset
-from mimi_extract.reader import megatron_blend as blend
-from mimi_extract.runner import extract
-from mimi_extract.settings import Settings
+from mimi_extract.readers.reader import megatron_blend as blend
+from mimi_extract.run.runner import extract
+from mimi_extract.config.settings import Settings
 from mimi_extract.store.files import DamagedError
 
 with warnings.catch_warnings():
@@ -404,7 +404,7 @@ def test_damaged_megatron_shards_are_found_quarantined_and_redone(outs, corpus, 
 
 
 def test_parts_write_one_data_args_file_over_every_part(corpus, tiny_model_dir, outs, tmp_path):
-    from mimi_extract.plan import Part
+    from mimi_extract.config.settings import Part
 
     root, _ = corpus
     out = str(tmp_path / "parts")

@@ -13,7 +13,7 @@ import pytest
 from mimi_extract.store.files import OutputError
 from mimi_extract.store.identity import read_run_info
 from mimi_extract.store.manifest import read_manifest
-from mimi_extract.runner import extract
+from mimi_extract.run.runner import extract
 from mimi_extract.sources import Options, discover
 from helpers import check_consistency, interrupt_after_items
 from conftest import ONE_WORKER, cli
@@ -114,7 +114,7 @@ def remote_names(fs, url: str) -> list[str]:
 
 def pulled(url: str, where: str) -> str:
     """The remote OUT as a reader sees it: its committed state pulled into a fresh folder."""
-    from mimi_extract.mirror import pull
+    from mimi_extract.store.mirror import pull
 
     pull(url, where)
     return where
@@ -131,7 +131,7 @@ def test_s3_out_resumes_after_an_interruption_on_another_machine(fmt, s3, shards
     bit for bit what a local OUT holds, and leaves no lock, orphan or older manifest generation."""
     if fmt == "shar":
         pytest.importorskip("lhotse")
-    from mimi_extract.mirror import SEGMENTS
+    from mimi_extract.store.mirror import SEGMENTS
 
     monkeypatch.setenv("MIMI_EXTRACT_STAGING", str(tmp_path / "staging"))
     run = functools.partial(extract, shards, settings=settings(tiny_model_dir, format=fmt), shard_size=1,

@@ -16,10 +16,10 @@ import pytest
 
 from conftest import write_noise
 from mimi_extract import read, read_manifest
-from mimi_extract import runner
-from mimi_extract.plan import Part
-from mimi_extract.runner import extract
-from mimi_extract.settings import Settings
+from mimi_extract.run import runner
+from mimi_extract.config.settings import Part
+from mimi_extract.run.runner import extract
+from mimi_extract.config.settings import Settings
 from mimi_extract.store.files import OutputError
 from mimi_extract.store.lock import RunLock
 from mimi_extract.store.manifest import committed_rows

@@ -12,9 +12,10 @@ import soundfile as sf
 
 from conftest import ONE_WORKER, cli, cli_process, write_noise
 from mimi_extract import read, read_manifest
-from mimi_extract.plan import Part, part_of
-from mimi_extract.runner import extract
-from mimi_extract.settings import Settings
+from mimi_extract.config.settings import Part
+from mimi_extract.engines.plan import part_of
+from mimi_extract.run.runner import extract
+from mimi_extract.config.settings import Settings
 from helpers import check_consistency
 
 
@@ -120,7 +121,7 @@ def test_layouts_are_not_mixed(files, tiny_model_dir, tmp_path):
 def test_parts_with_other_settings_are_refused(files, tiny_model_dir, tmp_path):
     """Every part of one OUT must come from the same input, model and settings: a part run with
     other codebooks or other weights would make a union that means nothing."""
-    from mimi_extract.demo import random_model
+    from mimi_extract.codec.demo import random_model
 
     out = tmp_path / "out"
     assert cli("codes", files, out, "--model", tiny_model_dir, "--part", "0/2", *ONE_WORKER).exit_code == 0
@@ -166,6 +167,6 @@ def test_status_missing_lists_parts_to_resubmit(files, tiny_model_dir, tmp_path)
 
 
 def test_array_spec():
-    from mimi_extract.outputs import array_spec
+    from mimi_extract.audit.outputs import array_spec
 
     assert array_spec([]) == "" and array_spec([4]) == "4" and array_spec([7, 0, 3, 5, 6]) == "0,3,5-7"

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import mimi_extract
-from mimi_extract.runner import extract
+from mimi_extract.run.runner import extract
 from mimi_extract.store.manifest import format_of_path, read_manifest
 from conftest import cli
 from helpers import check_consistency
@@ -119,7 +119,7 @@ def test_training_reads_the_bucket_in_dataloader_workers(made):
     s3fs client and shard handles): every item, equal to the local copy's."""
     import torch
 
-    from mimi_extract.dataset import pad_collate
+    from mimi_extract.readers.dataset import pad_collate
 
     local, url = made("hdf5")
     want = check_consistency(local)
@@ -164,12 +164,12 @@ def test_a_job_array_on_s3_is_the_union_of_its_parts(s3, loose, tiny_model_dir, 
     """Parts of a job array writing to one s3:// OUT: status names the part not yet run (--missing:
     its index), then every command and a pull take the root as the union of the parts (before: a
     pull of the root returned without error and pulled nothing)."""
-    from mimi_extract.mirror import pull
+    from mimi_extract.store.mirror import pull
 
     monkeypatch.setenv("MIMI_EXTRACT_STAGING", str(tmp_path / "staging"))
     url = f"s3://{BUCKET}/array"
     run = lambda part: extract(loose, url, settings(tiny_model_dir), shard_size=2, part=part)  # noqa: E731
-    from mimi_extract.request import parse_part
+    from mimi_extract.cli.request import parse_part
 
     first = run(parse_part("0/2"))["ok"]
     missing = cli("status", url, "--missing")
@@ -216,7 +216,7 @@ def test_cuts_of_a_remote_out_resolve_on_another_machine(fmt, made, s3, tmp_path
     shar_cuts = mimi_extract.read_cuts(url)  # Shar: lhotse's from_shar over the bucket's URLs
     assert_equal_arrays({c.id: c.load_custom(field) for c in shar_cuts}, want)
     pulled = str(tmp_path / "pulled")
-    from mimi_extract.mirror import pull
+    from mimi_extract.store.mirror import pull
 
     pull(url, pulled)
     assert_equal_arrays({c.id: c.load_custom(field) for c in mimi_extract.read_cuts(pulled)}, want)
@@ -328,7 +328,7 @@ def listed(s3, url: str) -> list[str]:
 
 
 def pulled(url: str, where: str) -> str:
-    from mimi_extract.mirror import pull
+    from mimi_extract.store.mirror import pull
 
     pull(url, where)
     return where

@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from conftest import write_noise
-from mimi_extract.encoder import PaddedMimiEncoder, _WindowCache, encode_chunked
-from mimi_extract.reference import reference_single
+from mimi_extract.codec.encoder import PaddedMimiEncoder, _WindowCache, encode_chunked
+from mimi_extract.codec.reference import reference_single
 from mimi_extract.engines import DeviceRunner
-from mimi_extract.runner import extract
-from mimi_extract.settings import Settings
+from mimi_extract.run.runner import extract
+from mimi_extract.config.settings import Settings
 from helpers import check_consistency
 from mimi_extract.store.manifest import read_rows
 

@@ -18,15 +18,16 @@ lhotse = pytest.importorskip("lhotse")
 import mimi_extract  # noqa: E402
 from conftest import ONE_WORKER, cli, write_noise  # noqa: E402
 from mimi_extract import read, read_cuts, read_manifest  # noqa: E402
-from mimi_extract.audio import load  # noqa: E402
-from mimi_extract.reference import reference_single  # noqa: E402
+from mimi_extract.audio.reader import load  # noqa: E402
+from mimi_extract.codec.reference import reference_single  # noqa: E402
 from mimi_extract.formats import get_format  # noqa: E402
 from mimi_extract.store.manifest import committed_rows, run_dirs  # noqa: E402
 from mimi_extract.store.read import shar_fields  # noqa: E402
-from mimi_extract.outputs import decode_items, info_report, status_report  # noqa: E402
-from mimi_extract.plan import Part  # noqa: E402
-from mimi_extract.runner import extract  # noqa: E402
-from mimi_extract.settings import Settings  # noqa: E402
+from mimi_extract.audit.decode import decode_items  # noqa: E402
+from mimi_extract.audit.outputs import info_report, status_report  # noqa: E402
+from mimi_extract.config.settings import Part  # noqa: E402
+from mimi_extract.run.runner import extract  # noqa: E402
+from mimi_extract.config.settings import Settings  # noqa: E402
 from test_lhotse import rhu  # noqa: E402
 from kill_trials import KillTrial, kill_9_then_resume  # noqa: E402
 
@@ -426,7 +427,7 @@ def test_shar_extend_adds_a_field_aligned_with_each_input_shard(shar_dataset, ti
         assert get_format("shar").check(os.path.join(cli_out, "shar", name), [
             r for r in read_manifest(cli_out) if r["shard"] == f"shar/{name}"]) is None
     assert all(np.array_equal(read(cli_out, k), read(out, k)) for k in rows if rows[k]["status"] == "ok")
-    from mimi_extract.verify import verify_outputs
+    from mimi_extract.audit.verify import verify_outputs
 
     checks, problems = verify_outputs(cli_out, sample=2)  # re-reads the input's tar members, encodes alone
     assert not problems and len(checks) == 2 and all(c.error is None and not c.mismatches for c in checks), checks

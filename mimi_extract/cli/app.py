@@ -32,12 +32,13 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from . import __version__, _limits
-from .choices import (CHANNEL_MODES, DTYPES, ENGINES, FEATURE_DTYPES, FRAMINGS, KEY_MODES, LIST_KEY_MODES, MAX_TOKEN_ID,
-                      RESAMPLE_ON, RESAMPLERS, SIDECAR_DURATION_MODES, TOKEN_LAYOUTS)
+from .._version import __version__
+from . import limits
+from ..config.choices import (CHANNEL_MODES, DTYPES, ENGINES, FEATURE_DTYPES, FRAMINGS, KEY_MODES, LIST_KEY_MODES,
+                              MAX_TOKEN_ID, RESAMPLE_ON, RESAMPLERS, SIDECAR_DURATION_MODES, TOKEN_LAYOUTS)
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NO_INPUT, EXIT_ALL_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
-EXIT_ADDRESS_SPACE = _limits.EXIT_ADDRESS_SPACE
+EXIT_ADDRESS_SPACE = limits.EXIT_ADDRESS_SPACE
 EXIT_CODES_HELP = ("Exit codes: 0 done (error rows allowed unless --strict); 1 --strict and some input failed, "
                    "or verify found a difference; 2 usage error, OUT or model unusable (OUT missing, not a run, malformed: "
                    "the file and line are named, or unreachable); 3 no input found; "
@@ -91,7 +92,7 @@ ResampleOn = _choices("ResampleOn", RESAMPLE_ON)
 
 
 def _format_choices() -> type[Enum]:
-    from .formats import names  # the registry: a new format module is offered without touching the CLI
+    from ..formats import names  # the registry: a new format module is offered without touching the CLI
 
     return _choices("OutFormat", names())
 
@@ -211,7 +212,7 @@ def _fail(message: str | Exception, code: int = EXIT_USAGE):
     """Print ``error: message`` and exit ``code``; an exception that a too-small address space
     (ulimit -v) caused is reported as that, with exit 5."""
     if isinstance(message, BaseException):
-        limit = _limits.explain(message)
+        limit = limits.explain(message)
         message, code = (limit, EXIT_ADDRESS_SPACE) if limit else (str(message), code)
     say(("error: ", "bold red"), str(message))
     raise typer.Exit(code)
@@ -257,8 +258,8 @@ def _run(input_path: str, out_dir: str, strict: bool = False, progress_seconds: 
         request = build_request(input_path, out_dir, **values)
     except (ValueError, RuntimeError) as e:
         _fail(e)
-    from .runner import NoInputError, run_request
-    from .store.files import OutputError
+    from ..run.runner import NoInputError, run_request
+    from ..store.files import OutputError
 
     if progress_seconds is None:
         try:
@@ -344,7 +345,7 @@ def _run(input_path: str, out_dir: str, strict: bool = False, progress_seconds: 
         + (f"; encoder idle {100 * stats.idle_fraction:.0f}% of {stats.wall:.1f} s" if stats.wall else "")
         + (f"; first result {startup['to_first_result']:.1f} s after start" if startup.get("to_first_result") else ""))
     if summary["errors"]:
-        from .outputs import run_failures
+        from ..audit.outputs import run_failures
 
         _say_common_failures(run_failures(where), summary["inputs"])
         say(f"error rows: mimi-extract info {out_dir}  (or grep '\"status\": \"error\"' {where}/manifest.jsonl)")
@@ -519,9 +520,9 @@ def verify(
             _fail("--checksums checks what an OUT holds: give --out OUT (and no INPUT)")
         _verify_checksums(out)
         return
-    from .engines.device import resolve_devices
+    from ..engines.device import resolve_devices
     from .request import engine_check_settings, input_options, model_path
-    from .verify import transformers_drift, verify_outputs, verify_source
+    from ..audit.verify import transformers_drift, verify_outputs, verify_source
 
     out_console = Console(width=max(Console().width, 120), highlight=False)
     if (input_path is None) == (out is None):
@@ -532,8 +533,8 @@ def verify(
             checks, problems = verify_outputs(out, sample, seed, dev, model and model_path(model), rtol, atol,
                                               chunk_seconds=chunk_seconds)
             title = f"{out}: stored vs single-item (fp32, transformers)"
-            from .store.identity import read_run_info
-            from .store.manifest import run_dirs
+            from ..store.identity import read_run_info
+            from ..store.manifest import run_dirs
 
             info = read_run_info(run_dirs(out)[0]) or {}
             shown = (info.get("tap", "codes"),) if info.get("tap") != "codes" else ()
@@ -573,8 +574,8 @@ def verify(
 
 
 def _verify_checksums(out: str) -> None:
-    from . import remote
-    from .store.read import scan_checksums
+    from ..common import remote
+    from ..store.read import scan_checksums
 
     if not remote.isdir(out):
         _fail(f"{out} does not exist")
@@ -598,7 +599,7 @@ def _verify_checksums(out: str) -> None:
 def _reading_errors() -> tuple[type[Exception], ...]:
     """What reading an OUT raises for an OUT that is not there, not a run, malformed (MalformedError,
     naming the file and line), damaged or unreachable (object storage): one line each, exit 2."""
-    from .store.files import OutputError
+    from ..store.files import OutputError
 
     return FileNotFoundError, ValueError, OSError, OutputError
 
@@ -632,7 +633,7 @@ def status(out_dir: Annotated[str, typer.Argument(metavar="OUT")],
 
       sbatch --array=$(mimi-extract status codes/ --missing) job.sh   # job.sh: --part $SLURM_ARRAY_TASK_ID/16
     """
-    from .outputs import status_report
+    from ..audit.outputs import status_report
 
     if missing:
         try:
@@ -705,13 +706,13 @@ def plan(
       mimi-extract plan 'shards/en-{000000..000999}.tar' -q 32 --cores 112 --gpus 8 --gpu-rate 12000
       mimi-extract plan manifest.jsonl --json | jq .host.cores_per_gpu
     """
-    from .dry_run import PlanAsk, plan_report
+    from ..audit.dry_run import PlanAsk, plan_report
     from .request import input_options
-    from .settings import Settings
+    from ..audio.framing import Framing
 
     try:
         options = input_options({**inputs, "recordings": recordings})
-        rule = Settings(framing=framing.value, causal_16k=resampler.value == "causal").framing_rule
+        rule = Framing(framing.value, resampler.value == "causal")
         ask = PlanAsk(num_quantizers, feature_dtype.value, part_hours, cores, gpus, gpu_rate, output_format.value, limit)
         report = plan_report(input_path, options, channel.value, rule, ask)
     except (ValueError, FileNotFoundError, OSError) as e:
@@ -773,7 +774,7 @@ def info(out_dir: Annotated[str, typer.Argument(metavar="OUT")],
 
       mimi-extract info codes/ --json | jq .hours
     """
-    from .outputs import info_report
+    from ..audit.outputs import info_report
 
     report = _report(info_report, out_dir, as_json)
     if report is None:
@@ -833,8 +834,8 @@ def report(out_dir: Annotated[str, typer.Argument(metavar="OUT")],
       mimi-extract report codes/ --png codes.png --card
       mimi-extract report codes/ --json | jq '.codebooks.per_codebook[].perplexity'
     """
-    from .store.files import OutputError
-    from .report import corpus_report, summary_lines, write_card, write_png
+    from ..store.files import OutputError
+    from ..audit.report import corpus_report, summary_lines, write_card, write_png
 
     from rich.progress import Progress, TextColumn, TimeElapsedColumn
 
@@ -901,7 +902,7 @@ def cuts(out_dir: Annotated[str, typer.Argument(metavar="OUT")],
 
       mimi-extract cuts codes/ -o codes-cuts.jsonl.gz   # then CutSet.from_jsonl_lazy("codes-cuts.jsonl.gz")
     """
-    from .reader import write_merged_cuts
+    from ..readers.reader import write_merged_cuts
 
     try:
         n = write_merged_cuts(out_dir, output)
@@ -928,8 +929,8 @@ def decode(
       mimi-extract decode codes/ sub/utt1.wav -o utt1.wav
       mimi-extract decode codes/ --all -o listen/
     """
-    from .engines.device import resolve_devices
-    from .outputs import decode_items
+    from ..engines.device import resolve_devices
+    from ..audit.decode import decode_items
     from .request import model_path
 
     if not keys and not all_items:

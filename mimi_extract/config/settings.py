@@ -9,12 +9,8 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from .choices import RESAMPLE_ON, SAMPLE_RATE
-
-if TYPE_CHECKING:
-    from .audio import Framing
 
 
 @dataclass
@@ -46,12 +42,6 @@ class Settings:
     token_offset: int = 0  # --token-offset: the id of code 0 of codebook 0 (audio ids after a text vocabulary)
     ray_address: str | None = None
     ray_cpu_actors: int | None = None
-
-    @property
-    def framing_rule(self) -> Framing:
-        from .audio import Framing  # (audio imports torch: only once something is computed)
-
-        return Framing(self.framing, self.causal_16k, self.frames_per_call, self.resampled_length)
 
     def chunk_samples(self, hop: int = 1920) -> int:
         """Chunk length in samples, a whole number of output frames (at least one)."""

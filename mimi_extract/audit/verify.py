@@ -42,19 +42,21 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from . import remote
-from .audio import SAMPLE_RATE, Framing, load
-from .encoder import PaddedMimiEncoder, encode_chunked
-from .reference import reference_single
-from .model import library_versions, load_model, weights_hash
-from .engines import DeviceRunner
-from .plan import plan_units
-from .settings import Settings
-from .sources import Item, Options, discover, loc_of, open_audio, seconds_to_samples
-from .store.files import PART_RE
-from .store.identity import read_run_info
-from .store.manifest import read_manifest, run_dirs, shard_attrs
-from .store.read import item_attrs, load_row
+from ..common import remote
+from ..config.choices import SAMPLE_RATE
+from ..audio.framing import Framing
+from ..audio.reader import load
+from ..codec.encoder import PaddedMimiEncoder, encode_chunked
+from ..codec.reference import reference_single
+from ..codec.model import library_versions, load_model, weights_hash
+from ..engines import DeviceRunner
+from ..engines.plan import plan_units
+from ..config.settings import Settings
+from ..sources import Item, Options, discover, loc_of, open_audio, seconds_to_samples
+from ..store.files import PART_RE
+from ..store.identity import read_run_info
+from ..store.manifest import read_manifest, run_dirs, shard_attrs
+from ..store.read import item_attrs, load_row
 
 EPS32 = float(torch.finfo(torch.float32).eps)
 
@@ -213,7 +215,7 @@ def verify_source(source: str, settings: Settings, limit: int | None = 50, rtol:
     (fp32 transformers); compare the encoder output, the latent and the codes."""
     device = settings.devices[0]
     reference = load_model(settings.model, device, torch.float32)
-    found = discover(source, settings.channel, settings.framing_rule, limit, options=options)
+    found = discover(source, settings.channel, Framing.of(settings), limit, options=options)
     checks = [FileCheck(it.key, it.duration, note=f"unreadable: {it.error}") for it in found.bad]
     if not found.items:
         return checks
@@ -241,10 +243,10 @@ def verify_source(source: str, settings: Settings, limit: int | None = 50, rtol:
         elif item.samples / 24_000 > max_reference_seconds:
             check.note = f"longer than {max_reference_seconds:g} s: not compared (the unchunked reference would not fit)"
         else:
-            audio = load(open_audio(item), item.channel, framing=settings.framing_rule, start=item.start,
+            audio = load(open_audio(item), item.channel, framing=Framing.of(settings), start=item.start,
                          frames=item.frames)
             ref = reference_single(reference, audio.to(device), settings.num_quantizers,
-                                   settings.framing_rule.stream_frames)
+                                   Framing.of(settings).stream_frames)
             got = {t: torch.cat(v) for t, v in results[item.key].items()}
             check.frames = int(ref["codes"].shape[0])
             if all(_compare_features(check, t, got[t], ref[t], rtol, atol) for t in ("encoder", "latent")):

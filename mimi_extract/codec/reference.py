@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ._transformers import eager_attention, encoder_parts
+from .internals import eager_attention, encoder_parts
 
 
 def moshi_stream_mask(steps: int, call_steps: int, window: int) -> torch.Tensor:

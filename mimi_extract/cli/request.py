@@ -1,6 +1,5 @@
-"""One extraction run as asked: :class:`RunRequest` -- what to compute (``Settings``), how to read
-INPUT (``Options``), where to write, how much and which part -- and :func:`build_request`, which
-makes one from the command line's options.
+"""The request a command line asks (:func:`build_request`: the options of ``codes`` and ``features``
+as a :class:`~mimi_extract.config.request.RunRequest`), and the settings of ``verify INPUT``.
 
 Torch-free to import.  The checks that need no torch (option combinations, ``--part``, whether the
 model can be loaded here at all) run before the devices are resolved, which imports torch (seconds):
@@ -10,27 +9,12 @@ an offline first run fails in about a second, before OUT is touched.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import fields, replace
 
-from .hub import offline_problem
-from .input_options import Options
-from .settings import Part, Settings, parse_part
-
-
-@dataclass(frozen=True)
-class RunRequest:
-    """Everything one extraction run is asked (picklable, torch-free); ``runner.run_request`` runs it."""
-
-    source: str  # INPUT
-    out_dir: str  # OUT
-    settings: Settings = field(default_factory=Settings)
-    options: Options = field(default_factory=Options)  # how INPUT is read (a SupervisionSet's recordings too)
-    shard_size: int = 1000  # a new output shard after this many items...
-    shard_mb: float = 256  # ... or this many MiB of data
-    limit: int | None = None  # only the first N inputs
-    part: Part = Part()  # a job array's part: its share of the inputs
-    reencode_damaged: bool = False  # first read every stored item; encode the damaged shards' items again
-    reencode_changed: bool = False  # resume over input shards rewritten in place (runner.rewritten_since)
+from ..codec.hub import offline_problem
+from ..config.input_options import Options
+from ..config.request import RunRequest
+from ..config.settings import Settings, parse_part
 
 
 # the command line's options that are the request's own fields (the rest: Settings and Options)
@@ -48,7 +32,7 @@ def build_request(source: str, out_dir: str, **values) -> RunRequest:
     part = parse_part(values.pop("part", None))
     settings = run_settings(values)
     if options.input_format:
-        from .sources import REGISTRY  # (torch is imported by now: resolving the devices did)
+        from ..sources import REGISTRY  # (torch is imported by now: resolving the devices did)
 
         if options.input_format not in REGISTRY:
             raise ValueError(f"--input-format {options.input_format!r}: choose from {', '.join(sorted(REGISTRY))}")
@@ -88,7 +72,7 @@ def run_settings(values: dict, offline_check: bool = True) -> Settings:
     problem = offline_problem(model) if offline_check else None  # before OUT is touched, and before torch
     if problem:
         raise ValueError(problem)
-    from .engines.device import resolve_devices  # (imports torch)
+    from ..engines.device import resolve_devices  # (imports torch)
 
     devices = resolve_devices(values.pop("device"), values.pop("cpu_workers", None), values.pop("feeders_per_gpu", None),
                               values.get("format", "hdf5"))
@@ -117,7 +101,7 @@ def format_settings(output_format: str, shar_extend: bool) -> dict:
 def token_settings(output_format: str, tap: str, layout: str | None, offset: int | None) -> dict:
     """What --format stores (a token format: codes only), and --token-layout / --token-offset (only
     for a format that writes token ids): usage errors here, before OUT is touched."""
-    from .formats import formats, get_format  # (the registry imports no torch)
+    from ..formats import formats, get_format  # (the registry imports no torch)
 
     fmt = get_format(output_format)
     if tap not in fmt.taps:

@@ -8,7 +8,7 @@ row's 24 kHz chunk is computed from (int16 where the source is 16-bit PCM and on
 taken: half the bytes, and libsndfile's float decode is exactly that int16 / 32768), and
 :func:`resample_rows` computes them there, all rows of one rate in one fp32 convolution (TF32 off).
 
-Exact by construction, not by approximation: the kernel is :class:`~mimi_extract.audio.SincResampler`'s
+Exact by construction, not by approximation: the kernel is :class:`~mimi_extract.audio.resample.SincResampler`'s
 (torchaudio's formula), and each output block ``j`` of ``new`` samples is the dot product of the
 kernel with the padded input ``P[j*orig : j*orig + size]``, where ``P`` is the item's samples
 preceded by ``width + delay`` zeros and followed, once its end is known, by ``width + orig`` zeros
@@ -17,7 +17,7 @@ each row of a step carries its own history: the device keeps no state between st
 long item, a row refilled mid-run, an out-of-memory retry and a piece of a split recording all need
 nothing more), and the overlap resent per step is ``size - orig`` samples (~26 at 16 kHz).  The
 trimming to the framing's length and its zero padding are arithmetic the host already knows
-(:class:`~mimi_extract.audio.Framing`).  Float noise only: the device's convolution sums the same
+(:class:`~mimi_extract.audio.framing.Framing`).  Float noise only: the device's convolution sums the same
 products in another order than the host's (measured: see docs/performance.md).
 """
 
@@ -29,7 +29,11 @@ import numpy as np
 import soundfile as sf
 import torch
 
-from .audio import SAMPLE_RATE, AudioError, AudioReader, Framing, _reduced, _sinc_kernel
+from ..config.choices import SAMPLE_RATE
+from .decoders import AudioError
+from .reader import AudioReader
+from .framing import Framing
+from .resample import _reduced, _sinc_kernel
 
 INT16_SCALE = 1 / 32768  # libsndfile's float from 16-bit PCM (exact: a power of two)
 SKIP_STEP = 128 * 1920  # PieceReader drops a piece's warm-up in reads of this many 24 kHz samples
@@ -72,7 +76,7 @@ class NativeChunk:
 
 
 class NativeReader(AudioReader):
-    """:class:`~mimi_extract.audio.AudioReader` whose chunks are :class:`NativeChunk` s: the same
+    """:class:`~mimi_extract.audio.reader.AudioReader` whose chunks are :class:`NativeChunk` s: the same
     decoding (seeks, warnings, channels, errors), no resampling.  ``next_chunk(n)`` with ``n`` a
     multiple of the rate's ``new`` (every chunk of a run is: :func:`device_resamplable`)."""
 

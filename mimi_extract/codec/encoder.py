@@ -31,8 +31,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ._transformers import MimiConv1d, MimiResnetBlock, cache_keyword, eager_attention, encoder_parts, inner_conv, \
-    output_length, padding_total, require
+from .internals import (MimiConv1d, MimiResnetBlock, cache_keyword, eager_attention, encoder_parts, inner_conv,
+                        output_length, padding_total, require)
 
 TAPS = ("encoder", "latent", "codes")
 
@@ -183,7 +183,7 @@ class PaddedMimiEncoder(nn.Module):
 
     def __init__(self, model: nn.Module, frames_per_call: int | None = None):
         super().__init__()
-        require(model)  # every transformers internal used below is there (see _transformers.py)
+        require(model)  # every transformers internal used below is there (see internals.py)
         self.model = model
         self.seanet, self.transformer, self.downsample = encoder_parts(model)
         self.quantizer = model.quantizer

@@ -2,7 +2,7 @@
 
 ``audio`` computes with torch (resampling, chunk buffers), but what reading headers needs of it
 (``sources`` probing every item, ``mimi-extract plan``) is torch-free, and importing torch costs
-seconds: ``from ._lazy import torch`` there defers it to the first ``torch.<name>``."""
+seconds: ``from .lazy import torch`` there defers it to the first ``torch.<name>``."""
 
 from __future__ import annotations
 

@@ -37,10 +37,10 @@ import sys
 import threading
 import time
 
-from . import remote
-from .store.files import CUTS, LOCK, MANIFEST, SEGMENT_RE, SEGMENTS, LockedError, OutputError
-from .store.directory import write_cuts
-from .store.manifest import manifest_segments, run_dirs
+from ..common import remote
+from .files import CUTS, LOCK, MANIFEST, SEGMENT_RE, SEGMENTS, LockedError, OutputError
+from .directory import write_cuts
+from .manifest import manifest_segments, run_dirs
 
 STAGING_ENV = "MIMI_EXTRACT_STAGING"
 LEASE_ENV = "MIMI_EXTRACT_LOCK_LEASE"  # seconds a lock object stays valid without its heartbeat

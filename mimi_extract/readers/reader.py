@@ -27,11 +27,11 @@ from collections import OrderedDict
 
 import numpy as np
 
-from . import remote
-from .store.files import MANIFEST, RUN_INFO
-from .store.identity import read_run_info
-from .store.manifest import committed_rows, iter_committed, out_exists, out_files, out_rows
-from .store.read import close_shard, load_row, open_shard, unreadable_error
+from ..common import remote
+from ..store.files import MANIFEST, RUN_INFO
+from ..store.identity import read_run_info
+from ..store.manifest import committed_rows, iter_committed, out_exists, out_files, out_rows
+from ..store.read import close_shard, load_row, open_shard, unreadable_error
 
 _OPEN_SHARDS = 64  # shard files a reader keeps open (file descriptors are a bounded resource)
 
@@ -139,7 +139,7 @@ class Reader:
     def dataset(self, keys: list[str] | None = None):
         """A map-style ``torch.utils.data.Dataset``: item ``i`` is ``{"key", "data" (a tensor), "frames"}``
         of the ``i``-th key (shard order, or ``keys``); picklable (``spawn`` DataLoader workers) and
-        safe in forked ones.  :class:`mimi_extract.dataset.OutDataset`; batch it with
+        safe in forked ones.  :class:`mimi_extract.readers.dataset.OutDataset`; batch it with
         ``mimi_extract.dataset.pad_collate``."""
         return OutDataset(self, keys)
 
@@ -171,7 +171,7 @@ class OutDataset:
     and ``__getitem__``): item ``i`` is ``{"key", "data" (a tensor, time first), "frames"}`` of the
     ``i``-th key (shard order, or ``keys``).  ``source``: OUT's path or a :class:`Reader`.  A
     module-level class, so it pickles into ``spawn`` workers (each opens its own shard handles);
-    safe in forked ones.  Also ``mimi_extract.dataset.OutDataset``."""
+    safe in forked ones."""
 
     def __init__(self, source, keys: list[str] | None = None):
         self.reader = source if isinstance(source, Reader) else Reader(source)
@@ -181,7 +181,7 @@ class OutDataset:
         return len(self.keys)
 
     def __getitem__(self, i: int) -> dict:
-        import torch
+        import torch  # (a training loop's: the light commands never get here)
 
         key = self.keys[i]
         return {"key": key, "data": torch.from_numpy(np.ascontiguousarray(self.reader[key])),
@@ -236,7 +236,7 @@ class ManifestCuts:
         self._len: int | None = None
 
     def dicts(self):
-        from .formats.cuts import FIELDS, cut_dict
+        from ..formats.cuts import FIELDS, cut_dict
 
         for d in self.dirs:
             info = read_run_info(d)
@@ -250,7 +250,7 @@ class ManifestCuts:
     def __iter__(self):
         from lhotse.serialization import deserialize_item
 
-        from .formats.cuts import register_lhotse_readers
+        from ..formats.cuts import register_lhotse_readers
 
         register_lhotse_readers()  # Parquet OUTs: lhotse loads their arrays through our reader
 
@@ -258,7 +258,7 @@ class ManifestCuts:
 
     def __len__(self) -> int:
         if self._len is None:
-            from .formats.registry import format_of
+            from ..formats.registry import format_of
 
             self._len = sum(1 for d in self.dirs for r in iter_committed(d)
                             if r.get("status") == "ok" and r.get("source")
@@ -271,11 +271,11 @@ def read_cuts(out_dir: str):
     built from the manifests while it is iterated, as ``CutSet.from_jsonl_lazy`` reads a file.
     ``.to_eager()`` loads them all; ``mimi-extract cuts OUT -o FILE`` writes them to one file.
     A Shar OUT: lhotse's own ``CutSet.from_shar`` over the committed shards of every part."""
-    from ._optional import lhotse as _lhotse
+    from ..common.optional import lhotse as _lhotse
 
     dirs = _cut_run_dirs(remote.absolute(out_dir))
     if read_run_info(dirs[0]).get("format", "hdf5") == "shar":
-        from .store.read import shar_fields
+        from ..store.read import shar_fields
 
         return _lhotse().CutSet.from_shar(fields=shar_fields(dirs))
     return _lhotse().CutSet(ManifestCuts(out_dir))
@@ -305,7 +305,7 @@ def megatron_blend(out_dir: str) -> tuple[list[str], list[float]]:
     """Megatron-Core's ``BlendedMegatronDatasetConfig.blend`` of a ``--format megatron`` OUT: (absolute
     shard prefixes, their token counts as weights), from the manifests (never behind them, unlike
     ``megatron-data-args.txt`` after a kill)."""
-    from .formats.megatron import shard_tokens
+    from ..formats.megatron import shard_tokens
 
     dirs = out_files(out_dir)
     info = read_run_info(dirs[0].path) or {} if dirs else {}

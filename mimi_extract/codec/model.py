@@ -17,7 +17,7 @@ from torch import nn
 from transformers import MimiModel
 from transformers.utils import logging as hf_logging
 
-from ._transformers import drop_codebook_cache
+from .internals import drop_codebook_cache
 from .hub import looks_local
 
 

@@ -152,4 +152,4 @@ def require(model: nn.Module) -> None:
 
         raise RuntimeError(
             f"transformers {transformers.__version__} lacks what mimi-extract's encoder relies on: "
-            f"{'; '.join(gone)} (checked on transformers {', '.join(CHECKED_ON)}; see mimi_extract/_transformers.py)")
+            f"{'; '.join(gone)} (checked on transformers {', '.join(CHECKED_ON)}; see mimi_extract/codec/internals.py)")

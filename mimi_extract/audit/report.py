@@ -7,7 +7,7 @@ Optionally a PNG figure (matplotlib, the ``report`` extra) and the numbers in a 
 dataset card.
 
 One pass over the arrays through the readers' own code: the committed rows of every part (as
-:class:`~mimi_extract.reader.Reader` reads them: the rows resume trusts, the last ok row of a key
+:class:`~mimi_extract.readers.reader.Reader` reads them: the rows resume trusts, the last ok row of a key
 counts), each shard opened once and its items loaded with
 :func:`~mimi_extract.store.read.load_row` (checksums verified, so a damaged item is reported,
 not counted).  The code histograms are one ``numpy.bincount`` per shard over the shard's
@@ -26,12 +26,12 @@ from collections import Counter
 
 import numpy as np
 
-from . import remote
-from .store.files import DamagedError, write_atomic
-from .store.identity import read_run_info
-from .store.lock import RunLock
-from .store.manifest import RunFiles, iter_committed, out_files
-from .store.read import close_shard, load_row, open_shard
+from ..common import remote
+from ..store.files import DamagedError, write_atomic
+from ..store.identity import read_run_info
+from ..store.lock import RunLock
+from ..store.manifest import RunFiles, iter_committed, out_files
+from ..store.read import close_shard, load_row, open_shard
 from .outputs import _reason, _require
 
 SCHEMA = 1  # bump when a key of the JSON report changes meaning or goes away
@@ -422,7 +422,7 @@ def write_png(report: dict, path: str) -> None:
     """The duration histogram; for codes, each codebook's rank-frequency curve (how evenly its codes
     are used) with its perplexity; and where items failed, the errors of each subset by reason
     (:func:`error_panel`)."""
-    from ._optional import need
+    from ..common.optional import need
 
     matplotlib = need("matplotlib", "report figures (--png)")
     matplotlib.use("Agg")
@@ -514,7 +514,7 @@ def write_card(out_dir: str, report: dict) -> str:
     earlier report wrote; the rest of the card (its YAML ``configs``, a user's own text) is kept.
     A run rewrites its card at the end (without the section): report again after a run.  Returns
     the card's path."""
-    from .formats.parquet import dataset_card
+    from ..formats.parquet import dataset_card
 
     if remote.is_url(out_dir):
         raise ValueError(f"{out_dir}: --card writes OUT/README.md, which a run on object storage rewrites from its "

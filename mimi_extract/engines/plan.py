@@ -10,9 +10,8 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, replace
 
-from .settings import Part, parse_part  # noqa: F401  (a job array's part: plain values, beside the settings)
-from .sources import Item
-from .sources.base import SplitPiece
+from ..sources import Item
+from ..sources.base import SplitPiece
 
 
 def part_of(key: str, count: int) -> int:
@@ -88,7 +87,7 @@ def split_items(items: list[Item], lanes: int, warmup: int, hop: int, max_overhe
     shorter), each long enough that its warm-up costs at most ``max_overhead`` of it.  Pieces of one fair share each, not equal pieces: the scheduler hands the
     longest units first, so the lane that gets the shorter last piece also takes the short items,
     and every lane ends at about the same time."""
-    from .encoder import split_bounds
+    from ..codec.encoder import split_bounds
 
     warm = -(-warmup // hop) * hop
     shortest = max(hop, int(warm / max_overhead))  # a piece's own audio: warm-up <= max_overhead of it

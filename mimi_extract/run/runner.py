@@ -17,22 +17,25 @@ import threading
 import time
 from dataclasses import asdict, replace
 
-from . import __version__, remote
-from .audio import SAMPLE_RATE, decoder_versions
-from .encoder import PaddedMimiEncoder
-from .model import config_hash, from_pretrained, library_versions, weights_hash
-from .engines import Engine, Stats, make_engine
-from .engines.assembly import Assembler
-from .plan import Split, padding_fraction, part_of, plan_units, split_items
-from .request import RunRequest
-from .settings import Part, Settings
-from .sources import Discovered, Item, Options, discover, item_identity, plan_group
-from .formats import get_format
-from .mirror import extract_remote
-from .store.directory import RunDirectory
-from .store.files import OutputError
-from .store.identity import ITEMS, check_run_info, read_run_info
-from .store.manifest import ManifestRow, committed_rows, run_dirs
+from .._version import __version__
+from ..common import remote
+from ..config.choices import SAMPLE_RATE
+from ..audio.decoders import decoder_versions
+from ..codec.encoder import PaddedMimiEncoder
+from ..codec.model import config_hash, from_pretrained, library_versions, weights_hash
+from ..engines import Engine, Stats, make_engine
+from ..engines.assembly import Assembler
+from ..engines.plan import Split, padding_fraction, part_of, plan_units, split_items
+from ..config.request import RunRequest
+from ..audio.framing import Framing
+from ..config.settings import Part, Settings
+from ..sources import Discovered, Item, Options, discover, item_identity, plan_group
+from ..formats import get_format
+from ..store.mirror import extract_remote
+from ..store.directory import RunDirectory
+from ..store.files import OutputError
+from ..store.identity import ITEMS, check_run_info, read_run_info
+from ..store.manifest import ManifestRow, committed_rows, run_dirs
 
 
 def frame_rate(tap: str, config) -> float:
@@ -55,7 +58,7 @@ def file_attrs(settings: Settings, config, identity: dict, metadata: dict | None
     }
     if settings.tap == "codes":
         attrs["num_quantizers"] = settings.num_quantizers
-    if settings.framing_rule.stream_frames is not None:
+    if Framing.of(settings).stream_frames is not None:
         attrs["frames_per_call"] = settings.frames_per_call
     if metadata:  # the kept fields' columns (name -> type, JSON text: an HDF5 attribute holds no dict)
         attrs["metadata"] = json.dumps(metadata, sort_keys=True)
@@ -78,7 +81,7 @@ def run_info(settings: Settings, identity: dict, input_root: str, kind: str, par
         info["shar_extend"] = True
     if settings.tap == "codes":
         info["num_quantizers"] = settings.num_quantizers
-    if settings.framing_rule.stream_frames is not None:  # the codes depend on it
+    if Framing.of(settings).stream_frames is not None:  # the codes depend on it
         info["frames_per_call"] = settings.frames_per_call
     info["decoders"] = decoder_versions()  # a resume must decode every format the same way
     info["versions"] = library_versions()  # provenance (store.identity.PROVENANCE): never compared
@@ -149,8 +152,8 @@ def load_identity(settings: Settings):
         if not low <= settings.num_quantizers <= high:
             raise ValueError(f"--num-quantizers must be in {low}..{high} for this model "
                              f"({low} semantic + {high - low} acoustic codebooks)")
-    if settings.framing_rule.stream_frames is not None:
-        PaddedMimiEncoder(model, settings.framing_rule.stream_frames)  # refuses more steps per call than the window
+    if Framing.of(settings).stream_frames is not None:
+        PaddedMimiEncoder(model, Framing.of(settings).stream_frames)  # refuses more steps per call than the window
     return model, config, {"config_hash": config_hash(config), "weights": weights_hash(model)}
 
 
@@ -303,7 +306,7 @@ def run_request(request: RunRequest, *, on_plan=None, on_progress=None, on_signa
     # this OUT already divided by key
     by_shard = (not part.whole and not settings.shar_extend and request.limit is None
                 and not divided_by_key(os.path.join(out_dir, part.dirname)))
-    found = discover(source, settings.channel, settings.framing_rule, request.limit, exclude=out_dir,
+    found = discover(source, settings.channel, Framing.of(settings), request.limit, exclude=out_dir,
                      options=request.options, part=(part.index, part.count) if by_shard else None)
     if not found.items and not found.bad:
         raise NoInputError(no_input_message(source))
@@ -351,7 +354,7 @@ def _extract_with(engine: Engine, found: Discovered, request: RunRequest, run: R
         bad = [it for it in bad if part_of(it.key, part.count) == part.index]
     layout, warnings = None, list(found.warnings)
     if settings.shar_extend:  # a new field for the input's Shar shards, one tar each
-        from .store.shar_extend import plan_extend
+        from ..store.shar_extend import plan_extend
 
         mine = None if part.whole else (lambda n: part_of(f"shar-shard-{n}", part.count) == part.index)
         layout, items, bad, more = plan_extend(request.source, found.kind, items, bad, mine, settings.format)
@@ -396,7 +399,7 @@ def _extract_with(engine: Engine, found: Discovered, request: RunRequest, run: R
         return units
 
     if layout is not None:  # --shar-extend: shard by shard (extend_units renumbers)
-        from .store import shar_extend
+        from ..store import shar_extend
 
         units = shar_extend.extend_units(todo, layout, plan)
     else:

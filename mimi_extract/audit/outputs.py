@@ -1,6 +1,6 @@
-"""Reading what a run produced: ``status`` (per-part progress), ``info`` (contents, failing items,
-settings) and ``decode`` (codes or features back to audio).  ``status`` and ``info`` import
-neither torch nor transformers (they answer in well under a second); ``decode`` does."""
+"""Reading what a run produced: ``status`` (per-part progress) and ``info`` (contents, failing items,
+settings).  Neither imports torch nor transformers (they answer in well under a second: a contract
+of scripts/test.sh); ``decode`` (codes back to audio) is ``decode.py``."""
 
 from __future__ import annotations
 
@@ -11,13 +11,12 @@ import socket
 import time
 from collections import Counter
 
-import numpy as np
 
-from . import remote
-from .store.files import LOCK, PART_RE, PLAN_INFO, RUN_INFO, MalformedError, read_json
-from .store.identity import read_run_info
-from .store.manifest import (RunFiles, committed_rows, format_of_path, out_exists, out_files, out_rows, read_ahead,
-                             read_manifest, shard_attrs)
+from ..common import remote
+from ..store.files import LOCK, PART_RE, PLAN_INFO, RUN_INFO, MalformedError, read_json
+from ..store.identity import read_run_info
+from ..store.manifest import (RunFiles, committed_rows, format_of_path, out_exists, out_files, out_rows,
+                              read_ahead, read_manifest)
 
 
 def _require(out_dir: str, files: list[RunFiles] | None = None) -> list[RunFiles]:
@@ -279,69 +278,3 @@ def _source_path(info: dict, row: dict) -> str:
     if os.path.isabs(path) or not root:
         return path
     return os.path.join(root if os.path.isdir(root) else os.path.dirname(root), path)
-
-
-def _samples_24k(row: dict, info: dict) -> int:
-    """The item's length at 24 kHz (before the framing's padding), from its exact source length."""
-    from .audio import Framing
-    from .sources import seconds_to_samples
-
-    rate = row["sample_rate"]
-    if row.get("end") is not None:
-        frames = seconds_to_samples(row["end"] - row["start"], rate)  # as discovery counted them
-    elif row.get("source"):
-        frames = row["source"]["frames"]
-    else:
-        frames = round(row["duration"] * rate)
-    framing = Framing(info.get("framing", "transformers"), info.get("causal_16k", True),
-                      length=info.get("resampled_length", "exact"))  # (an OUT made before 0.3: the exact length)
-    return max(1, framing.resampled_length(frames, rate))
-
-
-def decode_items(out_dir: str, keys: list[str] | None, output: str | None, model: str | None = None,
-                 device: str = "cpu", on_item=None) -> list[str]:
-    """Decode stored items to 24 kHz wav files; returns the written paths."""
-    import soundfile as sf
-    import torch
-
-    from .model import load_model
-    from .reader import Reader
-    from .sources import dataset_name
-
-    files = out_files(out_dir)
-    info = read_run_info(_require(out_dir, files)[0].path)
-    rows = {r["key"]: r for r in out_rows(out_dir, files) if r.get("status") == "ok"}
-    keys = keys or sorted(rows)
-    missing = [k for k in keys if k not in rows]
-    if missing:
-        raise KeyError(f"no ok item {missing[0]!r} in {out_dir}" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
-    if output is None:
-        output = "." if len(keys) > 1 else dataset_name(keys[0]).removesuffix(".wav") + ".wav"
-    folder = len(keys) > 1 or os.path.isdir(output) or output.endswith(os.sep)
-    if folder:
-        os.makedirs(output, exist_ok=True)
-    mimi = load_model(model or info["model"], device)
-    reader = Reader(out_dir)
-    written = []
-    with torch.no_grad():
-        for key in keys:
-            row = rows[key]
-            tap = shard_attrs(out_dir, row["shard"]).get("tap", info["tap"])
-            data = torch.from_numpy(np.ascontiguousarray(reader[key])).to(device)
-            if tap == "codes":
-                codes = data.long().T[None]
-            else:
-                latent = data.float().T[None]  # [1, D, frames]
-                if tap == "encoder":
-                    from ._transformers import encoder_parts
-
-                    latent = encoder_parts(mimi)[2](latent)
-                codes = mimi.quantizer.encode(latent, mimi.config.num_quantizers).transpose(0, 1)
-            audio = mimi.decode(codes).audio_values[0, 0]
-            audio = audio[: _samples_24k(row, info)].float().cpu().numpy()
-            path = os.path.join(output, dataset_name(key).removesuffix(".wav") + ".wav") if folder else output
-            sf.write(path, audio, 24_000, subtype="FLOAT")
-            written.append(path)
-            if on_item:
-                on_item(key, path)
-    return written

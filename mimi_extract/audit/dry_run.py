@@ -2,7 +2,7 @@
 
 It reads only what a run's indexing reads (``sources.discover``: the listing and each item's audio
 header) and turns the items into sizes (hours, a duration histogram, frames and tokens, output bytes
-per format and tap) and, through the measured rates of :mod:`~mimi_extract.rates`, into costs: the
+per format and tap) and, through the measured rates of :mod:`~mimi_extract.config.rates`, into costs: the
 host cores a GPU needs for this corpus's codecs, the time per device kind, and how many ``--part`` s
 make tasks of a given size.  Torch-free: no model, no encoder, seconds on 100k items (docs).
 """
@@ -16,12 +16,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import rates
-from .audio import Framing
-from .input_options import Options
+from ..config import rates
+from ..audio.framing import Framing
+from ..config.input_options import Options
 from .report import _duration_histogram
-from .settings import cpu_cores
-from .sources import bytes_name, discover
+from ..config.settings import cpu_cores
+from ..sources import bytes_name, discover
 
 HOP = 1920  # 24 kHz samples per 12.5 Hz frame (latent, codes); the encoder tap's 25 Hz frame is half
 TAPS = ("codes", "latent", "encoder")

@@ -1,0 +1,1 @@
+"""One extraction run, start to end: ``runner`` (discover, identity, lock, plan, encode, write)."""
