@@ -1,6 +1,6 @@
 """Console entry point, kept import-light: Ctrl-C during start-up (torch imports take seconds) ends
 with a one-line message and exit 130, not a traceback; an address-space limit too small for torch
-(``ulimit -v``) ends with a one-line message and exit 5 (see :mod:`._limits`)."""
+(``ulimit -v``) ends with a one-line message and exit 5 (see :mod:`.cli.limits`)."""
 
 import os
 import sys

@@ -9,7 +9,9 @@ PY=${PYTHON:-python3}
 # moshi (test reference for --framing moshi-stream) pins an older numpy: installed without its dependencies
 .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps -c constraints.txt moshi
 .venv/bin/python -W ignore -c "import torch, torchaudio, ray, lhotse, pyarrow, datasets, av, moshi, megatron.core; print('torch', torch.__version__, '| torchaudio', torchaudio.__version__, '| ray', ray.__version__, '| lhotse', lhotse.__version__, '| pyarrow', pyarrow.__version__, '| datasets', datasets.__version__, '| av', av.__version__, '| moshi', moshi.__version__, '| megatron-core', megatron.core.__version__)"
-# static checks first (seconds): pyflakes + bugbear, and the declared dependencies against the imports
+# static checks first (seconds): pyflakes + bugbear, the declared dependencies against the imports, and
+# the architecture's import contracts (pyproject.toml's [tool.importlinter]: layers, torch-free parts)
 .venv/bin/ruff check -q mimi_extract tests scripts
 .venv/bin/deptry . > .venv/deptry.log 2>&1 || { cat .venv/deptry.log; exit 1; }
+.venv/bin/lint-imports --no-cache > .venv/lint-imports.log 2>&1 || { cat .venv/lint-imports.log; exit 1; }
 exec .venv/bin/python -m pytest "$@"
