@@ -201,7 +201,8 @@ def install_probes() -> None:
 
 
 def feed(args, model_dir: str) -> dict:
-    from mimi_extract.run.runner import extract
+    from mimi_extract.config.request import RunRequest
+    from mimi_extract.run.runner import run_request
 
     results = {}
     for name, where in [(n, w) for n in args.formats.split(",") for w in args.resample_on.split(",")]:
@@ -213,9 +214,9 @@ def feed(args, model_dir: str) -> dict:
                             threads=args.torch_threads)
         CPU.clear()
         t_proc, t_wall = time.process_time(), time.perf_counter()
-        summary = extract(folder, out, settings)
+        summary = run_request(RunRequest(folder, out, settings))
         total_cpu, wall = time.process_time() - t_proc, time.perf_counter() - t_wall
-        assert summary["ok"] == summary["todo"], f"{name}: {summary['ok']} of {summary['todo']} items written"
+        assert summary.ok == summary.todo, f"{name}: {summary.ok} of {summary.todo} items written"
         device_work = CPU.get(DEVICE_WORK, 0.0)
         phase = CPU.get("process, encoding phase", total_cpu) - device_work  # the host's share
         roles = {r: CPU.get(r, 0.0) for r in ("decode pool", "feeder thread", "encoder thread", "writer thread (caller)")}
@@ -225,7 +226,7 @@ def feed(args, model_dir: str) -> dict:
         key = name if args.resample_on == "host" else f"{name} {where}"
         results[key] = {
             "resample_on": where, "device_work_cpu_s": device_work,
-            "audio_seconds": seconds, "items": summary["ok"], "wall_s": wall, "cpu_s_total": total_cpu,
+            "audio_seconds": seconds, "items": summary.ok, "wall_s": wall, "cpu_s_total": total_cpu,
             "cpu_s_encoding_phase": phase, "startup_and_planning_cpu_s": total_cpu - phase - device_work,
             "per_core_x": seconds / phase, "cores_for_target": TARGET * phase / seconds,
             "cpu_per_audio_s": per_audio,
@@ -253,7 +254,8 @@ def feed_processes(args, model_dir: str) -> dict:
     (its audio / its GIL-held CPU).  The machine's: min(K x a process's, the writer's)."""
     from mimi_extract.audio import reader as audio_mod
     from mimi_extract.engines.processes import ProcessEngine
-    from mimi_extract.run.runner import extract
+    from mimi_extract.config.request import RunRequest
+    from mimi_extract.run.runner import run_request
 
     hook = os.path.join(args.workdir, "null-hook")
     os.makedirs(hook, exist_ok=True)
@@ -310,9 +312,9 @@ def feed_processes(args, model_dir: str) -> dict:
                                     max_batch_seconds=300, chunk_seconds=30, num_workers=args.decode_threads, threads=1,
                                     resample_on=args.procs_resample_on)
                 t_wall = time.perf_counter()
-                summary = extract(folder, out, settings)
+                summary = run_request(RunRequest(folder, out, settings))
                 wall = time.perf_counter() - t_wall
-                assert summary["ok"] == summary["todo"]
+                assert summary.ok == summary.todo
                 main = spent["main"]
                 workers = [json.load(open(os.path.join(dumps, f))) for f in sorted(os.listdir(dumps))]
                 caps, feeding = [], 0.0
@@ -328,7 +330,7 @@ def feed_processes(args, model_dir: str) -> dict:
                 # the steady state: the workers' start (forks, imports) is the writer process's too, once per run
                 writer_x = (seconds - spent["first_seconds"]) / spent["steady"]
                 results[f"{name} {fmt} x{k}"] = {
-                    "feeders": k, "audio_seconds": seconds, "items": summary["ok"], "writer_cpu_s": main,
+                    "feeders": k, "audio_seconds": seconds, "items": summary.ok, "writer_cpu_s": main,
                     "writer_cpu_s_from_first_piece": spent["steady"], "writer_x_per_cpu_s": writer_x,
                     "writer_x_per_cpu_s_with_start": seconds / main, "feeding_cpu_s": feeding, "feeding_us_per_audio_s": 1e6 * feeding / seconds,
                     "process_x_gil_bound": process_x, "machine_x_bound": min(k * process_x, writer_x) if process_x else None,

@@ -56,7 +56,7 @@ def write(fmt_name: str, out: str, n: int, layout: str = "flat") -> dict:
     from mimi_extract.store.files import write_atomic
     from mimi_extract.store.manifest import ManifestRow
     from mimi_extract.store.writer import ShardWriter
-    from mimi_extract.store.directory import write_cuts
+    from mimi_extract.store.cuts import write_cuts
     from mimi_extract.sources import dataset_name
 
     shutil.rmtree(out, ignore_errors=True)
@@ -165,13 +165,14 @@ def read(reader: str, out: str, cache: str, fmt_name: str) -> dict:
 
 
 def end_to_end(fmt_name: str, corpus: str, out: str, model: str) -> float:
-    from mimi_extract.run.runner import extract
+    from mimi_extract.config.request import RunRequest
+    from mimi_extract.run.runner import run_request
     from mimi_extract.config.settings import Settings
 
     shutil.rmtree(out, ignore_errors=True)
     started = time.perf_counter()
-    summary = extract(corpus, out, Settings(model=model, tap="codes", num_workers=1, devices=("cpu",), format=fmt_name))
-    assert summary["errors"] == 0, summary
+    summary = run_request(RunRequest(corpus, out, Settings(model=model, tap="codes", num_workers=1, devices=("cpu",), format=fmt_name)))
+    assert summary.errors == 0, summary
     return time.perf_counter() - started
 
 

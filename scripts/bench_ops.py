@@ -35,7 +35,8 @@ def make_seed(folder: str, items: int, shard_size: int) -> str:
     import soundfile as sf
 
     from mimi_extract.codec.demo import random_model
-    from mimi_extract.run.runner import extract
+    from mimi_extract.config.request import RunRequest
+    from mimi_extract.run.runner import run_request
     from mimi_extract.config.settings import Settings
 
     audio = os.path.join(folder, "in")
@@ -46,9 +47,9 @@ def make_seed(folder: str, items: int, shard_size: int) -> str:
     model = os.path.join(folder, "model")
     random_model(seed=0).save_pretrained(model)
     out = os.path.join(folder, "seed")
-    summary = extract(audio, out, Settings(model=model, tap="codes", num_workers=1, devices=["cpu"]),
-                      shard_size=shard_size)
-    assert summary["ok"] == items, summary
+    summary = run_request(RunRequest(audio, out, Settings(model=model, tap="codes", num_workers=1, devices=["cpu"]),
+                                     shard_size=shard_size))
+    assert summary.ok == items, summary
     return out
 
 

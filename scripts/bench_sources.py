@@ -97,7 +97,8 @@ def plan(args):
 
 
 def e2e(args):
-    from mimi_extract.run.runner import extract
+    from mimi_extract.config.request import RunRequest
+    from mimi_extract.run.runner import run_request
     from mimi_extract.config.settings import Settings
     from mimi_extract.sources import Options
     from mimi_extract.codec.demo import random_model
@@ -116,13 +117,13 @@ def e2e(args):
             out = os.path.join(args.out, f"e2e-out-{label}")
             shutil.rmtree(out, ignore_errors=True)
             settings = Settings(model=model_dir, tap="codes", devices=("cpu",) * args.workers, num_workers=1)
-            summary, wall, cpu = timed(lambda: extract(src, out, settings, options=opts))
-            assert summary["ok"] == len(names), summary
+            summary, wall, cpu = timed(lambda: run_request(RunRequest(src, out, settings, options=opts)))
+            assert summary.ok == len(names), summary
             rows.setdefault(label, {"wall_s": [], "cpu_s": []})
             rows[label]["wall_s"].append(round(wall, 2))
             rows[label]["cpu_s"].append(round(cpu, 2))
-            rows[label]["padding"] = round(summary["padding"], 4)
-            rows[label]["audio_s"] = round(summary["seconds"], 1)
+            rows[label]["padding"] = round(summary.padding, 4)
+            rows[label]["audio_s"] = round(summary.seconds, 1)
     # CPU seconds are what contention on a shared machine does not inflate; wall is shown too
     best = {k: (min(v["wall_s"]), min(v["cpu_s"])) for k, v in rows.items()}
     for label in ("tar", "parquet"):

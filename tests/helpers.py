@@ -83,3 +83,14 @@ def interrupt_after_items(n: int):
             raise KeyboardInterrupt
 
     return on_progress
+
+
+def extract(source: str, out_dir: str, settings, **asked):
+    """One run as the tests ask it: ``run_request`` of ``RunRequest(source, out_dir, settings, **asked)``
+    (``options``, ``part``, ``limit``, ``shard_size``...: the request's fields; ``on_plan``,
+    ``on_progress``, ``on_signal``, ``stop``, ``on_phase``: the run's callbacks)."""
+    from mimi_extract.config.request import RunRequest
+    from mimi_extract.run.runner import run_request
+
+    callbacks = {k: asked.pop(k) for k in ("on_plan", "on_progress", "on_signal", "stop", "on_phase") if k in asked}
+    return run_request(RunRequest(source, out_dir, settings, **asked), **callbacks)

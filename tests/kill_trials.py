@@ -16,7 +16,7 @@ import numpy as np
 from conftest import cli_process
 from helpers import check_consistency
 from mimi_extract import read_manifest
-from mimi_extract.run.runner import extract
+from helpers import extract
 from mimi_extract.config.settings import Settings
 from mimi_extract.formats import formats
 
@@ -123,7 +123,7 @@ def kill_9_then_resume(source: str, out: str, model_dir: str, reference: dict[st
             f"trial {trial}: {len(kept)} committed after the kill ({at_kill} just before, {committed} at the start)")
         committed = len(kept)
     summary = extract(source, out, Settings(model=model_dir, tap="codes", num_workers=1, format=fmt), shard_size=7)
-    assert summary["skipped"] == committed and summary["ok"] == total - committed, summary
+    assert summary.skipped == committed and summary.ok == total - committed, summary
     arrays = check(out)
     assert sorted(arrays) == sorted(reference)
     for key, data in reference.items():

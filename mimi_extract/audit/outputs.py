@@ -4,17 +4,17 @@ of scripts/test.sh); ``decode`` (codes back to audio) is ``decode.py``."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import socket
-import time
 from collections import Counter
 
 
 from ..common import remote
-from ..store.files import LOCK, PART_RE, PLAN_INFO, RUN_INFO, MalformedError, read_json
+from ..store.files import LOCK, PART_RE, PLAN_INFO, RUN_INFO
 from ..store.identity import read_run_info
+from ..store.lock import live_holder
+from ..store.mirror import remote_holder
+from ..store.plan_info import read_plan
 from ..store.manifest import (RunFiles, committed_rows, format_of_path, out_exists, out_files, out_rows,
                               read_ahead, read_manifest)
 
@@ -58,74 +58,10 @@ def starting_runs(out_dir: str, files: list[RunFiles] | None = None) -> dict[str
         if f.exists(RUN_INFO) or not f.exists(LOCK):
             continue
         lock = remote.join(f.path, LOCK)
-        who = _remote_holder(lock) if remote.is_url(lock) else _live_holder(lock)
+        who = remote_holder(lock) if remote.is_url(lock) else live_holder(lock)
         if who is not None:
             found[_name(f.path, out_dir)] = who
     return found
-
-
-def _remote_holder(lock: str) -> str | None:
-    """Who holds a lock object (mirror.RemoteLock) whose lease still runs; None if it ran out."""
-    try:
-        holder = json.loads(remote.read_bytes(lock) or b"null")
-    except (OSError, ValueError):
-        return None
-    if not isinstance(holder, dict) or not isinstance(holder.get("expires"), (int, float)):
-        return None
-    if holder["expires"] <= time.time():
-        return None
-    return f"pid {holder.get('pid')} on {holder.get('host')} (its lock's lease runs {holder['expires'] - time.time():.0f} s more)"
-
-
-def _live_holder(lock: str) -> str | None:
-    """Who holds ``lock`` (its holder line: pid, host, start), if that process is alive; None if it is gone."""
-    try:
-        with open(lock, encoding="utf-8") as f:
-            holder = json.loads(f.read() or "null")
-    except (OSError, ValueError):
-        holder = None
-    if not isinstance(holder, dict) or not isinstance(holder.get("pid"), int):
-        return "a process that is taking the lock"  # created, its holder line not written yet
-    who = f"pid {holder['pid']} on {holder.get('host')}, started {holder.get('started')}"
-    if holder.get("host") != socket.gethostname():
-        return who + " (another host)"
-    held = _flock_held(lock)
-    if held is not None:
-        return who if held else None
-    try:  # no /proc/locks: is the holder alive?
-        os.kill(holder["pid"], 0)
-    except ProcessLookupError:
-        return None
-    except PermissionError:
-        pass
-    return who
-
-
-def _flock_held(path: str) -> bool | None:
-    """Whether some process of this machine holds a ``flock`` on ``path`` (Linux's /proc/locks lists
-    them by device and inode; read-only, unlike a probing lock); None where that cannot be told."""
-    try:
-        st = os.stat(path)
-        with open("/proc/locks", encoding="ascii", errors="replace") as f:
-            locks = f.read()
-    except OSError:
-        return None
-    inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
-    return any(len(fields) > 5 and fields[1] == "FLOCK" and fields[5] == inode
-               for fields in (line.split() for line in locks.splitlines()))
-
-
-def _plan(files: RunFiles) -> dict:
-    """What the last run of a run directory planned (``plan.json``: inputs, seconds, when); a
-    malformed one is a MalformedError naming it."""
-    if not files.exists(PLAN_INFO):
-        return {}
-    path = remote.join(files.path, PLAN_INFO)
-    plan = read_json(path, files.read) or {}
-    inputs = plan.get("inputs")
-    if inputs is not None and (not isinstance(inputs, int) or isinstance(inputs, bool) or inputs < 0):
-        raise MalformedError(f"{path} has inputs {json.dumps(inputs)[:40]}, not a count: it was edited or damaged")
-    return plan
 
 
 def status_report(out_dir: str) -> dict:
@@ -141,7 +77,7 @@ def status_report(out_dir: str) -> dict:
     read_ahead(dirs, (PLAN_INFO, RUN_INFO))
     for f in dirs:
         d = f.path
-        plan = _plan(f)
+        plan = read_plan(f)
         rows = committed_rows(d, f)
         name = _name(d, out_dir)
         ok = {r["key"] for r in rows if r.get("status") == "ok"}
@@ -252,7 +188,7 @@ def info_report(out_dir: str) -> dict:
     settings = {k: info[k] for k in sorted(info) if k not in ("part",)}
     if len(dirs) > 1:
         settings["parts"] = len(dirs)
-    planned = [_plan(f).get("inputs") for f in dirs]
+    planned = [read_plan(f).get("inputs") for f in dirs]
     stored = len(ok) + len(errors)
     inputs = sum(planned) if None not in planned else stored  # the runs' planned inputs, once known
     # more items stored than the last runs found inputs: some are not (or no longer) among them (a larger

@@ -27,6 +27,7 @@ from collections import Counter
 import numpy as np
 
 from ..common import remote
+from ..config.taps import frame_rate
 from ..store.files import DamagedError, write_atomic
 from ..store.identity import read_run_info
 from ..store.lock import RunLock
@@ -343,7 +344,6 @@ def corpus_report(out_dir: str, by: str | None = None, arrays: bool = True, work
             codebooks["per_codebook"].append({
                 "index": q, "tokens": int(c.sum()), "used": used, "unused": int(c.shape[0]) - used,
                 "entropy_bits": h, "perplexity": 2.0 ** h, "counts": [int(x) for x in c]})
-    frame_rate = 25.0 if tap == "encoder" else 12.5
     model = {k: info.get(k) for k in ("model", "weights", "config_hash", "dtype", "feature_dtype", "tap",
                                       "num_quantizers", "framing", "format", "tool_version")}
     model["precision"] = info.get("dtype")  # the encoder's compute dtype (--dtype); features are stored as feature_dtype
@@ -359,7 +359,7 @@ def corpus_report(out_dir: str, by: str | None = None, arrays: bool = True, work
         "hours": float(durations.sum()) / 3600,
         "frames": frames_total,
         "tokens": tokens,
-        "frame_rate": frame_rate,
+        "frame_rate": frame_rate(tap),
         "dims": sorted(dims),
         "subsets_by": subsets.kind or ("field " + by if by else "top-level folder"),
         "subsets": {name: {"items": s["items"], "errors": s["errors"], "hours": s["seconds"] / 3600,

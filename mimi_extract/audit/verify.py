@@ -95,10 +95,6 @@ class FileCheck:
     def real(self) -> int:
         return sum(not m.tie for m in self.mismatches)
 
-    @property
-    def first_real_frame(self) -> int | None:
-        return min((m.frame for m in self.mismatches if not m.tie), default=None)
-
     def relative(self, tap: str) -> float:
         return self.diff.get(tap, 0.0) / max(self.scale.get(tap, 0.0), 1e-30)
 

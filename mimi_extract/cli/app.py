@@ -279,24 +279,24 @@ def _run(input_path: str, out_dir: str, strict: bool = False, progress_seconds: 
         say((f"{time.strftime('%H:%M:%S')} ", "dim"), text)
 
     def on_plan(s):
-        for w in s["warnings"]:
+        for w in s.warnings:
             say(("warning: ", "yellow"), w)
-        for n in s["notes"]:
+        for n in s.notes:
             say(("repaired: ", "yellow"), n)
-        devices = sorted(set(s["devices"]))
-        on = ", ".join(f"{s['devices'].count(d)}x {d}" if s["devices"].count(d) > 1 else d for d in devices)
-        say(f"{s['inputs']} inputs ({s['skipped']} already done), {s['unreadable']} unreadable, {s['todo']} to encode: "
-            f"{_hours(s['seconds'])} in {s['units']} work units ({s['streamed']} long files streamed), "
-            f"padding {100 * s['padding']:.1f}% on " + (s["engine"] or on))
-        if s.get("split") and s["split"].items:
-            sp = s["split"]
+        devices = sorted(set(s.devices))
+        on = ", ".join(f"{s.devices.count(d)}x {d}" if s.devices.count(d) > 1 else d for d in devices)
+        say(f"{s.inputs} inputs ({s.skipped} already done), {s.unreadable} unreadable, {s.todo} to encode: "
+            f"{_hours(s.seconds)} in {s.units} work units ({s.streamed} long files streamed), "
+            f"padding {100 * s.padding:.1f}% on " + (s.engine or on))
+        if s.split.items:
+            sp = s.split
             say(f"split {sp.items} long recording(s) into {sp.pieces} pieces "
                 f"(warm-up {100 * sp.overhead:.1f}% of their audio encoded twice)")
-        state["total"] = s["seconds"]
-        state["task"] = progress.add_task("encoding", total=max(s["seconds"], 1e-9), audio=_hours(0),
-                                          total_audio=_hours(s["seconds"]), items=0, speed=0.0, errors=0)
+        state["total"] = s.seconds
+        state["task"] = progress.add_task("encoding", total=max(s.seconds, 1e-9), audio=_hours(0),
+                                          total_audio=_hours(s.seconds), items=0, speed=0.0, errors=0)
         if plain is not None:
-            plain.start(s["seconds"])
+            plain.start(s.seconds)
         else:
             progress.start()
 
@@ -330,34 +330,34 @@ def _run(input_path: str, out_dir: str, strict: bool = False, progress_seconds: 
     progress.stop()
     if plain is not None:
         plain.update(state, final=True)
-    for n in summary["engine_notes"]:
+    for n in summary.engine_notes:
         say(("note: ", "yellow"), n)
-    stats = summary["stats"]
-    startup = summary.get("startup") or {}
-    where = summary["run_dir"]
-    if summary.get("interrupted"):
-        say((f"interrupted ({summary['interrupted']})", "yellow"),
-            f": {summary['ok']} items committed to {where}; run the same command again to resume.")
+    stats = summary.stats
+    startup = summary.startup or {}
+    where = summary.run_dir
+    if summary.interrupted:
+        say((f"interrupted ({summary.interrupted})", "yellow"),
+            f": {summary.ok} items committed to {where}; run the same command again to resume.")
         raise typer.Exit(EXIT_INTERRUPTED)
-    say(("done", "green"), f": {summary['ok']} ok, {summary['errors']} errors, {summary['skipped']} skipped "
-        f"({summary['frame_rate']:g} Hz frames) -> {where}/manifest.jsonl"
-        + (f" (staged; mirrored to {summary['remote']})" if summary.get("remote") else "")
+    say(("done", "green"), f": {summary.ok} ok, {summary.errors} errors, {summary.skipped} skipped "
+        f"({summary.frame_rate:g} Hz frames) -> {where}/manifest.jsonl"
+        + (f" (staged; mirrored to {summary.remote})" if summary.remote else "")
         + (f"; encoder idle {100 * stats.idle_fraction:.0f}% of {stats.wall:.1f} s" if stats.wall else "")
         + (f"; first result {startup['to_first_result']:.1f} s after start" if startup.get("to_first_result") else ""))
-    if summary["errors"]:
+    if summary.errors:
         from ..audit.outputs import run_failures
 
-        _say_common_failures(run_failures(where), summary["inputs"])
+        _say_common_failures(run_failures(where), summary.inputs)
         say(f"error rows: mimi-extract info {out_dir}  (or grep '\"status\": \"error\"' {where}/manifest.jsonl)")
-    if summary["inputs"] == 0:
+    if summary.inputs == 0:
         say(("error: ", "bold red"), f"no input found in {input_path}" + (f" (part {request.part})" if not request.part.whole else "")
             + ": a directory is searched for audio files (wav, flac, mp3, ogg, ...); a list or lhotse manifest "
             "names them")
         raise typer.Exit(EXIT_NO_INPUT)
-    if summary["errors"] and summary["ok"] == 0 and summary["skipped"] == 0:
-        say(("error: ", "bold red"), f"every input failed ({summary['errors']} of {summary['inputs']})")
+    if summary.errors and summary.ok == 0 and summary.skipped == 0:
+        say(("error: ", "bold red"), f"every input failed ({summary.errors} of {summary.inputs})")
         raise typer.Exit(EXIT_ALL_FAILED)
-    if summary["errors"] and strict:
+    if summary.errors and strict:
         raise typer.Exit(EXIT_FAILED)
 
 

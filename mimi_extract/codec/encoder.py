@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -237,7 +238,7 @@ class PaddedMimiEncoder(nn.Module):
         layers and every SEANet conv (all affine in the frame index) gives the look-back.  A piece of
         a recording encoded from this many samples (rounded up to whole frames) before its first
         frame, with absolute positions, gives the unchunked result for its frames: see
-        :func:`encode_piece`.  kyutai/mimi: 1,917,560 samples (79.9 s); the tiny test model 14,840."""
+        the split pieces' warm-up (``engines.plan.split_items``).  kyutai/mimi: 1,917,560 samples (79.9 s); the tiny test model 14,840."""
         if self.window is None:
             raise ValueError("the transformer attends to every past step: the receptive field is unbounded")
         frame = 1 << 20  # any frame far from the start (every map below is affine in it)
@@ -585,19 +586,28 @@ def frames_of(output: EncoderOutput, tap: str, row: int) -> torch.Tensor:
     return t[:, :n].T if tap == "codes" else t[:n]
 
 
+def stored_array(frames: torch.Tensor, tap: str, feature_dtype: str = "float32") -> np.ndarray:
+    """A tap's frames (time first) as OUT stores them, on the host: codes as int16, features as
+    ``feature_dtype`` (from float32, whatever the compute dtype)."""
+    if tap == "codes":
+        return frames.to("cpu").numpy().astype(np.int16)
+    return frames.float().to("cpu").numpy().astype(feature_dtype)
+
+
 @torch.no_grad()
 def encode_chunked(encoder: PaddedMimiEncoder, items: list[torch.Tensor], chunk: int,
                    taps: tuple[str, ...] = ("latent",), num_quantizers: int | None = None,
                    starts: list[int] | None = None) -> list[dict]:
     """Encode whole 1-D items as streams of ``chunk``-sample chunks, all rows in one batch.
 
-    The simplest driver of the chunked path (tests, ``verify``, :func:`encode_piece`); the extraction
-    engine refills rows as streams end (continuous batching).  ``starts``: where each item begins in
+    The simplest driver of the chunked path (tests, ``verify``, the Ray Data entry); the extraction
+    engine refills rows as streams end (continuous batching).  The chunks are fed in the encoder's
+    own dtype, on its device.  ``starts``: where each item begins in
     its recording (samples, a multiple of :attr:`~PaddedMimiEncoder.hop`), so RoPE positions and
     moshi's streaming calls stay absolute.  Returns per item {tap: time-first tensor}."""
     if chunk % encoder.hop:
         raise ValueError(f"chunk must be a multiple of {encoder.hop} samples")
-    device = next(encoder.parameters()).device
+    weight = next(encoder.parameters())
     state = encoder.init_state(len(items))
     if starts is not None:
         if any(s % encoder.hop for s in starts):
@@ -609,7 +619,7 @@ def encode_chunked(encoder: PaddedMimiEncoder, items: list[torch.Tensor], chunk:
         rows = [i for i, a in enumerate(items) if start < len(a)]
         idx = torch.tensor(rows)
         lengths = torch.tensor([min(chunk, len(items[i]) - start) for i in rows])
-        audio = torch.zeros(len(rows), int(lengths.max()), device=device)
+        audio = torch.zeros(len(rows), int(lengths.max()), device=weight.device, dtype=weight.dtype)
         for r, i in enumerate(rows):
             audio[r, : lengths[r]] = items[i][start : start + int(lengths[r])]
         final = torch.tensor([start + chunk >= len(items[i]) for i in rows])
@@ -648,20 +658,3 @@ def split_bounds(total: int, pieces: int, warmup: int, hop: int,
         begin = max(0, first - -(-warmup // hop) * hop)
         out.append((begin, first, min(total, b * hop)))
     return out
-
-
-@torch.no_grad()
-def encode_piece(encoder: PaddedMimiEncoder, audio: torch.Tensor, begin: int, first: int, chunk: int,
-                 taps: tuple[str, ...] = ("latent",), num_quantizers: int | None = None) -> dict:
-    """One piece of a recording, encoded on its own: ``audio`` is the recording's samples from
-    ``begin`` to the piece's end (see :func:`split_bounds`); returns each tap's frames from sample
-    ``first`` on.  The warm-up ``[begin, first)`` is encoded and dropped; positions are absolute, so
-    rounding (RoPE) and moshi's streaming calls are those of the unchunked encode.  Pieces are
-    independent: they can run on any worker, in any order, and their frames concatenated in order
-    equal the unchunked single-item encode to float noise (tested)."""
-    if begin % encoder.hop or first % encoder.hop or first < begin:
-        raise ValueError(f"begin <= first, both multiples of {encoder.hop} samples")
-    out = encode_chunked(encoder, [audio], chunk, taps, num_quantizers, starts=[begin])[0]
-    skip = {"encoder": (first - begin) // encoder.step}
-    skip["latent"] = skip["codes"] = (first - begin) // encoder.hop
-    return {t: v[skip[t]:] for t, v in out.items()}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from dataclasses import dataclass
 from importlib import metadata
 
 import torch
@@ -19,6 +20,22 @@ from transformers.utils import logging as hf_logging
 
 from .internals import drop_codebook_cache
 from .hub import looks_local
+
+
+@dataclass(frozen=True)
+class ModelIdentity:
+    """What names a loaded model in ``run.json`` and every shard: its config's and weights' hashes
+    (a resume with another model is refused), the libraries that ran it (provenance, never
+    compared), and the config itself (a tap's frame rate, a format's token layout)."""
+
+    config: object
+    config_hash: str
+    weights: str
+    versions: dict
+
+    @classmethod
+    def of(cls, model: nn.Module) -> "ModelIdentity":
+        return cls(model.config, config_hash(model.config), weights_hash(model), library_versions())
 
 
 def config_hash(config) -> str:

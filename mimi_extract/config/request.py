@@ -23,4 +23,4 @@ class RunRequest:
     limit: int | None = None  # only the first N inputs
     part: Part = Part()  # a job array's part: its share of the inputs
     reencode_damaged: bool = False  # first read every stored item; encode the damaged shards' items again
-    reencode_changed: bool = False  # resume over input shards rewritten in place (runner.rewritten_since)
+    reencode_changed: bool = False  # resume over input shards rewritten in place (store.run_info.rewritten_since)

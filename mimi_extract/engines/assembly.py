@@ -78,7 +78,3 @@ class Assembler:
         whole = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
         return Piece(replace(item, piece=None, samples=held.end) if joined else item, whole, True, True,
                      sum(held.seconds.values()), None, "; ".join(held.warnings) or None)
-
-    @property
-    def open_items(self) -> int:
-        return len(self._held)

@@ -18,9 +18,11 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from .plan import WorkUnit
+from ..codec.encoder import PaddedMimiEncoder
+from ..config.choices import SAMPLE_RATE
 from ..config.settings import Settings
-from ..sources import Item
+from ..sources import Item, plan_group
+from .plan import Split, WorkUnit, plan_units, split_items
 
 
 @dataclass
@@ -74,8 +76,9 @@ def is_out_of_memory(e: BaseException) -> bool:
 
 class Engine(ABC):
     """How planned work units become encoded pieces, and everything the runner asks of an engine:
-    ``plan_settings`` (what sizes the units), ``describe()`` (the plan line), ``stats`` and ``notes``
-    (the summary), ``run`` and ``close``."""
+    ``plan`` (its own work units), ``describe()`` (the plan line), ``stats`` and ``notes`` (the
+    summary), ``run`` and ``close`` (``with make_engine(settings) as engine``: closed when the block
+    ends)."""
 
     def __init__(self, settings: Settings):
         self.settings = settings
@@ -85,9 +88,43 @@ class Engine(ABC):
         self.stats = Stats()
         self.notes: list[str] = []  # for the run's summary: a worker that died, a request capped
 
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def describe(self) -> str | None:
         """What runs the work, for the plan line; None: the devices say it."""
         return None
+
+    def long_group(self) -> int:
+        """Long items (streamed) per work unit: one, so the run's tail is short items, not one long stream."""
+        return 1
+
+    def plan(self, items: list[Item], model=None) -> tuple[list[WorkUnit], Split]:
+        """This engine's work units for ``items``, numbered in order, and what splitting did.  With
+        ``model`` (the weights: their receptive field bounds a piece's warm-up) and ``--split``, a
+        recording that would keep one lane busy while the others idle is first cut into independent
+        pieces (``plan.split_items``; lanes: the devices' rows that a step's budget fills with
+        chunks).  Then items are grouped by ``sources.plan_group`` (a compressed tar is sorted
+        within each buffer-full only), long ones first (:meth:`long_group` a unit), short ones in
+        length-sorted batches (``plan.plan_units``), sized by :attr:`plan_settings`."""
+        planned = self.plan_settings
+        split = Split()
+        if model is not None and self.settings.split:
+            encoder = PaddedMimiEncoder(model)
+            if encoder.window is not None:
+                per_device = max(1, min(planned.rows, int(planned.step_seconds * SAMPLE_RATE) // planned.chunk_samples()))
+                items, split = split_items(items, len(planned.devices) * per_device, encoder.receptive_field, encoder.hop)
+        groups: dict[int, list[Item]] = {}
+        for it in items:
+            groups.setdefault(plan_group(it), []).append(it)
+        units = [u for g in sorted(groups) for u in plan_units(groups[g], planned.chunk_samples(), planned.step_seconds,
+                                                                planned.rows, long_group=self.long_group())]
+        for i, u in enumerate(units):
+            u.index = i
+        return units, split
 
     @abstractmethod
     def run(self, units: list[WorkUnit], stop: threading.Event, model=None) -> Iterator[Piece]:

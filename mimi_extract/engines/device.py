@@ -20,14 +20,13 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
-import numpy as np
 import torch
 
 from ..config.choices import SAMPLE_RATE
 from ..audio.decoders import AudioError, seek_is_exact
 from ..audio.reader import AudioReader, PieceReader
 from ..audio.device import NativeChunk, NativeGroup, NativeReader, device_resamplable, resample_rows
-from ..codec.encoder import PaddedMimiEncoder, frames_of
+from ..codec.encoder import PaddedMimiEncoder, frames_of, stored_array
 from ..codec.model import load_model, prepare
 from ..audio.framing import Framing
 from ..config.settings import Settings, default_cpu_workers, feeders_per_gpu
@@ -363,9 +362,8 @@ class DeviceRunner:
             if self.multi:
                 data = {t: self._own(item, t, frames_of(out, t, r), bool(step.fresh[r])).to("cpu") for t in self.taps}
             else:
-                data = self._own(item, s.tap, frames_of(out, s.tap, r), bool(step.fresh[r]))
-                data = data.to("cpu").numpy().astype(np.int16) if s.tap == "codes" else \
-                    data.float().to("cpu").numpy().astype(s.feature_dtype)
+                data = stored_array(self._own(item, s.tap, frames_of(out, s.tap, r), bool(step.fresh[r])), s.tap,
+                                    s.feature_dtype)
             final = bool(step.final[r])
             pieces.append(Piece(item, data, bool(step.fresh[r]), final, int(step.lengths[r]) / SAMPLE_RATE,
                                 warnings=self.decoder_warnings.pop(item.uid, None) if final else None))

@@ -30,21 +30,28 @@ class WorkUnit:
         return sum(it.duration for it in self.items)
 
 
-def plan_batches(items: list[Item], max_batch_seconds: float, batch_size: int, rate: int = 24_000) -> list[list[Item]]:
-    """Sort by length and pack greedily so that (items x longest item) stays under the budget.
-
-    An item longer than the budget gets a batch of its own."""
-    budget = max_batch_seconds * rate
-    batches: list[list[Item]] = []
-    current: list[Item] = []
-    for item in sorted(items, key=lambda it: (it.samples, it.key)):
-        if current and (len(current) >= batch_size or (len(current) + 1) * item.samples > budget):
+def pack(sizes: list[int], budget: float, max_rows: int) -> list[list[int]]:
+    """The packing rule (work units here, the Ray Data entry's steps): ``sizes`` in increasing order,
+    taken greedily into batches of at most ``max_rows`` whose rows x longest stays within ``budget``
+    (padded samples); a size over the budget gets a batch of its own.  Returns the indices of each
+    batch."""
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for i, size in enumerate(sizes):
+        if current and (len(current) >= max_rows or (len(current) + 1) * size > budget):
             batches.append(current)
             current = []
-        current.append(item)
+        current.append(i)
     if current:
         batches.append(current)
     return batches
+
+
+def plan_batches(items: list[Item], max_batch_seconds: float, batch_size: int, rate: int = 24_000) -> list[list[Item]]:
+    """Sort by length and pack greedily so that (items x longest item) stays under the budget
+    (:func:`pack`); an item longer than the budget gets a batch of its own."""
+    ordered = sorted(items, key=lambda it: (it.samples, it.key))
+    return [[ordered[i] for i in b] for b in pack([it.samples for it in ordered], max_batch_seconds * rate, batch_size)]
 
 
 def plan_units(items: list[Item], chunk_samples: int, max_batch_seconds: float, batch_size: int,

@@ -106,6 +106,10 @@ class RayEngine(Engine):
             self.options = dict(num_cpus=self.threads)
         self.plan_settings = replace(settings, devices=(self.device,) * self.actors)
 
+    def long_group(self) -> int:
+        """A step's rows of long items per unit: each actor streams a unit's items side by side."""
+        return self.plan_settings.rows
+
     def describe(self) -> str:
         return f"{self.actors} Ray actors on {'GPU' if self.gpus else f'CPU ({self.threads} threads each)'}"
 

@@ -8,8 +8,9 @@
 One model per actor (loaded in ``__init__``).  Each row's audio goes through the CLI's own decoding,
 channel and resampling path (:class:`~mimi_extract.audio.reader.AudioReader`) and the exact padded encoder
 (:class:`~mimi_extract.codec.encoder.PaddedMimiEncoder`): inside a batch the rows are sorted by length,
-packed into steps under the padded-seconds budget, and rows longer than ``chunk_seconds`` are
-streamed in chunks with the encoder's carried state, so every row equals the item encoded alone.
+packed into steps under the padded-seconds budget by the engines' own rule (``plan.pack``), and rows
+longer than ``chunk_seconds`` are streamed in chunks with the encoder's carried state by the
+package's one chunked loop (``encoder.encode_chunked``), so every row equals the item encoded alone.
 
 This is the entry for a pipeline that owns its sink: it gives no resume, identity checks, checksums
 or exactly-once commit beyond Ray Data's own (``mimi-extract --engine ray`` does).  The output is a
@@ -29,10 +30,11 @@ import torch
 from ..config.choices import SAMPLE_RATE
 from ..audio.decoders import AudioError
 from ..audio.reader import AudioReader
-from ..codec.encoder import EncoderState, frames_of
+from ..codec.encoder import encode_chunked, frames_of, stored_array
 from .device import TORCH_DTYPES, build_encoder
 from ..audio.framing import Framing
 from ..config.settings import Settings
+from .plan import pack
 
 
 @dataclass
@@ -169,44 +171,21 @@ class MimiEncode:
 
     def _chunked(self, rows: list[_Row]) -> list[torch.Tensor]:
         """Rows longer than a chunk, streamed chunk by chunk with the encoder's carried state (the
-        CLI's path for long files: one state row per stream, rows leave the step as they end)."""
-        tap, chunk, dtype = self.settings.tap, self.chunk, TORCH_DTYPES[self.settings.dtype]
-        state: EncoderState = self.encoder.init_state(len(rows))
-        pieces: list[list[torch.Tensor]] = [[] for _ in rows]
-        start = 0
-        while any(start < len(r.audio) for r in rows):
-            live = [i for i, r in enumerate(rows) if start < len(r.audio)]
-            index = torch.tensor(live)
-            lengths = torch.tensor([min(chunk, len(rows[i].audio) - start) for i in live])
-            audio = torch.zeros(len(live), chunk if bool((lengths == chunk).any()) else int(lengths.max()))
-            for j, i in enumerate(live):
-                audio[j, : int(lengths[j])] = rows[i].audio[start : start + int(lengths[j])]
-            final = torch.tensor([start + chunk >= len(rows[i].audio) for i in live])
-            sub = state if len(live) == state.batch_size else state.select(index)
-            out = self.encoder(audio.to(self.device, dtype), lengths, (tap,), self.settings.num_quantizers,
-                               state=sub, final=final)
-            if sub is not state:
-                state.assign(index, sub)
-            for j, i in enumerate(live):
-                pieces[i].append(frames_of(out, tap, j))
-            start += chunk
-        return [torch.cat(p) for p in pieces]
+        package's one chunked loop, ``encode_chunked``: one state row per stream, rows leave the step
+        as they end)."""
+        tap = self.settings.tap
+        out = encode_chunked(self.encoder, [r.audio for r in rows], self.chunk, (tap,), self.settings.num_quantizers)
+        return [o[tap] for o in out]
 
     def _steps(self, rows: list[_Row]) -> list[list[_Row]]:
-        """Length-sorted rows packed into steps: at most ``batch_rows`` rows and ``rows x longest``
-        padded samples under the budget (a row longer than a chunk counts as one chunk)."""
-        steps: list[list[_Row]] = []
-        current: list[_Row] = []
-        for row in sorted(rows, key=lambda r: len(r.audio)):
-            size = min(len(row.audio), self.chunk)
-            long_mix = current and (len(current[0].audio) > self.chunk) != (len(row.audio) > self.chunk)
-            if current and (long_mix or len(current) >= self.settings.rows or (len(current) + 1) * size > self.budget):
-                steps.append(current)
-                current = []
-            current.append(row)
-        if current:
-            steps.append(current)
-        return steps
+        """Length-sorted rows packed into steps by the engines' packing rule (``plan.pack``): at most
+        ``batch_rows`` rows and ``rows x longest`` padded samples within the budget, rows longer than a
+        chunk (streamed: a chunk each) in steps of their own."""
+        ordered = sorted(rows, key=lambda r: len(r.audio))
+        short = [r for r in ordered if len(r.audio) <= self.chunk]
+        long = [r for r in ordered if len(r.audio) > self.chunk]
+        return ([[short[i] for i in b] for b in pack([len(r.audio) for r in short], self.budget, self.settings.rows)]
+                + [[long[i] for i in b] for b in pack([self.chunk] * len(long), self.budget, self.settings.rows)])
 
     def _encode(self, rows: list[_Row]) -> dict[int, np.ndarray]:
         s = self.settings
@@ -214,8 +193,7 @@ class MimiEncode:
         for step in self._steps(rows):
             frames = self._chunked(step) if len(step[0].audio) > self.chunk else self._single_shot(step)
             for row, f in zip(step, frames):
-                out[row.index] = f.to("cpu").numpy().astype(np.int16) if s.tap == "codes" else \
-                    f.float().to("cpu").numpy().astype(s.feature_dtype)
+                out[row.index] = stored_array(f, s.tap, s.feature_dtype)
         return out
 
     # -- the map_batches call ----------------------------------------------------------------

@@ -27,6 +27,7 @@ import re
 import numpy as np
 
 from ..common import remote
+from ..config.taps import frame_rate
 from ..common.optional import pyarrow
 from .base import Format, ShardBuilder, jsonable
 from .registry import register
@@ -286,7 +287,7 @@ def dataset_card(out_dir: str, info: dict, parts: bool) -> str:
     settings = "\n".join(f"| {k} | `{info[k]}` |" for k in sorted(info)
                          if k in ("model", "weights", "tap", "num_quantizers", "framing", "frames_per_call",
                                   "causal_16k", "dtype", "feature_dtype", "channel", "tool_version"))
-    rate = "25" if column == "encoder" else "12.5"
+    rate = f"{frame_rate(column):g}"
     kept = info.get("metadata") or {}
     meta_rows = "".join(f"| `{name}` | {'string (JSON)' if kind == 'json' else kind} or null | kept from the input "
                         f"({'its lhotse supervisions' if name == 'supervisions' else '--keep-fields'}) |\n"

@@ -38,6 +38,7 @@ from pathlib import PurePosixPath
 import numpy as np
 
 from ..common import remote
+from ..config.taps import frame_shift
 from .base import Format, ShardBuilder, bytes_checksum
 from .registry import register
 
@@ -49,10 +50,6 @@ _FIELD_RE = "mimi_(?:codes|latent|encoder)"
 
 def field_for(tap: str) -> str:
     return FIELDS[tap]
-
-
-def frame_shift_for(tap: str) -> float:
-    return 0.04 if tap == "encoder" else 0.08
 
 
 def cuts_name(shard: str) -> str:
@@ -121,7 +118,7 @@ class SharShard(ShardBuilder):
         super().__init__(file_attrs)
         self.extend = bool(file_attrs.get("shar_extend"))
         self.field = field_for(file_attrs["tap"])
-        self.frame_shift = frame_shift_for(file_attrs["tap"])
+        self.frame_shift = frame_shift(file_attrs["tap"])
         self._tar = _memory_tar_writer({PAX_KEY: json.dumps(file_attrs, sort_keys=True, default=_plain)})
         self._cuts: list[str] = []
 

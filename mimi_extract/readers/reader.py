@@ -28,6 +28,7 @@ from collections import OrderedDict
 import numpy as np
 
 from ..common import remote
+from ..config.taps import frame_shift
 from ..store.files import MANIFEST, RUN_INFO
 from ..store.identity import read_run_info
 from ..store.manifest import committed_rows, iter_committed, out_exists, out_files, out_rows
@@ -240,10 +241,9 @@ class ManifestCuts:
 
         for d in self.dirs:
             info = read_run_info(d)
-            frame_shift = 0.04 if info["tap"] == "encoder" else 0.08
             for row in iter_committed(d):
                 if row.get("status") == "ok" and row.get("source"):
-                    cut = cut_dict(row, d, FIELDS[info["tap"]], frame_shift)
+                    cut = cut_dict(row, d, FIELDS[info["tap"]], frame_shift(info["tap"]))
                     if cut is not None:  # None: a format with no lhotse storage (Format.lhotse_storage)
                         yield cut
 

@@ -1,40 +1,94 @@
-""":class:`RunDirectory`: what one run does with its run directory, in order -- open it (the
-layout decision and the lock), check its identity, recover it, plan, write, finish -- so that the
-runner asks for each step instead of driving the files itself."""
+""":class:`RunDirectory`: the one door through which a run goes into its run directory, in order --
+the checks made before OUT is locked (:meth:`RunDirectory.refuse_other_run`), open it (the layout
+decision and the lock: a context manager), begin (:meth:`RunDirectory.begin`: identity, damaged
+shards, recovery, changed inputs, the plan), write (its writers, context managers too), finish --
+so that the runner asks for each step instead of driving the files itself."""
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
-import time
+from dataclasses import dataclass
 
+from ..config.request import RunRequest
+from ..config.settings import Part
+from ..formats import get_format
 from ..formats.base import Format
-from ..formats.cuts import FIELDS, cut_dict
-from .files import CUTS, LOCK, PLAN_INFO, STATS, write_atomic, write_file
+from ..sources import Discovered, Item
+from . import run_info
+from .cuts import write_cuts
+from .files import LOCK, STATS, write_atomic
 from .identity import check_run_info, read_run_info, write_run_info
 from .lock import RunLock, lock_run_dir
 from .manifest import committed_rows, out_rows, run_dirs
+from .plan_info import write_plan
 from .read import scan_checksums
 from .recover import recover
 from .shar_extend import SharExtendWriter
 from .writer import ShardWriter
 
 
+@dataclass
+class Begun:
+    """What a run begins with on its run directory (:meth:`RunDirectory.begin`)."""
+
+    attrs: dict  # what every shard this run writes stores about how it was made (run_info.file_attrs)
+    done: dict[str, dict]  # the committed ok rows, by key: their items are not encoded again
+    notes: list[str]  # what was repaired: quarantined shards, rewritten input shards encoded again
+
+
 class RunDirectory:
     """One run directory of OUT (OUT itself, or ``OUT/part-I-of-N``), locked from :meth:`open` to
-    :meth:`close`."""
+    :meth:`close` (``with RunDirectory.open(...) as run``: closed when the block ends, and a run that
+    never got further than the lock leaves no OUT behind)."""
 
-    def __init__(self, path: str, out_dir: str, lock: RunLock):
+    # before OUT is locked: a resume of an OUT made before 0.3 goes on by its rules; whether the
+    # parts of this job array divide their items by key; a resume of another run refused
+    as_before = staticmethod(run_info.as_before)
+    divided_by_key = staticmethod(run_info.divided_by_key)
+    refuse_other_run = staticmethod(run_info.refuse_other_run)
+
+    def __init__(self, path: str, out_dir: str, lock: RunLock, fresh: bool = False):
         self.path, self.out_dir, self.lock = path, out_dir, lock
+        self.fresh = fresh  # OUT did not exist before this run opened it
 
     @classmethod
-    def open(cls, out_dir: str, part_dirname: str | None = None, part_count: int | None = None) -> RunDirectory:
-        """Lock OUT itself for a whole run, ``OUT/part_dirname`` for a part of a job array of
-        ``part_count``; the layout is decided under OUT's lock (``lock.lock_run_dir``), so the two
-        layouts never mix."""
-        path, lock = lock_run_dir(out_dir, part_dirname, part_count)
-        return cls(path, out_dir, lock)
+    def open(cls, out_dir: str, part: Part = Part()) -> RunDirectory:
+        """Lock OUT itself for a whole run, ``OUT/part-I-of-N`` for a part of a job array; the layout
+        is decided under OUT's lock (``lock.lock_run_dir``), so the two layouts never mix."""
+        fresh = not os.path.exists(out_dir)
+        path, lock = lock_run_dir(out_dir, *((None, None) if part.whole else (part.dirname, part.count)))
+        return cls(path, out_dir, lock, fresh)
+
+    def __enter__(self) -> RunDirectory:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close(remove_if_unused=self.fresh)
+
+    def begin(self, found: Discovered, request: RunRequest, identity, items: list[Item], bad: list[Item],
+              on_phase=None) -> Begun:
+        """Begin the run ``request`` asks on this directory, for ``items`` (and the unreadable ``bad``)
+        of the input ``found``, with the loaded model's ``identity``
+        (:class:`~mimi_extract.codec.model.ModelIdentity`): refuse another run's settings, weights or
+        input (:meth:`check_identity`; ``--reencode-changed``: input shards rewritten in place are
+        encoded again), find the damaged shards (``--reencode-damaged``: every stored item read
+        against its checksums), recover (:meth:`recover`), refuse inputs changed since they were
+        encoded, and record the plan (``plan.json``)."""
+        on_phase = on_phase or (lambda text: None)
+        fmt = get_format(request.settings.format)
+        attrs = run_info.file_attrs(request.settings, identity, found.metadata)
+        info = run_info.run_info(request, found, identity)
+        rewritten = run_info.rewritten_since(self.path, info, request.part) if request.reencode_changed else []
+        requeued = self.check_identity(info, attrs, fmt, rewritten)
+        damaged = None
+        if request.reencode_damaged:
+            on_phase("reading every stored item to check its checksums (--reencode-damaged)")
+            damaged = self.damaged_shards()
+        done, notes = self.recover(attrs, fmt, damaged)
+        run_info.refuse_changed_inputs(items, done)
+        self.write_plan(len(items) + len(bad), sum(it.duration for it in items), str(request.part))
+        return Begun(attrs, done, requeued + notes)
 
     @property
     def whole(self) -> bool:
@@ -80,9 +134,8 @@ class RunDirectory:
         return recover(self.path, attrs, damaged, fmt=fmt)
 
     def write_plan(self, inputs: int, seconds: float, part: str) -> None:
-        """``plan.json``: what this run planned (``status`` and ``info`` read it)."""
-        write_atomic(os.path.join(self.path, PLAN_INFO), json.dumps(
-            {"inputs": inputs, "seconds": seconds, "updated": time.strftime("%Y-%m-%d %H:%M:%S %z"), "part": part}))
+        """``plan.json``: what this run planned (``status`` and ``info`` read it: ``plan_info``)."""
+        write_plan(self.path, inputs, seconds, part)
 
     def writer(self, fmt: Format, attrs: dict, max_items: int, max_bytes: int, on_commit=None) -> ShardWriter:
         """``on_commit()``: called after each commit (an OUT on object storage uploads it: ``mirror.py``)."""
@@ -129,32 +182,3 @@ class RunDirectory:
                         os.rmdir(d)
         except OSError:
             pass
-
-
-def cut_dicts(run_dir: str, base: str | None = None) -> list[dict]:
-    """One cut per committed ok row of a run directory (lhotse's serialisation of a MonoCut/MultiCut);
-    ``base``: where the run directory's shards are read from (the URL a staged run directory is
-    mirrored to), when not from ``run_dir`` itself."""
-    info = read_run_info(run_dir)
-    if info is None:
-        return []
-    tap = info["tap"]
-    frame_shift = 0.04 if tap == "encoder" else 0.08
-    cuts = (cut_dict(r, base or run_dir, FIELDS[tap], frame_shift)
-            for r in committed_rows(run_dir) if r.get("status") == "ok" and r.get("source"))
-    return [c for c in cuts if c is not None]
-
-
-def write_cuts(run_dir: str, base: str | None = None) -> str | None:
-    """(Re)write ``run_dir/cuts.jsonl.gz`` from the manifest's committed ok rows, atomically.  Every
-    run ends with it, an interrupted one too; after a kill -9 it lags the manifest until the next
-    run of that directory (``read_cuts`` never does: it reads the manifest).  ``base``: see
-    :func:`cut_dicts` (the cuts of an OUT on object storage point at its objects: ``mirror.py``)."""
-    info = read_run_info(run_dir)
-    if info is None or info.get("format") == "shar":  # Shar's cuts are its shar/cuts.* files
-        return None
-    lines = [json.dumps(c, ensure_ascii=False) for c in cut_dicts(run_dir, base)]
-    path = os.path.join(run_dir, CUTS)
-    write_file(path + ".tmp", gzip.compress(("\n".join(lines) + ("\n" if lines else "")).encode("utf-8"), 6))
-    os.replace(path + ".tmp", path)
-    return path

@@ -1,4 +1,5 @@
-"""The run directory's lock (``flock``, released by the OS however the process ends) and the
+"""The run directory's lock (``flock``, released by the OS however the process ends), the holder it
+names (written by :class:`RunLock`, read by :func:`live_holder` without taking the lock), and the
 decision, under OUT's lock, between one whole run and the parts of a job array."""
 
 from __future__ import annotations
@@ -69,6 +70,45 @@ class RunLock:
         if not self.file.closed:
             fcntl.flock(self.file, fcntl.LOCK_UN)
             self.file.close()
+
+
+# -- the holder, read without taking the lock (status: a run starting) --------------------------------
+def live_holder(lock: str) -> str | None:
+    """Who holds ``lock`` (its holder line: pid, host, start), if that process is alive; None if it is gone."""
+    try:
+        with open(lock, encoding="utf-8") as f:
+            holder = json.loads(f.read() or "null")
+    except (OSError, ValueError):
+        holder = None
+    if not isinstance(holder, dict) or not isinstance(holder.get("pid"), int):
+        return "a process that is taking the lock"  # created, its holder line not written yet
+    who = f"pid {holder['pid']} on {holder.get('host')}, started {holder.get('started')}"
+    if holder.get("host") != socket.gethostname():
+        return who + " (another host)"
+    held = _flock_held(lock)
+    if held is not None:
+        return who if held else None
+    try:  # no /proc/locks: is the holder alive?
+        os.kill(holder["pid"], 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass
+    return who
+
+
+def _flock_held(path: str) -> bool | None:
+    """Whether some process of this machine holds a ``flock`` on ``path`` (Linux's /proc/locks lists
+    them by device and inode; read-only, unlike a probing lock); None where that cannot be told."""
+    try:
+        st = os.stat(path)
+        with open("/proc/locks", encoding="ascii", errors="replace") as f:
+            locks = f.read()
+    except OSError:
+        return None
+    inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    return any(len(fields) > 5 and fields[1] == "FLOCK" and fields[5] == inode
+               for fields in (line.split() for line in locks.splitlines()))
 
 
 def _lock_error(e: OSError, path: str, doing: str) -> OutputError:

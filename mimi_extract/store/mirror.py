@@ -36,10 +36,13 @@ import socket
 import sys
 import threading
 import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable
 
 from ..common import remote
 from .files import CUTS, LOCK, MANIFEST, SEGMENT_RE, SEGMENTS, LockedError, OutputError
-from .directory import write_cuts
+from .cuts import write_cuts
 from .manifest import manifest_segments, run_dirs
 
 STAGING_ENV = "MIMI_EXTRACT_STAGING"
@@ -128,6 +131,19 @@ class RemoteLock:
                 self.fs.rm_file(self.path)
             except FileNotFoundError:
                 pass
+
+
+def remote_holder(lock: str) -> str | None:
+    """Who holds a lock object (:class:`RemoteLock`) whose lease still runs; None if it ran out."""
+    try:
+        holder = json.loads(remote.read_bytes(lock) or b"null")
+    except (OSError, ValueError):
+        return None
+    if not isinstance(holder, dict) or not isinstance(holder.get("expires"), (int, float)):
+        return None
+    if holder["expires"] <= time.time():
+        return None
+    return f"pid {holder.get('pid')} on {holder.get('host')} (its lock's lease runs {holder['expires'] - time.time():.0f} s more)"
 
 
 def _md5(path: str) -> str:
@@ -311,10 +327,22 @@ def pull_siblings(url: str, staging: str) -> None:
         fs.get_file(path, local)
 
 
-def extract_remote(url: str, part_dirname: str | None, run) -> dict:
-    """``run(staging OUT, on_commit)`` (the extraction, into the staging) with ``url`` locked,
-    pulled first and pushed after each commit and at the end; ``part_dirname``: the job array's
-    part (its own run directory, ``part-I-of-N``), None for a whole run."""
+@dataclass(frozen=True)
+class Staged:
+    """An OUT on object storage as a run writes it: ``path``, the local staging OUT it runs in;
+    ``push()``, after each commit there; ``url``, the OUT itself."""
+
+    url: str
+    path: str
+    push: Callable[[], None]
+
+
+@contextmanager
+def mirrored(url: str, part_dirname: str | None):
+    """``with mirrored(url, part) as staged``: the run directory of ``url`` (``part_dirname``: a job
+    array's part, its own ``part-I-of-N``; None for a whole run) locked, pulled into the local staging
+    OUT (:class:`Staged`), pushed after each commit (``staged.push``) and when the block ends -- after
+    an error too, what was committed before it."""
     staging = staging_dir(url)
     run_url = remote.join(url, part_dirname) if part_dirname else url.rstrip("/")
     mirror = Mirror(run_url, os.path.join(staging, part_dirname) if part_dirname else staging)
@@ -325,7 +353,7 @@ def extract_remote(url: str, part_dirname: str | None, run) -> dict:
         if part_dirname:
             pull_siblings(url, staging)
         try:
-            summary = run(staging, mirror.push)
+            yield Staged(url.rstrip("/"), staging, mirror.push)
         except BaseException:
             try:
                 mirror.push()  # what was committed before the error
@@ -333,6 +361,5 @@ def extract_remote(url: str, part_dirname: str | None, run) -> dict:
                 pass
             raise
         mirror.push()
-        return {**summary, "remote": url.rstrip("/"), "staging": staging}
     finally:
         lock.release()

@@ -16,7 +16,7 @@ from ..formats.base import Format
 from ..formats.shar import FOLDER, SharShard
 from .files import OutputError
 from .manifest import ManifestAppender, ManifestRow, with_shard_checksum
-from .writer import commit_files
+from .writer import WriterBlock, commit_files
 
 _INPUT_CUTS = re.compile(r"cuts\.(\d+)\.jsonl(?:\.gz)?")
 
@@ -90,7 +90,7 @@ class _Held:
     error: str | None = None
 
 
-class SharExtendWriter:
+class SharExtendWriter(WriterBlock):
     """``--shar-extend``: one ``<field>.NNNNNN.tar`` per input Shar shard, named by its number,
     holding that shard's cuts in its order (an array, or lhotse's placeholder pair for a cut that
     failed), so ``CutSet.from_shar(fields={"cuts": input, ..., field: these})`` lines up.

@@ -72,7 +72,32 @@ def commit_files(run_dir: str, files: dict[str, bytes], append_rows) -> None:
         raise write_error(e, folders[0]) from e
 
 
-class ShardWriter:
+class WriterBlock:
+    """A writer as a context manager, as lhotse's writers are: ``with run.writer(...) as writer``
+    commits what is open when the block ends; a block that ends with an error first discards what
+    is not committed (``abort``), then closes without raising a second error over the first."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, trace) -> None:
+        if kind is None:
+            self.close()
+            return
+        self.abort()
+        try:
+            self.close()
+        except OutputError:
+            pass
+
+    def abort(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class ShardWriter(WriterBlock):
     """Streams utterances into size-capped shards of one format and the manifest (one row per input).
 
     Only the lock holder writes, and only whole items (``engines.assembly`` joins their pieces), so

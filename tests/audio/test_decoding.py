@@ -219,7 +219,7 @@ def test_error_rows_name_the_member_and_info_groups_them(tmp_path, tiny_model_di
     import tarfile
 
     from mimi_extract.audit.outputs import info_report
-    from mimi_extract.run.runner import extract
+    from helpers import extract
     from mimi_extract.config.settings import Settings
 
     ok = io.BytesIO()

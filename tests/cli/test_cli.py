@@ -15,7 +15,7 @@ from helpers import interrupt_after_items
 from mimi_extract import read, read_manifest
 from mimi_extract.audio.reader import load
 from mimi_extract.codec.reference import reference_single
-from mimi_extract.run.runner import extract
+from helpers import extract
 from mimi_extract.config.settings import Settings
 
 BAD = {"empty.wav": "empty file", "corrupt.wav": "corrupt", "zero_len.wav": "zero-length"}
@@ -214,7 +214,7 @@ def test_out_of_memory_splits_batch(corpus, tiny_model, tiny_model_dir, tmp_path
     out = str(tmp_path / "oom")
     settings = Settings(model=tiny_model_dir, tap="codes", batch_size=8, max_batch_seconds=60, num_workers=0)
     summary = extract(root, out, settings)
-    assert tried[0] == 7 and sum(encoded) == 7 and max(encoded) <= 2 and summary["ok"] == 7
+    assert tried[0] == 7 and sum(encoded) == 7 and max(encoded) <= 2 and summary.ok == 7
     check_outputs(out, root, tiny_model, "codes")
 
 
@@ -233,6 +233,6 @@ def test_out_of_memory_alone_is_an_error_row(corpus, tiny_model_dir, tmp_path, m
     root, _ = corpus
     out = str(tmp_path / "oom1")
     summary = extract(root, out, Settings(model=tiny_model_dir, tap="codes", num_workers=0))
-    assert summary["ok"] == 6
+    assert summary.ok == 6
     (row,) = [r for r in read_manifest(out) if r["path"] == "sine_440.wav"]
     assert row["status"] == "error" and "out of memory even alone" in row["error"]

@@ -250,7 +250,7 @@ def test_an_out_made_with_the_exact_length_resumes_and_audits_with_it(tmp_path, 
     """An OUT made before the length rule was recorded cut items to the exact ceil(n * 24000 / rate):
     a resume goes on with that rule (one OUT never mixes two), and ``verify --out`` audits with it."""
     from mimi_extract import read
-    from mimi_extract.run.runner import extract
+    from helpers import extract
     from mimi_extract.config.settings import Settings
     from mimi_extract.store.identity import read_run_info, write_run_info
 
@@ -261,11 +261,11 @@ def test_an_out_made_with_the_exact_length_resumes_and_audits_with_it(tmp_path, 
         write_noise(tmp_path / "in" / name, 240_854, rate=44_100, subtype="FLOAT", rng=np.random.default_rng(i))
     settings = Settings(model=tiny_model_dir, tap="latent", num_workers=0)
     old = str(tmp_path / "old")
-    assert extract(str(tmp_path / "in"), old, replace(settings, resampled_length="exact"), limit=1)["ok"] == 1
+    assert extract(str(tmp_path / "in"), old, replace(settings, resampled_length="exact"), limit=1).ok == 1
     info = read_run_info(old)
     assert info.pop("resampled_length") == "exact"
     write_run_info(old, info)  # as an OUT of 0.2 has it
-    assert extract(str(tmp_path / "in"), old, settings)["ok"] == 1
+    assert extract(str(tmp_path / "in"), old, settings).ok == 1
     exact, fresh = str(tmp_path / "exact"), str(tmp_path / "fresh")
     extract(str(tmp_path / "in"), exact, replace(settings, resampled_length="exact"))
     extract(str(tmp_path / "in"), fresh, settings)

@@ -17,7 +17,7 @@ datasets = pytest.importorskip("datasets")
 
 from conftest import ONE_WORKER, cli, write_noise  # noqa: E402
 from mimi_extract import read, read_cuts, read_manifest  # noqa: E402
-from mimi_extract.run.runner import extract  # noqa: E402
+from helpers import extract  # noqa: E402
 from mimi_extract.config.settings import Settings  # noqa: E402
 from mimi_extract.sources import Options, discover  # noqa: E402
 from mimi_extract.store.files import OutputError  # noqa: E402
@@ -60,7 +60,7 @@ def key(stem):
 def test_sidecars_reach_the_cuts_as_supervisions_and_custom_fields(webdataset, tiny_model_dir, tmp_path):
     out = str(tmp_path / "out")
     summary = extract(webdataset, out, settings(tiny_model_dir), shard_size=2)
-    assert summary["ok"] == 4 and summary["errors"] == 0
+    assert summary.ok == 4 and summary.errors == 0
     # lhotse reads OUT's cuts.jsonl.gz itself, and read_cuts builds the same from the manifests
     for cuts in (lhotse.CutSet.from_file(os.path.join(out, "cuts.jsonl.gz")), read_cuts(out)):
         cuts = {c.id: c for c in cuts}
@@ -82,7 +82,7 @@ def test_sidecars_reach_the_cuts_as_supervisions_and_custom_fields(webdataset, t
     # a resume with other metadata settings is refused (the shards would differ), the same one resumes
     with pytest.raises(OutputError, match="metadata"):
         extract(webdataset, out, settings(tiny_model_dir), options=Options(keep_fields="text"))
-    assert extract(webdataset, out, settings(tiny_model_dir))["skipped"] == 4
+    assert extract(webdataset, out, settings(tiny_model_dir)).skipped == 4
 
 
 def test_an_out_written_before_metadata_was_kept_resumes_with_keep_fields_none(webdataset, tiny_model_dir, tmp_path):
@@ -95,13 +95,13 @@ def test_an_out_written_before_metadata_was_kept_resumes_with_keep_fields_none(w
     with pytest.raises(OutputError, match="--keep-fields none"):
         extract(webdataset, out, settings(tiny_model_dir))  # the new shards would have columns the old lack
     summary = extract(webdataset, out, settings(tiny_model_dir), options=Options(keep_fields="none"))
-    assert summary["skipped"] == 2 and summary["ok"] == 2
+    assert summary.skipped == 2 and summary.ok == 2
     assert all(not c.supervisions for c in read_cuts(out))
 
 
 def test_sidecars_become_parquet_columns_aligned_with_the_keys(webdataset, tiny_model_dir, tmp_path):
     out = str(tmp_path / "out")
-    assert extract(webdataset, out, settings(tiny_model_dir, "parquet"), shard_size=2)["ok"] == 4  # two shards
+    assert extract(webdataset, out, settings(tiny_model_dir, "parquet"), shard_size=2).ok == 4  # two shards
     ds = datasets.load_dataset("parquet", data_files=os.path.join(out, "shard-*.parquet"), split="train")
     assert ds.features["text"].dtype == "string" and ds.features["score"].dtype == "float64"
     assert ds.features["speaker"].dtype == "string"  # null in the first shard's first row, string in the schema
@@ -149,7 +149,7 @@ def test_parquet_text_column_reaches_both_outputs(tmp_path, tiny_model_dir):
     assert any("duration" in w for w in found.warnings)
     out = str(tmp_path / "pq")
     assert extract(str(tmp_path / "in.parquet"), out, settings(tiny_model_dir, "parquet"),
-                   options=Options(id_column="id"))["ok"] == 4
+                   options=Options(id_column="id")).ok == 4
     back = datasets.load_dataset("parquet", data_files=os.path.join(out, "shard-*.parquet"), split="train")
     assert back.features["speaker_id"].dtype == "int64"
     assert {r["key"]: (r["text"], r["speaker_id"]) for r in back} == {
@@ -205,7 +205,7 @@ def test_cutset_supervisions_and_custom_fields_carry_over(tmp_path, tiny_model_d
     stereo = cuts[2].id  # a MultiCut: one item per channel, each with the supervisions on its channel
     for fmt in ("hdf5", "parquet"):
         out = str(tmp_path / f"out-{fmt}")
-        assert extract(str(tmp_path / "cuts.jsonl.gz"), out, settings(tiny_model_dir, fmt))["ok"] == 4
+        assert extract(str(tmp_path / "cuts.jsonl.gz"), out, settings(tiny_model_dir, fmt)).ok == 4
         got = {c.id: c for c in read_cuts(out)}
         assert sorted(got) == sorted([cuts[0].id, "talk-seg", f"{stereo}#ch0", f"{stereo}#ch1"])
         assert [s.text for s in got[f"{stereo}#ch0"].supervisions] == ["left"]
@@ -238,7 +238,7 @@ def test_shar_input_supervisions_reach_the_shar_output(tmp_path, tiny_model_dir)
     cuts.to_shar(str(shar), fields={"recording": "flac"}, shard_size=2)
     out = str(tmp_path / "out")
     summary = extract(str(shar), out, settings(tiny_model_dir, "shar"))
-    assert summary["ok"] == 3 and summary["errors"] == 0
+    assert summary.ok == 3 and summary.errors == 0
     theirs = {c.id: c for c in lhotse.CutSet.from_shar(in_dir=str(shar))}
     got = {c.id: c for c in lhotse.CutSet.from_shar(in_dir=os.path.join(out, "shar"))}
     assert sorted(got) == sorted(theirs)

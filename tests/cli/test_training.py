@@ -13,7 +13,7 @@ lhotse = pytest.importorskip("lhotse")
 import mimi_extract  # noqa: E402
 from mimi_extract import read  # noqa: E402
 from mimi_extract.readers.dataset import CutsDataset, OutDataset, PadCollate, pad_collate  # noqa: E402
-from mimi_extract.run.runner import extract  # noqa: E402
+from helpers import extract  # noqa: E402
 from mimi_extract.config.settings import Settings  # noqa: E402
 
 FORMATS = ["hdf5", "parquet", "shar", "megatron"]
@@ -27,7 +27,7 @@ def outs(corpus, tiny_model_dir, tmp_path_factory):
     for fmt in FORMATS:
         made[fmt] = str(tmp_path_factory.mktemp(fmt) / "out")
         assert extract(root, made[fmt], Settings(model=tiny_model_dir, tap="codes", num_workers=0, format=fmt),
-                       shard_size=3)["ok"] == 7
+                       shard_size=3).ok == 7
     return made
 
 

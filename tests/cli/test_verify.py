@@ -12,7 +12,7 @@ from conftest import cli
 from mimi_extract import read_manifest
 from mimi_extract.codec.reference import reference_single
 from mimi_extract.codec.model import reset_codebook_cache
-from mimi_extract.run.runner import extract
+from helpers import extract
 from mimi_extract.config.settings import Settings
 from mimi_extract.codec.demo import random_model
 from helpers import restamp_checksum

@@ -11,7 +11,7 @@ from conftest import cli, tolerance
 from mimi_extract import read, read_manifest
 from mimi_extract.store.manifest import shard_attrs
 from mimi_extract.codec.reference import reference_single
-from mimi_extract.run.runner import extract
+from helpers import extract
 from mimi_extract.config.settings import Settings
 
 FRAME = 1920

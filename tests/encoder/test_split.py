@@ -7,13 +7,30 @@ import torch
 from transformers import MimiConfig
 
 from conftest import tolerance
-from mimi_extract.codec.encoder import PaddedMimiEncoder, encode_piece, split_bounds
+from mimi_extract.codec.encoder import PaddedMimiEncoder, encode_chunked, split_bounds
 from mimi_extract.codec.reference import reference_single
 from mimi_extract.codec.demo import random_model
 
 FRAME = 1920
 TAPS = ("encoder", "latent", "codes")
 
+
+
+@torch.no_grad()
+def encode_piece(encoder: PaddedMimiEncoder, audio: torch.Tensor, begin: int, first: int, chunk: int,
+                 taps: tuple[str, ...] = ("latent",), num_quantizers: int | None = None) -> dict:
+    """One piece of a recording, encoded on its own: ``audio`` is the recording's samples from
+    ``begin`` to the piece's end (see ``split_bounds``); returns each tap's frames from sample
+    ``first`` on.  The warm-up ``[begin, first)`` is encoded and dropped; positions are absolute, so
+    rounding (RoPE) and moshi's streaming calls are those of the unchunked encode.  Pieces are
+    independent: they can run on any worker, in any order, and their frames concatenated in order
+    equal the unchunked single-item encode to float noise (tested)."""
+    if begin % encoder.hop or first % encoder.hop or first < begin:
+        raise ValueError(f"begin <= first, both multiples of {encoder.hop} samples")
+    out = encode_chunked(encoder, [audio], chunk, taps, num_quantizers, starts=[begin])[0]
+    skip = {"encoder": (first - begin) // encoder.step}
+    skip["latent"] = skip["codes"] = (first - begin) // encoder.hop
+    return {t: v[skip[t]:] for t, v in out.items()}
 
 def stitched(encoder, audio, pieces, warmup, chunk):
     parts = [encode_piece(encoder, audio[begin:end], begin, first, chunk, TAPS, 8)
@@ -114,9 +131,9 @@ def test_assembler_orders_pieces_and_restarts_a_rehanded_one():
     done = add(piece(1), arr(4), False, True, None)
     whole_item, whole, error = done.item, done.data, done.error
     assert whole.tolist() == [1, 2, 3, 4, 5, 6] and error is None
-    assert whole_item.piece is None and whole_item.samples == 100 and s.open_items == 0
+    assert whole_item.piece is None and whole_item.samples == 100 and not s._held
     assert add(piece(0), arr(1), True, False, "cannot decode").error == "cannot decode"
-    assert add(piece(1), arr(1), True, True, "again") is None and s.open_items == 0
+    assert add(piece(1), arr(1), True, True, "again") is None and not s._held
 
 
 def test_split_items_cuts_fair_shares_and_keeps_short_recordings_whole():

@@ -13,7 +13,7 @@ from mimi_extract.audio.reader import load
 from mimi_extract.codec.reference import reference_single
 from mimi_extract.engines import DeviceRunner
 from mimi_extract.engines.plan import plan_units
-from mimi_extract.run.runner import extract
+from helpers import extract
 from mimi_extract.config.settings import Settings
 from mimi_extract.sources import discover
 from helpers import check_consistency
@@ -61,9 +61,9 @@ def test_mixed_directory_streams_long_files(tmp_path, tiny_model, tiny_model_dir
     calls = []
     summary = extract(str(root), str(tmp_path / "out"), Settings(model=tiny_model_dir, tap="codes", num_workers=1),
                       on_progress=lambda items, seconds, errors: calls.append((items, seconds)))
-    assert summary["streamed"] == 1 and summary["ok"] == 4
+    assert summary.streamed == 1 and summary.ok == 4
     assert sum(1 for items, seconds in calls if items == 0 and seconds > 0) >= 10  # 4 s chunks of the long file
-    assert abs(sum(s for _, s in calls) - summary["seconds"]) < 1e-6
+    assert abs(sum(s for _, s in calls) - summary.seconds) < 1e-6
     out = str(tmp_path / "out")
     for row in read_manifest(out):
         ref = reference_single(tiny_model, load(os.path.join(root, row["path"])), 8)["codes"].numpy()

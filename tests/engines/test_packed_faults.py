@@ -10,7 +10,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from mimi_extract.run.runner import extract
+from helpers import extract
 from mimi_extract.config.settings import Settings
 from helpers import check_consistency
 from conftest import write_noise
@@ -39,7 +39,7 @@ def many_tar(tmp_path_factory):
 @pytest.fixture(scope="module")
 def tar_reference(many_tar, tiny_model_dir, tmp_path_factory):
     out = str(tmp_path_factory.mktemp("tar-ref") / "out")
-    assert extract(many_tar, out, Settings(model=tiny_model_dir, tap="codes", num_workers=1), shard_size=7)["ok"] == 120
+    assert extract(many_tar, out, Settings(model=tiny_model_dir, tap="codes", num_workers=1), shard_size=7).ok == 120
     return check_consistency(out)
 
 
@@ -54,7 +54,7 @@ def test_tar_on_ray_equals_local(many_tar, tiny_model_dir, tar_reference, ray_cl
     out = str(tmp_path / "out")
     settings = Settings(model=tiny_model_dir, tap="codes", num_workers=1, engine="ray", ray_cpu_actors=2)
     summary = extract(many_tar, out, settings, limit=40)
-    assert summary["ok"] == 40
+    assert summary.ok == 40
     got = check_consistency(out)
     assert len(got) == 40 and all(np.array_equal(got[k], tar_reference[k]) for k in got)
     assert all(k.startswith("part-000000.tar/") for k in got)
@@ -91,7 +91,7 @@ def packed_reference(many_packed, tiny_model_dir, tmp_path_factory):
     refs = {}
     for kind, path in many_packed.items():
         out = str(tmp_path_factory.mktemp(f"ref-{kind}") / "out")
-        assert extract(path, out, Settings(model=tiny_model_dir, tap="codes", num_workers=1), shard_size=7)["ok"] == 120
+        assert extract(path, out, Settings(model=tiny_model_dir, tap="codes", num_workers=1), shard_size=7).ok == 120
         refs[kind] = check_consistency(out)
     return refs
 
@@ -114,7 +114,7 @@ def test_packed_inputs_on_ray_into_every_format(kind, fmt, many_packed, packed_r
     out = str(tmp_path / "out")
     settings = Settings(model=tiny_model_dir, tap="codes", num_workers=1, engine="ray", ray_cpu_actors=2)
     summary = extract(many_packed[kind], out, replace(settings, format=fmt), limit=40)
-    assert summary["ok"] == 40
+    assert summary.ok == 40
     got = check_consistency(out)
     assert len(got) == 40 and all(np.array_equal(got[k], packed_reference[kind][k]) for k in got)
 
@@ -128,7 +128,7 @@ def test_packed_parts_union_equals_a_whole_run(kind, many_packed, packed_referen
 
     out = str(tmp_path / "out")
     settings = Settings(model=tiny_model_dir, tap="codes", num_workers=1)
-    counts = [extract(many_packed[kind], out, settings, part=Part(i, 2))["ok"] for i in range(2)]
+    counts = [extract(many_packed[kind], out, settings, part=Part(i, 2)).ok for i in range(2)]
     assert sum(counts) == 120 and all(counts)
     from mimi_extract.store.identity import read_run_info
 

@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("ray")
 
-from mimi_extract.run.runner import extract  # noqa: E402
+from helpers import extract  # noqa: E402
 from mimi_extract.config.settings import Settings  # noqa: E402
 from helpers import check_consistency  # noqa: E402
 from conftest import write_noise  # noqa: E402
@@ -46,7 +46,7 @@ def test_ray_engine_equals_in_process(corpus60, tiny_model_dir, in_process, ray_
     summary = extract(corpus60, out, ray_settings(tiny_model_dir))
     # threads per actor: the cluster's CPUs (the session cluster's logical CPUs) / 2 actors
     threads = max(1, int(ray_cluster.cluster_resources()["CPU"]) // 2)
-    assert summary["ok"] == 61 and summary["engine"] == f"2 Ray actors on CPU ({threads} threads each)"
+    assert summary.ok == 61 and summary.engine == f"2 Ray actors on CPU ({threads} threads each)"
     got = check_consistency(out, in_process.keys())
     assert all(np.array_equal(got[k], in_process[k]) for k in in_process)
 
@@ -74,7 +74,7 @@ def test_ray_actor_killed_mid_run(corpus60, tiny_model_dir, in_process, ray_clus
     thread.join()
     assert killed, "no actor to kill"
     assert sum(done) == 61, done  # every item reported once, though one actor died mid-run
-    assert any("died" in n for n in summary["engine_notes"]), summary["engine_notes"]
+    assert any("died" in n for n in summary.engine_notes), summary.engine_notes
     got = check_consistency(out, in_process.keys())  # nothing lost, nothing twice
     assert all(np.array_equal(got[k], in_process[k]) for k in in_process)
 
@@ -94,10 +94,10 @@ def test_ray_interrupted_then_resumed(corpus60, tiny_model_dir, in_process, ray_
 
     summary = extract(corpus60, out, ray_settings(tiny_model_dir), shard_size=3, on_progress=progress, stop=stop)
     committed = check_consistency(out)
-    assert 0 < len(committed) < 61 and summary["ok"] == len(committed), (len(committed), summary["ok"])
+    assert 0 < len(committed) < 61 and summary.ok == len(committed), (len(committed), summary.ok)
     assert all(np.array_equal(committed[k], in_process[k]) for k in committed)
     again = extract(corpus60, out, ray_settings(tiny_model_dir), shard_size=3)
-    assert again["skipped"] == len(committed) and again["ok"] == 61 - len(committed)
+    assert again.skipped == len(committed) and again.ok == 61 - len(committed)
     got = check_consistency(out, in_process.keys())
     assert all(np.array_equal(got[k], in_process[k]) for k in in_process)
 

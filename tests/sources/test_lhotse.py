@@ -14,7 +14,7 @@ from mimi_extract import read, read_cuts  # noqa: E402
 from mimi_extract.audio.reader import load  # noqa: E402
 from mimi_extract.codec.reference import reference_single  # noqa: E402
 from mimi_extract.config.settings import Part  # noqa: E402
-from mimi_extract.run.runner import extract  # noqa: E402
+from helpers import extract  # noqa: E402
 from mimi_extract.config.settings import Settings  # noqa: E402
 from mimi_extract.sources import Options  # noqa: E402
 from helpers import check_consistency  # noqa: E402
@@ -84,7 +84,7 @@ def test_lhotse_manifests_as_inputs(tmp_path, tiny_model, tiny_model_dir):
         if expected is not None:
             assert set(arrays) == expected, arrays.keys()
         if name == "sups":
-            assert summary["errors"] == 1  # the segment past the end of its recording: an error row
+            assert summary.errors == 1  # the segment past the end of its recording: an error row
         for key, stored in arrays.items():
             cut = next(iter(lhotse.CutSet.from_file(os.path.join(out, "cuts.jsonl.gz")).filter(lambda c: c.id == key)))
             assert np.array_equal(cut.load_custom("mimi_codes"), stored)
@@ -129,7 +129,7 @@ def test_cuts_of_an_interrupted_run_and_after_a_kill(tmp_path, tiny_model_dir):
     seen = []
     summary = extract(str(root), out, settings, shard_size=2, stop=stop,
                       on_progress=lambda *a: seen.append(1) or (len(seen) == 4 and stop.set()))
-    assert summary["ok"] < 12
+    assert summary.ok < 12
     committed = sorted(r["key"] for r in read_manifest(out) if r["status"] == "ok")
     assert 0 < len(committed) < 12, committed
     cuts_file = os.path.join(out, "cuts.jsonl.gz")

@@ -14,7 +14,7 @@ import pytest
 import soundfile as sf
 
 from mimi_extract.config.settings import Part
-from mimi_extract.run.runner import extract
+from helpers import extract
 from mimi_extract.config.settings import Settings
 from mimi_extract.sources import Options, discover, open_audio
 from helpers import check_consistency
@@ -47,7 +47,7 @@ def loose(tmp_path_factory):
 def loose_run(loose, tiny_model_dir, tmp_path_factory):
     """The loose files encoded: what every packaged form of the same audio must give, key for key."""
     out = str(tmp_path_factory.mktemp("loose-out") / "out")
-    assert extract(loose, out, settings(tiny_model_dir))["ok"] == len(FILES)
+    assert extract(loose, out, settings(tiny_model_dir)).ok == len(FILES)
     return check_consistency(out)
 
 
@@ -91,7 +91,7 @@ def test_tar_equals_loose_files_and_single_item_reference(shards, loose_run, tin
     out = str(tmp_path / "out")
     summary = extract(os.path.join(shards, "en-{000000..000001}.tar"), out, settings(tiny_model_dir),
                       options=Options(id_field="id"))
-    assert summary["ok"] == len(FILES) and summary["errors"] == 0
+    assert summary.ok == len(FILES) and summary.errors == 0
     assert_equal_arrays(check_consistency(out), loose_run)
     info = read_run_info(out)
     assert info["input_kind"] == "tar" and [os.path.basename(s[0]) for s in info["input_identity"]["shards"]] == [
@@ -152,8 +152,8 @@ def test_tar_parts_take_whole_shards(shards, tiny_model_dir, tmp_path, monkeypat
     for i in range(2):
         opened.clear()
         summary = extract(shards, out, run, part=Part(i, 2), options=Options(id_field="id"))
-        assert opened == [f"en-00000{i}.tar"] and summary["ok"] == summary["inputs"] > 0
-        info = read_run_info(summary["run_dir"])
+        assert opened == [f"en-00000{i}.tar"] and summary.ok == summary.inputs > 0
+        info = read_run_info(summary.run_dir)
         assert [os.path.basename(s[0]) for s in info["input_identity"]["shards"]] == [f"en-00000{i}.tar"]
         assert [os.path.basename(s) for s in info["part_shards"]] == ["en-000000.tar", "en-000001.tar"]
         if i == 0:  # part 1 not yet run: its shard is what is missing
@@ -166,12 +166,12 @@ def test_tar_parts_take_whole_shards(shards, tiny_model_dir, tmp_path, monkeypat
     before = os.stat(os.path.join(shards, "en-000001.tar")).st_mtime_ns
     os.utime(os.path.join(shards, "en-000001.tar"), ns=(1, 1))
     try:
-        assert extract(shards, out, run, part=Part(0, 2), options=Options(id_field="id"))["skipped"] > 0
+        assert extract(shards, out, run, part=Part(0, 2), options=Options(id_field="id")).skipped > 0
         with pytest.raises(OutputError, match=r"input shards changed .*rewritten: \S*en-000001.tar \(modified\)") as e:
             extract(shards, out, run, part=Part(1, 2), options=Options(id_field="id"))
         assert "en-000000.tar" not in str(e.value)
         again = extract(shards, out, run, part=Part(1, 2), options=Options(id_field="id"), reencode_changed=True)
-        assert again["skipped"] == 0 and again["ok"] == again["inputs"] > 0  # its part: only that shard's items
+        assert again.skipped == 0 and again.ok == again.inputs > 0  # its part: only that shard's items
         union = check_consistency(out)
         assert union.keys() == reference.keys() and all(np.array_equal(union[k], reference[k]) for k in union)
     finally:
@@ -187,7 +187,7 @@ def test_tar_parts_take_whole_shards(shards, tiny_model_dir, tmp_path, monkeypat
         extract(shards, out, run, part=Part(1, 2), options=Options(id_field="id"))
     assert len(str(e.value)) < 600
     limited = extract(shards, str(tmp_path / "limited"), run, part=Part(0, 2), limit=3, options=Options(id_field="id"))
-    assert "part_shards" not in read_run_info(limited["run_dir"])  # --limit: the first 3 inputs, divided by key
+    assert "part_shards" not in read_run_info(limited.run_dir)  # --limit: the first 3 inputs, divided by key
 
 
 def test_rewritten_shard_is_encoded_again_alone(shards, loose_run, tiny_model_dir, tmp_path):
@@ -218,8 +218,8 @@ def test_rewritten_shard_is_encoded_again_alone(shards, loose_run, tiny_model_di
         assert not os.path.exists(os.path.join(out, "quarantine"))
         summary = extract(shards, out, settings(tiny_model_dir), shard_size=1, options=Options(id_field="id"),
                           reencode_changed=True)
-        assert summary["ok"] == len(in_second) and summary["skipped"] == len(FILES) - len(in_second), summary
-        assert "1 rewritten input shard(s) (en-000001.tar)" in summary["notes"][0]
+        assert summary.ok == len(in_second) and summary.skipped == len(FILES) - len(in_second), summary
+        assert "1 rewritten input shard(s) (en-000001.tar)" in summary.notes[0]
         assert len(os.listdir(os.path.join(out, "quarantine"))) == len(in_second)
         assert_equal_arrays(check_consistency(out), loose_run)
         assert cli(*args).exit_code == 0  # run.json took the new identity
@@ -253,10 +253,10 @@ def test_parts_take_whole_tgz_and_parquet_files(kind, loose, loose_run, tiny_mod
     out = str(tmp_path / "out")
     for i, mine in enumerate([[0, 2], [1]]):
         summary = extract(str(root), out, settings(tiny_model_dir), part=Part(i, 2), options=options)
-        info = read_run_info(summary["run_dir"])
+        info = read_run_info(summary.run_dir)
         assert [os.path.basename(s[0]) for s in info["input_identity"]["shards" if kind == "tgz" else "files"]] == [
             f"s-{n:06d}{ext}" for n in mine]
-        assert summary["ok"] == 2 * len(mine) and len(info["part_shards"]) == 3
+        assert summary.ok == 2 * len(mine) and len(info["part_shards"]) == 3
     assert_equal_arrays(check_consistency(out), loose_run)
 
 
@@ -344,7 +344,7 @@ def hf_dataset(loose, tmp_path_factory):
 def test_parquet_equals_loose_files(hf_dataset, loose_run, tiny_model_dir, tmp_path, form):
     out = str(tmp_path / "out")
     summary = extract(os.path.join(hf_dataset, form), out, settings(tiny_model_dir), options=Options(id_column="id"))
-    assert summary["ok"] == len(FILES)
+    assert summary.ok == len(FILES)
     assert_equal_arrays(check_consistency(out), loose_run)
     if form == "data":
         checks, problems = verify_outputs(out, sample=2)
@@ -409,7 +409,7 @@ def test_shar_equals_its_members_as_loose_files(shar, tiny_model_dir, tmp_path):
     loose_out, shar_out = str(tmp_path / "loose-out"), str(tmp_path / "shar-out")
     extract(str(members), loose_out, settings(tiny_model_dir))
     summary = extract(shar, shar_out, settings(tiny_model_dir))
-    assert summary["ok"] == len(FILES) and read_run_info(shar_out)["input_kind"] == "shar"
+    assert summary.ok == len(FILES) and read_run_info(shar_out)["input_kind"] == "shar"
     assert_equal_arrays(check_consistency(shar_out), check_consistency(loose_out), lambda k: k + ".flac")
     each = discover(shar, "each")
     assert {"d#ch0", "d#ch1"} <= {it.key for it in each.items}  # d.wav is stereo: a MultiCut
@@ -486,7 +486,7 @@ def test_pyav_formats_decode_and_encode(tmp_path, tiny_model_dir):
         assert it.frames == ffmpeg_samples(it.path)
         assert load(it.path).shape[-1] == -(-it.frames * 24_000 // it.sample_rate)
     out = str(tmp_path / "out")
-    assert extract(str(root), out, settings(tiny_model_dir))["ok"] == 2
+    assert extract(str(root), out, settings(tiny_model_dir)).ok == 2
     decoders = read_run_info(out)["decoders"]
     assert decoders["soundfile"].startswith("soundfile") and decoders["pyav"].startswith("av ")
     # verify: the engine vs each item alone
@@ -503,7 +503,7 @@ def test_mp3_decoder_is_fixed_and_recorded(tmp_path, tiny_model_dir, monkeypatch
     """MP3 goes to FFmpeg (priming and gapless trimming differ between decoders: one decoder per
     format); a resume whose decoders differ from run.json's is refused, never mixed."""
     import mimi_extract.audio.decoders as audio
-    import mimi_extract.run.runner as runner
+    import mimi_extract.store.run_info as run_info
 
     root = tmp_path / "mp3"
     root.mkdir()
@@ -513,21 +513,21 @@ def test_mp3_decoder_is_fixed_and_recorded(tmp_path, tiny_model_dir, monkeypatch
     assert len(found.items) == 2
     assert [it.frames for it in found.items] == [ffmpeg_samples(it.path) for it in found.items]  # FFmpeg's count
     out = str(tmp_path / "out")
-    assert extract(str(root), out, settings(tiny_model_dir), limit=1)["ok"] == 1
+    assert extract(str(root), out, settings(tiny_model_dir), limit=1).ok == 1
     decoders = read_run_info(out)["decoders"]
     assert "libavcodec" in decoders["pyav"] and ".mp3" in decoders["pyav_extensions"]
     other = dict(audio.decoder_versions(), pyav="av 0.0, libavcodec 0.0")
-    monkeypatch.setattr(runner, "decoder_versions", lambda: other)
+    monkeypatch.setattr(run_info, "decoder_versions", lambda: other)
     with pytest.raises(OutputError, match="decoders"):
         extract(str(root), out, settings(tiny_model_dir))
     monkeypatch.undo()
-    assert extract(str(root), out, settings(tiny_model_dir))["ok"] == 1  # same decoders: resumes
+    assert extract(str(root), out, settings(tiny_model_dir)).ok == 1  # same decoders: resumes
     info_path = os.path.join(out, "run.json")  # an OUT made before decoders were recorded resumes
     info = read_run_info(out)
     del info["decoders"]
     with open(info_path, "w") as f:
         json.dump(info, f)
-    assert extract(str(root), out, settings(tiny_model_dir))["skipped"] == 2
+    assert extract(str(root), out, settings(tiny_model_dir)).skipped == 2
 
 
 # -- compressed tar --------------------------------------------------------------------------
@@ -550,7 +550,7 @@ def test_tgz_in_buffer_groups_equals_loose_files(loose, loose_run, tiny_model_di
     assert len(groups) >= 3 and groups == list(range(len(groups)))
     out = str(tmp_path / "out")
     summary = extract(str(tmp_path / "z" / "x.tar.gz"), out, settings(tiny_model_dir), options=options)
-    assert summary["ok"] == len(FILES)
+    assert summary.ok == len(FILES)
     assert_equal_arrays(check_consistency(out), loose_run)
     checks, problems = verify_outputs(out, sample=2)
     assert not problems and all(c.error is None for c in checks)
@@ -622,7 +622,7 @@ def test_emilia_sidecar_duration_is_the_whole_file(tmp_path, tiny_model_dir):
     rows = [json.loads(line) for line in open(out / "manifest.jsonl")]
     assert len(rows) == 6 and all(r["status"] == "ok" for r in rows), rows
     reference = str(tmp_path / "ref")  # the whole files, loose
-    assert extract(loose, reference, settings(tiny_model_dir))["ok"] == 6
+    assert extract(loose, reference, settings(tiny_model_dir)).ok == 6
     assert_equal_arrays(check_consistency(str(out)), check_consistency(reference), lambda k: k + ".mp3")
     checks, problems = verify_outputs(str(out), sample=None)  # each item alone (transformers), from the shard
     assert not problems and len(checks) == 6
@@ -685,13 +685,13 @@ def test_nemo_manifest_equals_single_item_references(tmp_path, tiny_model_dir):
                    "wavs/u2.wav": (0, 31_001, {"text": "utterance 2"}),
                    "wavs/u2.wav@0.25-0.75": (4000, 8000, {"text": "a segment"})}
     out = str(tmp_path / "out")
-    assert extract(str(manifest), out, settings(tiny_model_dir))["ok"] == 4
+    assert extract(str(manifest), out, settings(tiny_model_dir)).ok == 4
     checks, problems = verify_outputs(out, sample=None)  # each item alone, from its stored start/frames
     assert not problems and len(checks) == 4
     assert all(c.error is None and not [m for m in c.mismatches if not m.tie] for c in checks), checks
     stored = check_consistency(out)  # the whole files: as the same files in a directory
     loose = str(tmp_path / "loose")
-    assert extract(str(tmp_path / "wavs"), loose, settings(tiny_model_dir))["ok"] == 3
+    assert extract(str(tmp_path / "wavs"), loose, settings(tiny_model_dir)).ok == 3
     want = check_consistency(loose)
     for i in range(3):
         assert np.array_equal(stored[f"wavs/u{i}.wav"], want[f"u{i}.wav"])
@@ -826,7 +826,7 @@ def test_a_parquet_cell_over_the_size_limit_is_an_error_row_before_it_is_copied(
                                      "Parquet cell (set MIMI_EXTRACT_MAX_CELL_MB to raise it)"}
     out = str(tmp_path / "out")
     summary = extract(str(path), out, settings(tiny_model_dir))
-    assert summary["ok"] == 2 and summary["errors"] == 1
+    assert summary.ok == 2 and summary.errors == 1
     arrays = check_consistency(out)
     assert np.array_equal(arrays["x.parquet/0"], arrays["x.parquet/2"])  # the same audio: the same codes
     monkeypatch.setenv(parquet_source.MAX_CELL_ENV, "1")

@@ -196,7 +196,7 @@ def test_list_rows_without_an_id_are_keyed_from_the_corpus_root(tmp_path, tiny_m
     file included; relative rows stay as written below the list's folder.  An OUT made before (its
     run.json records no --list-keys) resumes with its own keys, storing nothing twice; a new OUT
     refuses another --list-keys."""
-    from mimi_extract.run.runner import extract
+    from helpers import extract
     from mimi_extract.config.settings import Settings
     from mimi_extract.sources import Options
     from mimi_extract.store.files import OutputError
@@ -222,16 +222,16 @@ def test_list_rows_without_an_id_are_keyed_from_the_corpus_root(tmp_path, tiny_m
 
     settings = Settings(model=tiny_model_dir, tap="codes", num_workers=0)
     old = str(tmp_path / "old")  # as an older version wrote it: keys as written, no --list-keys in run.json
-    assert extract(str(manifest), old, settings, options=Options(list_keys="written"), limit=2)["ok"] == 2
+    assert extract(str(manifest), old, settings, options=Options(list_keys="written"), limit=2).ok == 2
     info = read_run_info(old)
     del info["items"]["--list-keys"]
     write_run_info(old, info)
     summary = extract(str(manifest), old, settings)
-    assert (summary["skipped"], summary["ok"]) == (2, 1)
+    assert (summary.skipped, summary.ok) == (2, 1)
     stored = sorted(json.loads(line)["key"] for line in open(os.path.join(old, "manifest.jsonl")))
     assert stored == written and "--list-keys" not in read_run_info(old)["items"]
     new = str(tmp_path / "new")
-    assert extract(str(manifest), new, settings)["ok"] == 3
+    assert extract(str(manifest), new, settings).ok == 3
     assert read_run_info(new)["items"]["--list-keys"] == "root"
     with pytest.raises(OutputError, match="--list-keys: 'root' -> 'written'"):
         extract(str(manifest), new, settings, options=Options(list_keys="written"))

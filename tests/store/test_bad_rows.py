@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import write_noise
-from mimi_extract.run.runner import extract
+from helpers import extract
 from mimi_extract.config.settings import Settings
 from mimi_extract.sources import discover
 from helpers import check_consistency
@@ -73,7 +73,7 @@ def test_bad_list_rows_run_resume_and_verify(tmp_path, tiny_model_dir):
     for _ in range(2):  # a resume meets the same rows again
         summary = extract(lst, out, _settings(tiny_model_dir))
         arrays = check_consistency(out, {"a.wav", "a.wav@1.5-3", "shared"})
-    assert summary["errors"] == 9
+    assert summary.errors == 9
     rows = {r["key"]: r for r in read_manifest(out)}
     assert sum(r["status"] == "error" for r in rows.values()) == 9
     seg = rows["a.wav@1.5-3"]
@@ -102,7 +102,7 @@ def test_malformed_lhotse_rows_are_error_rows(tmp_path, tiny_model_dir):
     summary = extract(str(cuts), out, _settings(tiny_model_dir))
     check_consistency(out, {"good"})
     errors = sorted(r["error"] for r in read_manifest(out) if r["status"] == "error")
-    assert summary["errors"] == 3 and [e.split(":")[0] for e in errors] == ["line 2", "line 3", "line 4"], errors
+    assert summary.errors == 3 and [e.split(":")[0] for e in errors] == ["line 2", "line 3", "line 4"], errors
     assert "duplicate key 'good'" in errors[2]
 
     sups = tmp_path / "sups.jsonl.gz"
@@ -125,6 +125,6 @@ def test_out_inside_input_is_not_an_input(tmp_path, tiny_model_dir):
     os.makedirs(out / "decoded")
     write_noise(out / "decoded" / "a.wav", 12_000)  # what `decode` writes, inside OUT
     summary = extract(str(root), str(out), _settings(tiny_model_dir))
-    assert summary["inputs"] == 1 and summary["skipped"] == 1
-    assert any("output directory" in w and str(out) in w for w in summary["warnings"]), summary["warnings"]
+    assert summary.inputs == 1 and summary.skipped == 1
+    assert any("output directory" in w and str(out) in w for w in summary.warnings), summary.warnings
     check_consistency(str(out), {"a.wav"})

@@ -13,7 +13,7 @@ import mimi_extract
 from conftest import ONE_WORKER, cli
 from mimi_extract import read, read_manifest
 from mimi_extract.formats import get_format, names
-from mimi_extract.run.runner import extract
+from helpers import extract
 from mimi_extract.config.settings import Settings
 from mimi_extract.store.files import DamagedError
 from mimi_extract.store.read import load_row
@@ -32,7 +32,7 @@ def both(corpus, tiny_model_dir, tmp_path_factory):
     outs = {}
     for fmt in ("hdf5", "parquet"):
         outs[fmt] = str(tmp_path_factory.mktemp(fmt) / "out")
-        assert run(root, outs[fmt], tiny_model_dir, fmt)["ok"] == 7
+        assert run(root, outs[fmt], tiny_model_dir, fmt).ok == 7
     return outs
 
 

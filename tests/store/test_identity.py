@@ -22,7 +22,7 @@ import soundfile as sf
 from mimi_extract.store.files import OutputError
 from mimi_extract.store.lock import RunLock
 from mimi_extract.config.settings import Part
-from mimi_extract.run.runner import extract
+from helpers import extract
 from mimi_extract.config.settings import Settings
 from mimi_extract.sources import Options
 from helpers import check_consistency
@@ -191,7 +191,7 @@ def test_older_run_json_without_items_refuses_disjoint_keys_then_pins(inputs, ti
         # refused as such before the keys are compared)
         extract(inputs["pq"], out, settings(tiny_model_dir), options=Options(keep_fields="none"))
     assert snapshot(out) == before
-    assert extract(inputs["pq"], out, settings(tiny_model_dir), options=Options(id_column="id"))["ok"] == 2
+    assert extract(inputs["pq"], out, settings(tiny_model_dir), options=Options(id_column="id")).ok == 2
     with open(os.path.join(out, "run.json")) as f:
         assert json.load(f)["items"] == {"--id-column": "id"}
     result = cli("codes", inputs["pq"], out, "--model", tiny_model_dir, *ONE_WORKER)
@@ -209,7 +209,7 @@ def test_run_json_schema_version_missing_resumes_newer_is_refused(inputs, tiny_m
     edit_run_json(out, lambda info: {k: v for k, v in info.items() if k != "schema_version"})  # an older OUT
     assert json.loads(cli("info", out, "--json").stdout)["ok"] == 2
     summary = extract(inputs["loose"], out, settings(tiny_model_dir))
-    assert (summary["skipped"], summary["ok"], summary["errors"]) == (2, len(NAMES) - 2, 0)
+    assert (summary.skipped, summary.ok, summary.errors) == (2, len(NAMES) - 2, 0)
     check_consistency(out)
     edit_run_json(out, lambda info: {**info, "schema_version": 2})  # a newer mimi-extract's
     before = snapshot(out)
@@ -364,7 +364,7 @@ def test_run_json_records_library_versions_and_a_resume_with_others_goes_on(inpu
     import torch
     import transformers
 
-    from mimi_extract.run import runner
+    from mimi_extract.codec import model as codec_model
     from mimi_extract.store.identity import check_run_info, read_run_info
 
     out = str(tmp_path / "out")
@@ -373,9 +373,9 @@ def test_run_json_records_library_versions_and_a_resume_with_others_goes_on(inpu
             "torchaudio": metadata.version("torchaudio")}
     assert read_run_info(out)["versions"] == made
     other = {"torch": "2.4.0", "transformers": "5.3.0", "torchaudio": None}
-    monkeypatch.setattr(runner, "library_versions", lambda: other)
+    monkeypatch.setattr(codec_model, "library_versions", lambda: other)
     summary = extract(inputs["loose"], out, settings(tiny_model_dir))
-    assert (summary["skipped"], summary["ok"], summary["errors"]) == (2, len(NAMES) - 2, 0)
+    assert (summary.skipped, summary.ok, summary.errors) == (2, len(NAMES) - 2, 0)
     assert read_run_info(out)["versions"] == made
     part = tmp_path / "parts" / "part-2-of-2"  # another part of one job array, made with other versions
     part.mkdir(parents=True)

@@ -17,7 +17,7 @@ import soundfile as sf
 
 from conftest import ONE_WORKER, cli, cli_process, write_noise
 from mimi_extract import read_manifest
-from mimi_extract.run.runner import extract
+from helpers import extract
 from mimi_extract.config.settings import Settings
 from mimi_extract.codec.demo import random_model, tiny_config
 from helpers import check_consistency
@@ -45,7 +45,7 @@ def reference_run(many, tiny_model_dir, tmp_path_factory):
     """The uninterrupted result every interrupted-and-resumed OUT must equal, array for array."""
     out = str(tmp_path_factory.mktemp("ref") / "out")
     summary = extract(many, out, Settings(model=tiny_model_dir, tap="codes", num_workers=1), shard_size=7)
-    assert summary["ok"] == 120
+    assert summary.ok == 120
     return check_consistency(out)
 
 

@@ -12,7 +12,7 @@ import shutil
 import pytest
 
 from conftest import cli
-from mimi_extract.run.runner import extract
+from helpers import extract
 from test_packed_sources import FILES, settings
 from test_packed_sources import loose  # noqa: F401  (fixture)
 
@@ -24,7 +24,7 @@ COMMANDS = [["info"], ["status"], ["status", "--missing"], ["status", "--json"],
 def good(loose, tiny_model_dir, tmp_path_factory):  # noqa: F811
     """A complete HDF5 OUT of the loose files (two items a shard), never modified: tests copy it."""
     out = str(tmp_path_factory.mktemp("good") / "out")
-    assert extract(loose, out, settings(tiny_model_dir), shard_size=2)["ok"] == len(FILES)
+    assert extract(loose, out, settings(tiny_model_dir), shard_size=2).ok == len(FILES)
     return out
 
 

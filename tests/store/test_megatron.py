@@ -22,7 +22,7 @@ from helpers import check_consistency
 from mimi_extract import read, read_manifest
 from mimi_extract.formats.megatron import DATA_ARGS, IndexFile, Tokens, indexed_dataset
 from mimi_extract.readers.reader import megatron_blend as blend
-from mimi_extract.run.runner import extract
+from helpers import extract
 from mimi_extract.config.settings import Settings
 from mimi_extract.store.files import DamagedError
 
@@ -48,7 +48,7 @@ def outs(corpus, tiny_model_dir, tmp_path_factory):
     for name, kw in (("hdf5", {}), *((f"megatron-{layout}", kw) for layout, kw in LAYOUTS.items())):
         found[name] = str(tmp_path_factory.mktemp(name) / "out")
         summary = run(root, found[name], tiny_model_dir, name.split("-")[0], **kw)
-        assert summary["ok"] == 7 and summary["errors"] == 3, summary
+        assert summary.ok == 7 and summary.errors == 3, summary
     return found
 
 

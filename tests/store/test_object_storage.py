@@ -13,7 +13,7 @@ import pytest
 from mimi_extract.store.files import OutputError
 from mimi_extract.store.identity import read_run_info
 from mimi_extract.store.manifest import read_manifest
-from mimi_extract.run.runner import extract
+from helpers import extract
 from mimi_extract.sources import Options, discover
 from helpers import check_consistency, interrupt_after_items
 from conftest import ONE_WORKER, cli
@@ -58,8 +58,8 @@ def test_s3_input_equals_the_local_copy(kind, s3, shards, hf_dataset, shar, tiny
     found = discover(source, options=options)
     assert found.kind == kind.split("-")[0] and len(found.items) == len(FILES) and not found.bad
     here, there = str(tmp_path / "local"), str(tmp_path / "s3")
-    assert extract(local, here, settings(tiny_model_dir), options=options)["ok"] == len(FILES)
-    assert extract(source, there, settings(tiny_model_dir), options=options)["ok"] == len(FILES)
+    assert extract(local, here, settings(tiny_model_dir), options=options).ok == len(FILES)
+    assert extract(source, there, settings(tiny_model_dir), options=options).ok == len(FILES)
     same_outputs(there, here)
     info = read_run_info(there)
     assert info["input"] == source.rstrip("/")
@@ -91,17 +91,17 @@ def test_a_rewritten_object_refuses_the_resume(s3, loose, tiny_model_dir, tmp_pa
     s3.put(second, f"{url}/en-000001.tar")
     out = str(tmp_path / "out")
     run = functools.partial(extract, url, out, settings(tiny_model_dir), shard_size=1, options=Options(id_field="id"))
-    assert run()["ok"] == len(FILES)
+    assert run().ok == len(FILES)
     s3.put(second, f"{url}/en-000001.tar")  # the same bytes again: not a change (resumed, nothing to do)
-    assert run()["skipped"] == len(FILES)
+    assert run().skipped == len(FILES)
     write_tar(tmp_path / "other.tar", loose, names[3:], extra=[("zz.txt", b"another member")])
     s3.put(str(tmp_path / "other.tar"), f"{url}/en-000001.tar")
     with pytest.raises(OutputError, match="en-000001.tar"):
         run()
     summary = run(reencode_changed=True)
-    assert summary["ok"] == 3 and summary["skipped"] == 3, summary
-    assert summary["errors"] == 1  # the new version's extra member (no audio): the object is read as it is now
-    assert "1 rewritten input shard(s) (en-000001.tar)" in summary["notes"][0]
+    assert summary.ok == 3 and summary.skipped == 3, summary
+    assert summary.errors == 1  # the new version's extra member (no audio): the object is read as it is now
+    assert "1 rewritten input shard(s) (en-000001.tar)" in summary.notes[0]
     assert read_run_info(out)["input_identity"]["shards"][1][2] == s3.info(f"{url}/en-000001.tar")["ETag"].strip('"')
 
 
@@ -137,7 +137,7 @@ def test_s3_out_resumes_after_an_interruption_on_another_machine(fmt, s3, shards
     run = functools.partial(extract, shards, settings=settings(tiny_model_dir, format=fmt), shard_size=1,
                             options=Options(id_field="id"))
     local = str(tmp_path / "local")
-    assert run(out_dir=local)["ok"] == len(FILES)
+    assert run(out_dir=local).ok == len(FILES)
     url = f"s3://{BUCKET}/out-{fmt}"
     with pytest.raises(KeyboardInterrupt):
         run(out_dir=url, on_progress=interrupt_after_items(2))
@@ -152,7 +152,7 @@ def test_s3_out_resumes_after_an_interruption_on_another_machine(fmt, s3, shards
     s3.pipe(f"{url}/{orphan}", b"a half-committed shard")
     shutil.rmtree(tmp_path / "staging")  # another machine: nothing staged
     summary = run(out_dir=url)
-    assert summary["skipped"] == len(partial) and summary["ok"] == len(FILES) - len(partial)
+    assert summary.skipped == len(partial) and summary.ok == len(FILES) - len(partial)
     names = remote_names(s3, url)
     assert "lock" not in names and orphan not in names, names
     assert len({n.split("/")[1].split("-")[0] for n in names if n.startswith(SEGMENTS)}) == 1  # one generation

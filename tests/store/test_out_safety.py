@@ -16,9 +16,9 @@ import pytest
 
 from conftest import write_noise
 from mimi_extract import read, read_manifest
-from mimi_extract.run import runner
+from mimi_extract.store import run_info
 from mimi_extract.config.settings import Part
-from mimi_extract.run.runner import extract
+from helpers import extract
 from mimi_extract.config.settings import Settings
 from mimi_extract.store.files import OutputError
 from mimi_extract.store.lock import RunLock
@@ -44,18 +44,18 @@ def test_whole_and_part_runs_never_both_complete(small, tiny_model_dir, tmp_path
     """Issue 16 defect 3: a whole run writes run.json only after loading the model; a part run
     started in between must be refused (the decision is made under OUT/lock)."""
     out = str(tmp_path / "out")
-    real_check = runner.check_run_info
+    real_check = run_info.check_run_info
 
     def slow_check(*args, **kwargs):  # widen the window between the layout decision and run.json
         time.sleep(1.5)
         return real_check(*args, **kwargs)
 
-    monkeypatch.setattr(runner, "check_run_info", slow_check)
+    monkeypatch.setattr(run_info, "check_run_info", slow_check)
     results = {}
 
     def run(name, **kw):
         try:
-            results[name] = extract(small, out, settings(tiny_model_dir), **kw)["ok"]
+            results[name] = extract(small, out, settings(tiny_model_dir), **kw).ok
         except OutputError as e:
             results[name] = e
 
@@ -184,5 +184,5 @@ def test_resume_checks_every_shards_settings(small, tiny_model_dir, tmp_path):
         assert "shard-00001.h5 was made with other settings" in str(e.value) and f"{attr}: " in str(e.value)
         with h5py.File(os.path.join(out, "shard-00001.h5"), "r+") as f:
             f.attrs[attr] = old
-    assert extract(small, out, settings(tiny_model_dir), shard_size=2)["skipped"] == 4
+    assert extract(small, out, settings(tiny_model_dir), shard_size=2).skipped == 4
     assert len(check_consistency(out)) == 8

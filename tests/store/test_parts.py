@@ -14,7 +14,7 @@ from conftest import ONE_WORKER, cli, cli_process, write_noise
 from mimi_extract import read, read_manifest
 from mimi_extract.config.settings import Part
 from mimi_extract.engines.plan import part_of
-from mimi_extract.run.runner import extract
+from helpers import extract
 from mimi_extract.config.settings import Settings
 from helpers import check_consistency
 
@@ -39,9 +39,9 @@ def test_parts_equal_one_full_run(files, tiny_model_dir, tmp_path):
     out = str(tmp_path / "parts")
     for i in range(3):
         summary = extract(str(files), out, settings(tiny_model_dir), part=Part(i, 3))
-        assert summary["run_dir"] == os.path.join(out, Part(i, 3).dirname)
+        assert summary.run_dir == os.path.join(out, Part(i, 3).dirname)
         # length-sorted batching happens inside each part: only that part's keys
-        assert {r["key"] for r in read_manifest(summary["run_dir"])} == {k for k in whole if part_of(k, 3) == i}
+        assert {r["key"] for r in read_manifest(summary.run_dir)} == {k for k in whole if part_of(k, 3) == i}
     union = check_consistency(out, whole.keys())
     assert all(np.array_equal(union[k], whole[k]) for k in whole)
     assert all(np.array_equal(read(out, k), whole[k]) for k in list(whole)[:5])
@@ -100,7 +100,7 @@ def test_added_files_keep_their_parts(files, tiny_model_dir, tmp_path):
     for i in range(8):
         sf.write(str(src / f"new{i}.wav"), np.zeros(4000, np.float32), 24_000)
     runs = [extract(str(src), out, settings(tiny_model_dir), part=Part(i, 2)) for i in range(2)]
-    assert sum(r["ok"] for r in runs) == 8 and sum(r["skipped"] for r in runs) == 36  # only the new files
+    assert sum(r.ok for r in runs) == 8 and sum(r.skipped for r in runs) == 36  # only the new files
     after = {r["key"]: r["shard"].split("/")[0] for r in read_manifest(out)}
     assert all(after[k] == v for k, v in before.items())
     check_consistency(out, set(before) | {f"new{i}.wav" for i in range(8)})

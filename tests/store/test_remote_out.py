@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import mimi_extract
-from mimi_extract.run.runner import extract
+from helpers import extract
 from mimi_extract.store.manifest import format_of_path, read_manifest
 from conftest import cli
 from helpers import check_consistency
@@ -46,7 +46,7 @@ def made(s3, loose, tiny_model_dir, tmp_path_factory):  # noqa: F811
             with pytest.MonkeyPatch.context() as mp:
                 mp.setenv("MIMI_EXTRACT_STAGING", str(root / "staging"))
                 for out in (local, url):
-                    assert extract(loose, out, settings(tiny_model_dir, format=fmt), shard_size=2)["ok"] == len(FILES)
+                    assert extract(loose, out, settings(tiny_model_dir, format=fmt), shard_size=2).ok == len(FILES)
             shutil.rmtree(root / "staging")
             done[fmt] = (local, url)
         return done[fmt]
@@ -169,20 +169,20 @@ def test_a_job_array_on_s3_is_the_union_of_its_parts(s3, loose, tiny_model_dir, 
     monkeypatch.setenv("MIMI_EXTRACT_STAGING", str(tmp_path / "staging"))
     url = f"s3://{BUCKET}/array"
     run = lambda part: extract(loose, url, settings(tiny_model_dir), shard_size=2, part=part)  # noqa: E731
-    from mimi_extract.cli.request import parse_part
+    from mimi_extract.config.settings import parse_part
 
-    first = run(parse_part("0/2"))["ok"]
+    first = run(parse_part("0/2")).ok
     missing = cli("status", url, "--missing")
     assert missing.exit_code == 1 and missing.stdout.strip() == "1", missing.output
     assert "part 1/2: not started" in cli("status", url).stdout
-    assert first + run(parse_part("1/2"))["ok"] == len(FILES) and 0 < first < len(FILES)
+    assert first + run(parse_part("1/2")).ok == len(FILES) and 0 < first < len(FILES)
     status = ok_json("status", url, "--json")
     assert status["complete"] and set(status["runs"]) == {"part-0-of-2", "part-1-of-2"} and status["ok"] == len(FILES)
     assert ok_json("info", url, "--json")["ok"] == len(FILES)
     assert ok_json("report", url, "--json", "--workers", "1")["items"] == len(FILES)
     assert cli("verify", "--out", url, "--checksums").exit_code == 0
     local = str(tmp_path / "whole")
-    assert extract(loose, local, settings(tiny_model_dir))["ok"] == len(FILES)
+    assert extract(loose, local, settings(tiny_model_dir)).ok == len(FILES)
     assert_equal_arrays(dict(mimi_extract.open(url)), check_consistency(local))
     pulled = pull(url, str(tmp_path / "pulled"))
     assert [os.path.basename(p) for p in pulled] == ["part-0-of-2", "part-1-of-2"]
@@ -272,7 +272,7 @@ def test_a_byte_flipped_in_a_remote_array_is_found_and_reencoded(fmt, s3, loose,
     monkeypatch.setenv("MIMI_EXTRACT_STAGING", str(tmp_path / "staging"))
     url = f"s3://{BUCKET}/flip-{fmt}"
     run = lambda **kw: extract(loose, url, settings(tiny_model_dir, format=fmt), shard_size=2, **kw)  # noqa: E731
-    assert run()["ok"] == len(FILES)
+    assert run().ok == len(FILES)
     want = check_consistency(pulled(url, str(tmp_path / "before")))
     rows = [r for r in read_manifest(str(tmp_path / "before")) if r["status"] == "ok"]
     flipped, _ = flip_inside_an_array(s3, url, rows[len(rows) // 2])
@@ -285,7 +285,7 @@ def test_a_byte_flipped_in_a_remote_array_is_found_and_reencoded(fmt, s3, loose,
     etags = {n: s3.info(f"{url}/{n}")["ETag"] for n in listed(s3, url)}
     shutil.rmtree(tmp_path / "staging")  # another machine
     summary = run(reencode_damaged=True)
-    assert summary["ok"] == len(damaged_keys) and summary["skipped"] == len(FILES) - len(damaged_keys), summary
+    assert summary.ok == len(damaged_keys) and summary.skipped == len(FILES) - len(damaged_keys), summary
     after = {n: s3.info(f"{url}/{n}")["ETag"] for n in listed(s3, url)}
     data_objects = [n for n in etags if SHARD_RE.search(n) or "/cuts." in n]
     untouched = [n for n in data_objects if n not in [shard, flipped, *format_of_path(shard).companions(shard)]]
@@ -305,7 +305,7 @@ def test_a_byte_flipped_in_unused_bytes_of_a_remote_hdf5_shard_is_found(s3, loos
     monkeypatch.setenv("MIMI_EXTRACT_STAGING", str(tmp_path / "staging"))
     url = f"s3://{BUCKET}/unused-bytes"
     run = lambda **kw: extract(loose, url, settings(tiny_model_dir), shard_size=2, **kw)  # noqa: E731
-    assert run()["ok"] == len(FILES)
+    assert run().ok == len(FILES)
     want = dict(mimi_extract.open(url))
     shard = sorted(n for n in listed(s3, url) if n.endswith(".h5"))[1]
     data = bytearray(s3.cat(f"{url}/{shard}"))
@@ -316,7 +316,7 @@ def test_a_byte_flipped_in_unused_bytes_of_a_remote_hdf5_shard_is_found(s3, loos
     assert found.exit_code == 1 and "the shard file's bytes fail their checksum" in " ".join(found.output.split())
     shutil.rmtree(tmp_path / "staging")
     summary = run(reencode_damaged=True)
-    assert summary["ok"] == 2 and summary["skipped"] == len(FILES) - 2, summary
+    assert summary.ok == 2 and summary.skipped == len(FILES) - 2, summary
     assert cli("verify", "--out", url, "--checksums").exit_code == 0
     assert_equal_arrays(dict(mimi_extract.open(url)), want)
 

@@ -14,7 +14,7 @@ from conftest import write_noise
 from mimi_extract.codec.encoder import PaddedMimiEncoder, _WindowCache, encode_chunked
 from mimi_extract.codec.reference import reference_single
 from mimi_extract.engines import DeviceRunner
-from mimi_extract.run.runner import extract
+from helpers import extract
 from mimi_extract.config.settings import Settings
 from helpers import check_consistency
 from mimi_extract.store.manifest import read_rows
@@ -76,7 +76,7 @@ def test_commit_protocol_order_of_fsyncs_and_renames(tmp_path, tiny_model_dir, m
     events = _record_io(monkeypatch, out)
     summary = extract(str(root), out, Settings(model=tiny_model_dir, tap="codes", num_workers=1), shard_size=3)
     monkeypatch.undo()
-    assert summary["ok"] == 8 and summary["errors"] == 1
+    assert summary.ok == 8 and summary.errors == 1
     rows = Counter(r["shard"] for r in read_rows(out) if r["status"] == "ok")
     assert sorted(rows) == ["shard-00000.h5", "shard-00001.h5", "shard-00002.h5"]  # 3 + 3 + 2 items
     check_consistency(out)
@@ -121,7 +121,7 @@ def long_files(tmp_path_factory, tiny_model_dir):
         write_noise(root / f"x{i}.wav", n, rng=rng, subtype="FLOAT")
     out = str(tmp_path_factory.mktemp("long-ref") / "out")
     summary = extract(str(root), out, _streaming_settings(tiny_model_dir))
-    assert summary["ok"] == 7 and summary["streamed"] == 5
+    assert summary.ok == 7 and summary.streamed == 5
     return str(root), check_consistency(out)
 
 
@@ -165,7 +165,7 @@ def test_out_of_memory_in_streamed_steps(long_files, tiny_model_dir, tmp_path, m
         f"the injection did not exercise split streamed steps: {counts()}")
     assert seen["raised_alone"] == 1, (
         f"{LONG} must run out of memory alone exactly once, then never be encoded again: {counts()}")
-    assert summary["ok"] == 6 and summary["errors"] == 1, summary
+    assert summary.ok == 6 and summary.errors == 1, summary
     rows = read_rows(out)
     assert sorted(r["key"] for r in rows) == sorted(reference), "one row per input, nothing twice"
     (bad,) = [r for r in rows if r["status"] == "error"]
@@ -175,7 +175,7 @@ def test_out_of_memory_in_streamed_steps(long_files, tiny_model_dir, tmp_path, m
     for key in others:
         assert np.array_equal(arrays[key], reference[key]), f"{key}: codes differ from the uninterrupted run"
     resumed = extract(root, out, _streaming_settings(tiny_model_dir))  # no injection now
-    assert resumed["skipped"] == 6 and resumed["ok"] == 1 and resumed["errors"] == 0, resumed
+    assert resumed.skipped == 6 and resumed.ok == 1 and resumed.errors == 0, resumed
     arrays = check_consistency(out, reference)
     for key, ref in reference.items():
         assert np.array_equal(arrays[key], ref), f"{key}: codes differ from the uninterrupted run after resume"

@@ -26,7 +26,7 @@ from mimi_extract.store.read import shar_fields  # noqa: E402
 from mimi_extract.audit.decode import decode_items  # noqa: E402
 from mimi_extract.audit.outputs import info_report, status_report  # noqa: E402
 from mimi_extract.config.settings import Part  # noqa: E402
-from mimi_extract.run.runner import extract  # noqa: E402
+from helpers import extract  # noqa: E402
 from mimi_extract.config.settings import Settings  # noqa: E402
 from test_lhotse import rhu  # noqa: E402
 from kill_trials import KillTrial, kill_9_then_resume  # noqa: E402
@@ -98,7 +98,7 @@ def test_from_shar_loads_exactly_what_read_returns(shar_input, tiny_model, tiny_
     out = str(tmp_path / "out")
     summary = extract(str(shar_input / "list.jsonl"), out,
                       Settings(model=tiny_model_dir, tap="codes", num_workers=0, format="shar"), shard_size=2)
-    assert summary["ok"] == 6 and summary["errors"] == 3, summary
+    assert summary.ok == 6 and summary.errors == 3, summary
     shar_dir = os.path.join(out, "shar")
     names = sorted(os.listdir(shar_dir))
     assert names == [f"{f}.{i:06d}.{x}" for f, x in (("cuts", "jsonl.gz"), ("mimi_codes", "tar")) for i in range(3)]
@@ -199,7 +199,7 @@ def many(tmp_path_factory):
 def shar_reference(many, tiny_model_dir, tmp_path_factory):
     out = str(tmp_path_factory.mktemp("shar-ref") / "out")
     assert extract(many, out, Settings(model=tiny_model_dir, tap="codes", num_workers=1, format="shar"),
-                   shard_size=7)["ok"] == 60
+                   shard_size=7).ok == 60
     hdf5 = str(tmp_path_factory.mktemp("hdf5-ref") / "out")
     extract(many, hdf5, Settings(model=tiny_model_dir, tap="codes", num_workers=1), shard_size=7)
     arrays = check_shar(out)
@@ -234,14 +234,14 @@ def test_damaged_shar_shards_are_quarantined_and_redone(many, tiny_model_dir, sh
     with gzip.open(os.path.join(shar, "cuts.000006.jsonl.gz"), "wt") as f:  # its cuts lost
         f.write("")
     summary = extract(many, out, Settings(model=tiny_model_dir, tap="codes", num_workers=1, format="shar"), shard_size=7)
-    notes = "\n".join(summary["notes"])
+    notes = "\n".join(summary.notes)
     assert notes.count("moved damaged shard") == 3 and all(f"mimi_codes.00000{i}.tar" in notes for i in (1, 4, 6)), notes
     assert "shar/cuts.000008.jsonl.gz" in notes and "never committed" in notes, notes
     quarantined = sorted(os.listdir(os.path.join(out, "quarantine")))
     assert quarantined == sorted([f"shar__{f}.{i:06d}.{x}" for i in (1, 4, 6)
                                   for f, x in (("cuts", "jsonl.gz"), ("mimi_codes", "tar"))]
                                  + ["shar__cuts.000008.jsonl.gz"]), quarantined
-    assert summary["skipped"] == 35 and summary["ok"] == 25  # 3 damaged shards of 7 and the 4 uncommitted again
+    assert summary.skipped == 35 and summary.ok == 25  # 3 damaged shards of 7 and the 4 uncommitted again
     assert_same(out, shar_reference)
 
 
@@ -348,7 +348,7 @@ def test_shar_extend_adds_a_field_aligned_with_each_input_shard(shar_dataset, ti
     settings = Settings(model=tiny_model_dir, tap="codes", num_workers=0, format="shar", shar_extend=True, batch_size=1)
     out = str(tmp_path / "out")
     stop, armed, done = threading.Event(), threading.Event(), []
-    import mimi_extract.store.shar_extend as shar_format
+    import mimi_extract.run.modes as shar_format  # (the --shar-extend mode plans its units with store.shar_extend.extend_units)
 
     class _UntilLastShard(list):
         """Units as planned; the engine's walk over them (once planning is over: ``armed``) waits at
@@ -389,7 +389,7 @@ def test_shar_extend_adds_a_field_aligned_with_each_input_shard(shar_dataset, ti
     theirs = lambda field: sorted(os.path.join(shar, n) for n in os.listdir(shar) if n.startswith(field + "."))  # noqa: E731
     shard_bytes = [sum(r["nbytes"] for r in read_manifest(out) if r.get("shard", "").endswith(f"{i:06d}.tar")
                        and r["status"] == "ok") for i in range(3)]
-    assert 0 < summary["held_peak_bytes"] <= 2 * max(shard_bytes), (summary["held_peak_bytes"], shard_bytes)
+    assert 0 < summary.held_peak_bytes <= 2 * max(shard_bytes), (summary.held_peak_bytes, shard_bytes)
 
     rows = {r["key"]: r for r in read_manifest(out)}
     assert rows["utt/4"]["status"] == "error" and rows["utt/4"]["shard"] == "shar/mimi_codes.000001.tar"
@@ -413,10 +413,10 @@ def test_shar_extend_adds_a_field_aligned_with_each_input_shard(shar_dataset, ti
     with open(ours[2], "r+b") as f:  # damaged: quarantined and redone
         f.truncate(1000)
     summary = extract(shar, out, settings)
-    assert summary["ok"] == 1 and any("mimi_codes.000002.tar" in n for n in summary["notes"]), summary["notes"]
+    assert summary.ok == 1 and any("mimi_codes.000002.tar" in n for n in summary.notes), summary.notes
     assert np.array_equal(read(out, "utt/6"), reference_single(tiny_model, load(os.path.join(loose, "r6.wav")), 8)[
         "codes"].numpy())
-    assert extract(shar, out, settings)["todo"] == 0  # the error placeholder is part of its committed shard
+    assert extract(shar, out, settings).todo == 0  # the error placeholder is part of its committed shard
 
     with pytest.raises(Exception, match="Shar folder"):
         extract(loose, str(tmp_path / "bad"), settings)
@@ -608,8 +608,8 @@ def test_damage_to_a_json_member_or_an_edited_cuts_file_is_quarantined_on_resume
     assert result.exit_code == 1 and "14 damaged; FAIL" in result.text, result.output
     assert "member fails its checksum" in result.text and "cuts.000005.jsonl.gz fails its checksum" in result.text
     summary = extract(many, out, Settings(model=tiny_model_dir, tap="codes", num_workers=1, format="shar"), shard_size=7)
-    notes = "\n".join(summary["notes"])
-    assert notes.count("moved damaged shard") == 2 and summary["ok"] == 14, notes
+    notes = "\n".join(summary.notes)
+    assert notes.count("moved damaged shard") == 2 and summary.ok == 14, notes
     assert cli("verify", "--out", out, "--checksums").exit_code == 0
     assert_same(out, shar_reference)
     view = _lhotse_view(out)
