@@ -1,7 +1,7 @@
 """--framing moshi-stream against Kyutai's moshi 0.2.13 itself, full-size architecture (issue 15, part 1).
 
 A seeded random moshi Mimi (kyutai/mimi's sizes) is converted to transformers' layout
-(tests/moshi_ref.py: the q/k RoPE permutation included).  One noise file is encoded by moshi's
+(tests/support/moshi_ref.py: the q/k RoPE permutation included).  One noise file is encoded by moshi's
 streaming encode, N frames (1920 samples) per call, and compared per codebook with
 (a) moshi's non-streaming ``encode`` (what ``--framing moshi`` reproduces) and
 (b) the tool's ``moshi-stream`` framing (one batched pass with moshi's ring-buffer mask).

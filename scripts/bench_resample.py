@@ -136,7 +136,7 @@ def speed(args) -> dict:
             samples = [(rng.standard_normal(n) * 3000).astype(np.int16) if dtype == "int16"
                        else (0.1 * rng.standard_normal(n)).astype(np.float32) for _ in range(rows)]
             # one row read as a run reads it (its shape and arithmetic), then every row given its own signal:
-            # only the compute is timed here (tests/encoder/test_device_resample.py checks the arithmetic)
+            # only the compute is timed here (tests/audio/test_device_resample.py checks the arithmetic)
             path = os.path.join(args.workdir, f"speed-{rate}-{dtype}.wav")
             sf.write(path, samples[0], rate, subtype="PCM_16" if dtype == "int16" else "FLOAT")
             chunk, _ = NativeReader(path).next_chunk(1 << 30)

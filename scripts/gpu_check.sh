@@ -10,7 +10,7 @@
 # checkout (PYTHONPATH), then, each phase under its own `timeout`, each writing its results to $OUT
 # before the next starts (a phase that fails or times out loses only itself):
 #   env        versions, nvidia-smi, the imports the tool needs
-#   tests      tests/encoder/test_device.py and test_device_resample.py -k DEVICE: padded, chunked
+#   tests      tests/engines/test_device.py and tests/audio/test_device_resample.py -k DEVICE: padded, chunked
 #              (full-size on CUDA) and end-to-end `verify` against the single-item reference, strict fp32
 #              (TF32 off); resampling on the device against the host's, and `verify --resample-on device`
 #   bench      scripts/bench.py: per-item MimiModel loop vs `mimi-extract codes` end to end and
@@ -79,7 +79,7 @@ print(\"python\", sys.version.split()[0], \"| torch\", torch.__version__, \"| cu
       \"| soundfile\", soundfile.__version__, soundfile.__libsndfile_version__, \"| av\", av.__version__, \"| numpy\", numpy.__version__)
 print(\"device:\", torch.cuda.get_device_name() if torch.cuda.is_available() else \"no CUDA\")
 '"
-phase tests "$T_TESTS" "$PY" -m pytest tests/encoder/test_device.py tests/encoder/test_device_resample.py -q \
+phase tests "$T_TESTS" "$PY" -m pytest tests/engines/test_device.py tests/audio/test_device_resample.py -q \
   -k "$DEVICE" -p no:cacheprovider
 phase bench "$T_BENCH" "$PY" scripts/bench.py --device "$DEVICE" --model "$MODEL" $BENCH_ARGS --tool-args "--feeders-per-gpu 1" \
   --json "$OUT/bench.json"

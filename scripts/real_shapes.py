@@ -1,4 +1,4 @@
-"""The real-shapes table of docs/inputs.md: every shape of tests/audio/shapes.py generated, probed and
+"""The real-shapes table of docs/inputs.md: every shape of tests/support/shapes.py generated, probed and
 read by the tool, and compared with FFmpeg's whole decode (PyAV's plain loop).
 
     python scripts/real_shapes.py [--before CHECKOUT] [--folder DIR]

@@ -180,7 +180,7 @@ class PaddedMimiEncoder(nn.Module):
     modes), so the batched, padded and chunked paths all give moshi's streaming output.  An item
     that is not a whole number of calls ends in moshi's last call *zero-padded* to N frames (the
     rule above, for every call): not moshi fed the frames left as a shorter call, whose window
-    ends at the audio's end and so differs in that call's frames (README, tests/encoder/test_moshi_stream)."""
+    ends at the audio's end and so differs in that call's frames (README, tests/codec/test_moshi_stream)."""
 
     def __init__(self, model: nn.Module, frames_per_call: int | None = None):
         super().__init__()

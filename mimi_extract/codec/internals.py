@@ -6,11 +6,11 @@ weights, RoPE and attention kernels), which needs more of them than the public `
 gives.  These are internals a transformers release may rename or drop without notice; keeping them
 here makes the list short to re-check on an upgrade, and :func:`missing` names any that is gone,
 so the encoder refuses a model with that name instead of failing with an AttributeError deep in a
-forward pass (``tests/encoder/test_transformers_internals.py``).
+forward pass (``tests/codec/test_transformers_internals.py``).
 
 Checked on transformers 5.24.0 (the pin of ``constraints.txt``) and 5.13.0 (pyproject's floor: the
 first release whose transformer holds ``rotary_emb``; Mimi's sliding window came in 5.3.0), whose
-layout is among those marked *older* below (tests/encoder's fast tier passes on it).
+layout is among those marked *older* below (tests/codec's fast tier passes on it).
 
 =============================  ==========================================================================
 internal                       used for

@@ -37,9 +37,9 @@ What a format must define
 A format also gets, with no code of its own: parts (``part-I-of-N`` run directories), Ray, signals,
 ``mimi_extract.read``/``open``/``read_manifest``/``read_cuts``, ``info``, ``status``, ``decode``,
 ``verify --out`` (with ``--checksums``) and ``--reencode-damaged``; all go through the methods
-above.  Tests to copy: ``tests/store/test_formats.py`` (readers, damage, checksums) and the ``fmt``
+above.  Tests to copy: ``tests/formats/test_formats.py`` (readers, damage, checksums) and the ``fmt``
 parametrisation of the kill -9 and ENOSPC tests in ``tests/store/test_integrity.py`` (the kill -9
-scenario itself: ``tests/kill_trials.py``'s ``kill_9_then_resume``, given the format's own OUT check).
+scenario itself: ``tests/support/kill_trials.py``'s ``kill_9_then_resume``, given the format's own OUT check).
 
 A minimal format, for orientation (``formats/hdf5.py`` is the complete one, ~100 lines)::
 

@@ -72,8 +72,9 @@ def no_input_message(source: str) -> str:
 class _Signals:
     """SIGINT/SIGTERM -> ``stop`` (commit and exit cleanly); a second one exits at once."""
 
-    def __init__(self, stop: threading.Event, on_signal=None):
+    def __init__(self, stop: threading.Event, on_signal=None, leave=os._exit):
         self.stop, self.on_signal, self.old = stop, on_signal, {}
+        self.leave = leave  # how a second signal ends the process: at once, committing nothing more
         self.received: str | None = None
 
     def __enter__(self):
@@ -88,7 +89,7 @@ class _Signals:
             sys.stderr.write(f"\n{name} again: stopping now; the shard in progress is discarded. "
                              "OUT is consistent: run the same command to resume.\n")
             sys.stderr.flush()
-            os._exit(130)
+            self.leave(130)
         self.received = name
         self.stop.set()
         if self.on_signal:

@@ -68,14 +68,22 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+def write_all(fd: int, data: bytes) -> None:
+    """Every byte of ``data`` to the open file ``fd``: ``os.write`` (at most 64 MiB a call) until
+    none is left.  The one place the store writes bytes (shards, manifest rows, run.json, the lock's
+    holder), so a full disk (ENOSPC) or a failing device (EIO) meets every writer here: raises
+    OSError, which each caller turns into an :class:`OutputError` naming its file."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view[: 1 << 26]):]
+
+
 def write_file(path: str, data: bytes) -> None:
     """Write ``data`` to ``path`` and fsync, with a clean error (and no partial file) on failure."""
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view[: 1 << 26]):]
+            write_all(fd, data)
             os.fsync(fd)
         finally:
             os.close(fd)

@@ -192,7 +192,7 @@ def test_other_codecs_reads_equal_whole_and_ffmpeg_decode(tmp_path, kind, rate, 
 def test_mp3_44k_codes_equal_the_reference_from_ffmpegs_decode(tmp_path, tiny_model, tiny_model_dir):
     """End to end: what OUT stores for a 32 kbit/s 44.1 kHz MP3 is what MimiModel gives FFmpeg's
     whole-file decode of it, resampled by torchaudio (the tool's resampler equals it to 1e-6)."""
-    from conftest import cli
+    from support import cli
 
     from mimi_extract import read
 
@@ -219,7 +219,7 @@ def test_error_rows_name_the_member_and_info_groups_them(tmp_path, tiny_model_di
     import tarfile
 
     from mimi_extract.audit.outputs import info_report
-    from helpers import extract
+    from support import extract
     from mimi_extract.config.settings import Settings
 
     ok = io.BytesIO()
@@ -303,7 +303,7 @@ def ffmpeg_decode_tolerant(path) -> np.ndarray:
 def test_decoder_warnings_go_into_the_manifest_row(tmp_path, tiny_model_dir):
     """A real run (its own process, stdout and stderr read): what the decoder said is in the damaged
     item's row, ``decoder_warnings``, and nowhere in the run's output; the clean item has none."""
-    from conftest import cli_process
+    from support import cli_process
 
     from mimi_extract import read_manifest
 
@@ -326,7 +326,7 @@ def test_split_24k_mp3_equals_its_single_item_reference(tmp_path, tiny_model, ti
     """A 24 kHz MP3 long enough to be split: its pieces used to seek straight to their start (0.2
     off after a re-seek into a 32 kbit/s file); they now decode from the recording's start, so the
     stored codes are MimiModel's on FFmpeg's whole decode."""
-    from conftest import cli
+    from support import cli
     from mimi_extract import read
     from mimi_extract.codec.reference import reference_single
 

@@ -1,4 +1,4 @@
-"""The shapes corpora really ship (tests/audio/shapes.py: tagged, headerless, gapless, VBRI MP3s of
+"""The shapes corpora really ship (tests/support/shapes.py: tagged, headerless, gapless, VBRI MP3s of
 every MPEG version; M4A, Ogg, FLAC with large pictures; WAV with extra chunks...), each checked
 against FFmpeg's own whole-file decode (PyAV's plain loop, written here independently of the tool):
 the probe's sample count, every sample of a whole read and of a segment read after a seek, the 24 kHz
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from shapes import ffmpeg_decode, shapes
+from support.shapes import ffmpeg_decode, shapes
 from mimi_extract.audio.decoders import _seek, open_decoder
 from mimi_extract.audio.reader import load
 
@@ -88,7 +88,7 @@ def test_shapes_end_to_end_from_a_folder_and_a_tar_shard(corpus, found, tmp_path
     alike (decoded in place from the shard)."""
     import tarfile
 
-    from conftest import cli
+    from support import cli
 
     from mimi_extract import read_manifest
     from mimi_extract.sources import discover

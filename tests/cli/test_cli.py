@@ -10,39 +10,21 @@ import pytest
 import soundfile as sf
 import torch
 
-from conftest import cli, tolerance
-from helpers import interrupt_after_items
+from support import cli
+from support import interrupt_after_items
 from mimi_extract import read, read_manifest
 from mimi_extract.audio.reader import load
 from mimi_extract.codec.reference import reference_single
-from helpers import extract
+from support import extract
 from mimi_extract.config.settings import Settings
+from support.outs import check_outputs
 
 BAD = {"empty.wav": "empty file", "corrupt.wav": "corrupt", "zero_len.wav": "zero-length"}
-
-
 
 
 def common(model_dir):
     # in-process (one CPU worker) and batched: the CPU defaults are one process per core, batch 1
     return ["--model", model_dir, "--device", "cpu", "--cpu-workers", "1", "--num-workers", "1", "--batch-size", "8"]
-
-
-def check_outputs(out, root, model, tap, num_quantizers=8, channel="mix"):
-    """Every ok row's stored array equals the single-item transformers encode of that file."""
-    rows = [r for r in read_manifest(out) if r["status"] == "ok"]
-    for row in rows:
-        audio = load(os.path.join(root, row["path"]), row["channel"] if row["channel"] is not None else channel)
-        ref = reference_single(model, audio, num_quantizers)
-        got = read(out, row["key"])
-        if tap == "codes":
-            assert got.dtype.name == "int16" and got.shape == tuple(ref["codes"].shape), row["key"]
-            assert (got == ref["codes"].numpy()).all(), row["key"]
-        else:
-            assert got.shape == tuple(ref[tap].shape), row["key"]
-            assert abs(got - ref[tap].numpy()).max() <= tolerance(ref[tap]), row["key"]
-        assert row["frames"] == (ref["codes"].shape[0] if tap != "encoder" else ref["encoder"].shape[0])
-    return rows
 
 
 def all_dataset_keys(out):

@@ -14,8 +14,8 @@ import pytest
 import soundfile as sf
 import torch
 
-from conftest import ROOT, cli, write_noise
-from test_reader import make_out
+from support import ROOT, cli, write_noise
+from support.outs import make_out
 
 FAST = ["--device", "cpu", "--cpu-workers", "1", "--num-workers", "1"]
 
@@ -135,7 +135,7 @@ def garbage_mp3(path):
 
 @pytest.mark.slow
 def test_failing_items_named_with_true_decoder_errors(tmp_path, tiny_model_dir):
-    from conftest import cli_process
+    from support import cli_process
 
     corpus = tmp_path / "in"
     corpus.mkdir()
@@ -231,7 +231,7 @@ def test_441k_long_item_is_what_torchaudio_plus_mimimodel_gives(tmp_path, tiny_m
     from mimi_extract import read
     from mimi_extract.codec.reference import reference_single
 
-    from conftest import tolerance
+    from support import tolerance
 
     (tmp_path / "in").mkdir()
     path = tmp_path / "in" / "a44k.wav"
@@ -250,11 +250,11 @@ def test_an_out_made_with_the_exact_length_resumes_and_audits_with_it(tmp_path, 
     """An OUT made before the length rule was recorded cut items to the exact ceil(n * 24000 / rate):
     a resume goes on with that rule (one OUT never mixes two), and ``verify --out`` audits with it."""
     from mimi_extract import read
-    from helpers import extract
+    from support import extract
     from mimi_extract.config.settings import Settings
     from mimi_extract.store.identity import read_run_info, write_run_info
 
-    from conftest import tolerance
+    from support import tolerance
 
     (tmp_path / "in").mkdir()
     for i, name in enumerate(["a44k.wav", "b44k.wav"]):

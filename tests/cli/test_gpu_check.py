@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from support import ROOT
 
 
 @pytest.mark.slow

@@ -6,7 +6,7 @@ import resource
 import subprocess
 import sys
 
-from conftest import ROOT
+from support import ROOT
 from mimi_extract.cli import limits
 
 MIB = 1 << 20

@@ -7,16 +7,16 @@ import threading
 import numpy as np
 import torch
 
-from conftest import tolerance, write_noise
+from support import tolerance, write_noise
 from mimi_extract import read, read_manifest
 from mimi_extract.audio.reader import load
 from mimi_extract.codec.reference import reference_single
 from mimi_extract.engines import DeviceRunner
 from mimi_extract.engines.plan import plan_units
-from helpers import extract
+from support import extract
 from mimi_extract.config.settings import Settings
 from mimi_extract.sources import discover
-from helpers import check_consistency
+from support import check_consistency
 
 FRAME = 1920
 

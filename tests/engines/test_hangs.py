@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from conftest import cli_process
+from support import cli_process
 from mimi_extract.engines import LATER, DeviceRunner
 from mimi_extract.engines.plan import plan_units
 from mimi_extract.config.settings import Settings

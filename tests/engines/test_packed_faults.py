@@ -10,11 +10,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from helpers import extract
+from support import extract
 from mimi_extract.config.settings import Settings
-from helpers import check_consistency
-from conftest import write_noise
-from kill_trials import KillTrial, kill_9_then_resume
+from support import check_consistency
+from support import write_noise
+from support.kill_trials import KillTrial, kill_9_then_resume
 
 
 @pytest.fixture(scope="module")

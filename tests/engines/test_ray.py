@@ -12,10 +12,10 @@ import pytest
 
 pytest.importorskip("ray")
 
-from helpers import extract  # noqa: E402
+from support import extract  # noqa: E402
 from mimi_extract.config.settings import Settings  # noqa: E402
-from helpers import check_consistency  # noqa: E402
-from conftest import write_noise  # noqa: E402
+from support import check_consistency  # noqa: E402
+from support import write_noise  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +110,7 @@ def test_ray_driver_killed_takes_its_private_cluster(corpus60, tiny_model_dir, t
     import ray  # noqa: F401  (its bundled psutil)
     import psutil
 
-    from conftest import cli_process
+    from support import cli_process
 
     driver = cli_process("codes", corpus60, tmp_path / "out", "--model", tiny_model_dir, "--device", "cpu",
                          "--engine", "ray", "--ray-cpu-actors", 1, "--chunk-seconds", 2, start_new_session=True)

@@ -16,7 +16,7 @@ pytest.importorskip("ray")
 from mimi_extract.audio.reader import load  # noqa: E402
 from mimi_extract.codec.reference import reference_single  # noqa: E402
 from mimi_extract.engines.ray_data import MimiEncode  # noqa: E402
-from conftest import write_noise  # noqa: E402
+from support import write_noise  # noqa: E402
 
 # (name, seconds, rate): neighbours differ > 2x in length, so every batch of 4 mixes lengths;
 # "long" is over the 2 s chunk (streamed in chunks)

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import cli, cli_process, tolerance, write_noise
+from support import cli, cli_process, tolerance, write_noise
 from mimi_extract.audio.reader import load
 from mimi_extract.codec.reference import reference_single
-from helpers import check_consistency
-from kill_trials import kill_9_part_way
+from support import check_consistency
+from support.kill_trials import kill_9_part_way
 from mimi_extract.store.manifest import read_manifest
 from mimi_extract import read
 

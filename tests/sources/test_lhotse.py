@@ -1,7 +1,6 @@
 """lhotse out (a CutSet pointing into the shards) and in (recordings, supervisions, cuts), for real."""
 
 import os
-from decimal import ROUND_HALF_UP, Decimal
 
 import numpy as np
 import pytest
@@ -14,15 +13,12 @@ from mimi_extract import read, read_cuts  # noqa: E402
 from mimi_extract.audio.reader import load  # noqa: E402
 from mimi_extract.codec.reference import reference_single  # noqa: E402
 from mimi_extract.config.settings import Part  # noqa: E402
-from helpers import extract  # noqa: E402
+from support import extract  # noqa: E402
 from mimi_extract.config.settings import Settings  # noqa: E402
 from mimi_extract.sources import Options  # noqa: E402
-from helpers import check_consistency  # noqa: E402
-from conftest import write_noise  # noqa: E402
-
-
-def rhu(x: float) -> int:  # lhotse's rounding of seconds to frames
-    return int(Decimal(round(x, 8)).quantize(0, rounding=ROUND_HALF_UP))
+from support import check_consistency  # noqa: E402
+from support import write_noise  # noqa: E402
+from support import rhu  # noqa: E402
 
 
 def test_cutset_loads_exactly_what_read_returns(corpus, tiny_model_dir, tmp_path):

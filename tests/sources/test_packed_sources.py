@@ -14,77 +14,14 @@ import pytest
 import soundfile as sf
 
 from mimi_extract.config.settings import Part
-from helpers import extract
-from mimi_extract.config.settings import Settings
+from support import extract
 from mimi_extract.sources import Options, discover, open_audio
-from helpers import check_consistency
+from support import check_consistency
 from mimi_extract.audit.verify import verify_outputs, verify_source
 from mimi_extract.store.files import OutputError
 from mimi_extract.store.identity import read_run_info
-from conftest import cli
-
-# name -> (seconds, rate, channels); flac and wav, three rates, one stereo file
-FILES = {"a.flac": (0.7, 16_000, 1), "b.wav": (1.3, 24_000, 1), "c.flac": (0.45, 44_100, 1),
-         "d.wav": (0.9, 24_000, 2), "e.flac": (1.1, 16_000, 1), "f.wav": (0.3, 24_000, 1)}
-
-
-def settings(model_dir, **kw):
-    return Settings(model=model_dir, tap="codes", num_workers=1, **kw)
-
-
-@pytest.fixture(scope="module")
-def loose(tmp_path_factory):
-    root = tmp_path_factory.mktemp("loose")
-    rng = np.random.default_rng(3)
-    for name, (seconds, rate, channels) in FILES.items():
-        shape = int(seconds * rate) if channels == 1 else (int(seconds * rate), channels)
-        sf.write(str(root / name), (0.2 * rng.standard_normal(shape)).astype(np.float32), rate,
-                 subtype="PCM_16")
-    return str(root)
-
-
-@pytest.fixture(scope="module")
-def loose_run(loose, tiny_model_dir, tmp_path_factory):
-    """The loose files encoded: what every packaged form of the same audio must give, key for key."""
-    out = str(tmp_path_factory.mktemp("loose-out") / "out")
-    assert extract(loose, out, settings(tiny_model_dir)).ok == len(FILES)
-    return check_consistency(out)
-
-
-def add_bytes(tf: tarfile.TarFile, name: str, data: bytes) -> None:
-    info = tarfile.TarInfo(name)
-    info.size = len(data)
-    tf.addfile(info, io.BytesIO(data))
-
-
-def write_tar(path, loose, names, sidecar=True, extra=()):
-    """A WebDataset shard: ``<stem>.<ext>`` + ``<stem>.json`` (the id: the loose file's name)."""
-    with tarfile.open(path, "w") as tf:
-        for name in names:
-            stem = name.split(".")[0]
-            with open(os.path.join(loose, name), "rb") as f:
-                add_bytes(tf, f"{stem}.{name.split('.')[1]}", f.read())
-            if sidecar:
-                add_bytes(tf, f"{stem}.json", json.dumps({"id": name, "text": "hi"}).encode())
-        for name, data in extra:
-            add_bytes(tf, name, data)
-    return str(path)
-
-
-def assert_equal_arrays(got, want, mapping=lambda k: k):
-    assert len(got) == len(want)
-    for key, data in got.items():
-        assert np.array_equal(data, want[mapping(key)]), key
-
-
-# -- tar ---------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def shards(loose, tmp_path_factory):
-    root = tmp_path_factory.mktemp("shards")
-    names = sorted(FILES)
-    write_tar(root / "en-000000.tar", loose, names[:3])
-    write_tar(root / "en-000001.tar", loose, names[3:])
-    return str(root)
+from support import cli
+from support.corpora import FILES, add_bytes, assert_equal_arrays, settings, write_tar
 
 
 def test_tar_equals_loose_files_and_single_item_reference(shards, loose_run, tiny_model_dir, tmp_path):
@@ -194,7 +131,7 @@ def test_rewritten_shard_is_encoded_again_alone(shards, loose_run, tiny_model_di
     """A re-downloaded shard (same name, new mtime) refuses the resume naming that shard alone;
     --reencode-changed quarantines the output shards holding its items and encodes only those
     again (one item per output shard here: the other shard's items are all skipped)."""
-    from conftest import ONE_WORKER
+    from support import ONE_WORKER
 
     out = str(tmp_path / "out")
     extract(shards, out, settings(tiny_model_dir), shard_size=1, options=Options(id_field="id"))
@@ -323,23 +260,6 @@ def test_tar_bad_inputs_are_error_rows(loose, tmp_path):
     assert any("duplicate key 'b.wav'" in e for e in errors.values())  # s-2
 
 
-# -- Parquet / HF datasets ------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def hf_dataset(loose, tmp_path_factory):
-    """The loose files as a datasets Audio column (bytes embedded, as on the Hub): Parquet with
-    two-row row groups, and a save_to_disk folder."""
-    datasets = pytest.importorskip("datasets")
-    root = tmp_path_factory.mktemp("hf")
-    names = sorted(FILES)
-    audio = [{"bytes": open(os.path.join(loose, n), "rb").read(), "path": n} for n in names]
-    ds = datasets.Dataset.from_dict({"audio": audio, "id": names}).cast_column("audio", datasets.Audio())
-    (root / "data").mkdir()
-    ds.to_parquet(str(root / "data" / "train-00000-of-00001.parquet"), batch_size=2)
-    ds.save_to_disk(str(root / "saved"))
-    assert datasets.load_dataset("parquet", data_files=str(root / "data" / "*.parquet"), split="train")["id"] == names
-    return str(root)
-
-
 @pytest.mark.parametrize("form", ["data", "saved"])
 def test_parquet_equals_loose_files(hf_dataset, loose_run, tiny_model_dir, tmp_path, form):
     out = str(tmp_path / "out")
@@ -383,19 +303,6 @@ def test_parquet_bad_inputs(loose, tmp_path):
     found = discover(str(tmp_path / "bad" / "x.parquet"))
     assert [it.key for it in found.items] == ["x.parquet/0"]
     assert all("row group 1 unreadable" in it.error for it in found.bad if it.key in ("x.parquet/3", "x.parquet/4"))
-
-
-# -- lhotse Shar ---------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def shar(loose, tmp_path_factory):
-    """The loose files as a lhotse Shar written by lhotse itself (flac members, 4 cuts a shard)."""
-    lhotse = pytest.importorskip("lhotse")
-    root = tmp_path_factory.mktemp("shar")
-    recs = [lhotse.Recording.from_file(os.path.join(loose, n), recording_id=n.split(".")[0]) for n in sorted(FILES)]
-    cuts = lhotse.CutSet.from_manifests(recordings=lhotse.RecordingSet.from_recordings(recs))
-    cuts = lhotse.CutSet.from_cuts(c.with_id(c.recording_id) for c in cuts)
-    cuts.to_shar(str(root), fields={"recording": "flac"}, shard_size=4)
-    return str(root)
 
 
 def test_shar_equals_its_members_as_loose_files(shar, tiny_model_dir, tmp_path):
@@ -565,7 +472,7 @@ def test_tgz_in_buffer_groups_equals_loose_files(loose, loose_run, tiny_model_di
 
 def test_cli_input_flags(shards, loose_run, tiny_model_dir, tmp_path):
     """The Input flags reach the source: --id-field keys, --input-format named, a bad kind refused."""
-    from conftest import ONE_WORKER
+    from support import ONE_WORKER
 
     out = tmp_path / "out"
     result = cli("codes", shards, out, "--model", tiny_model_dir, *ONE_WORKER, "--id-field", "id",
@@ -608,7 +515,7 @@ def test_emilia_sidecar_duration_is_the_whole_file(tmp_path, tiny_model_dir):
     encoded whole and equals the same mp3 encoded as a loose file (frame counts and values); the
     sidecar's other fields are the item's ``meta``.  (Before: past-the-end error rows for those
     rounded up, the others cut short by up to 0.5 ms.)"""
-    from conftest import ONE_WORKER
+    from support import ONE_WORKER
 
     shard, loose = emilia_shard(tmp_path)
     found = discover(shard, options=Options(id_field="id"))
@@ -700,7 +607,7 @@ def test_nemo_manifest_equals_single_item_references(tmp_path, tiny_model_dir):
 def test_key_stem(shards, loose, tmp_path, tiny_model_dir):
     """--key stem: a tar sample's and a list's or directory's file's stem is its key (joins with a
     corpus TSV); recorded in run.json, a resume with the default refused."""
-    from conftest import ONE_WORKER
+    from support import ONE_WORKER
 
     assert sorted(it.key for it in discover(shards, options=Options(key="stem")).items) == sorted(
         n.split(".")[0] for n in FILES)
@@ -719,7 +626,7 @@ def test_hostile_names_never_reach_out(loose, tmp_path, tiny_model_dir):
     """Member names ``../x`` and ``/abs`` are error rows (not keys ``t.tar/../x``); ``./a`` is
     ``a``; a list id that climbs (``../../pwn/y``) is an error row; a list path that climbs is no
     Shar member name (an error row with --format shar): OUT's tars name nothing outside."""
-    from conftest import ONE_WORKER
+    from support import ONE_WORKER
 
     wav = open(os.path.join(loose, "b.wav"), "rb").read()
     shard = str(tmp_path / "t.tar")
@@ -791,7 +698,7 @@ def test_cli_shard_pattern_messages(shards, tiny_model_dir, tmp_path):
     """A brace pattern naming a shard that does not exist says which (it said "matches nothing"
     unless --input-format tar); a pattern the shell expanded into several arguments gets a hint
     to quote it (it got typer's bare "unexpected extra argument")."""
-    from conftest import ONE_WORKER
+    from support import ONE_WORKER
 
     result = cli("codes", os.path.join(shards, "en-{000000..000002}.tar"), tmp_path / "o1", "--model", tiny_model_dir,
                  *ONE_WORKER)

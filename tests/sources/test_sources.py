@@ -196,7 +196,7 @@ def test_list_rows_without_an_id_are_keyed_from_the_corpus_root(tmp_path, tiny_m
     file included; relative rows stay as written below the list's folder.  An OUT made before (its
     run.json records no --list-keys) resumes with its own keys, storing nothing twice; a new OUT
     refuses another --list-keys."""
-    from helpers import extract
+    from support import extract
     from mimi_extract.config.settings import Settings
     from mimi_extract.sources import Options
     from mimi_extract.store.files import OutputError

@@ -22,12 +22,12 @@ import soundfile as sf
 from mimi_extract.store.files import OutputError
 from mimi_extract.store.lock import RunLock
 from mimi_extract.config.settings import Part
-from helpers import extract
+from support import extract
 from mimi_extract.config.settings import Settings
 from mimi_extract.sources import Options
-from helpers import check_consistency
+from support import check_consistency
 from mimi_extract.audit.verify import verify_outputs
-from conftest import ONE_WORKER, cli
+from support import ONE_WORKER, cli
 
 NAMES = [f"u{i}.wav" for i in range(4)]
 LOADING = "loading the model"  # the phase line a run prints before it loads the weights

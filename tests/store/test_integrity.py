@@ -1,6 +1,6 @@
 """Integrity under faults: kill -9, signals, two runs, a full disk, damaged shards, swapped
 weights or inputs, odd file trees.  Each ends in a consistent OUT that resumes to exactly the
-result of an uninterrupted run (checked by ``tests/helpers.py``'s ``check_consistency``)."""
+result of an uninterrupted run (checked by ``tests/support/__init__.py``'s ``check_consistency``)."""
 
 import errno
 import json
@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from conftest import ONE_WORKER, cli, cli_process, write_noise
+from support import ONE_WORKER, cli, cli_process, write_noise
 from mimi_extract import read_manifest
-from helpers import extract
+from support import extract
 from mimi_extract.config.settings import Settings
 from mimi_extract.codec.demo import random_model, tiny_config
-from helpers import check_consistency
-from kill_trials import KillTrial, kill_9_then_resume
+from support import check_consistency
+from support.kill_trials import KillTrial, kill_9_then_resume
 from mimi_extract.store.files import LockedError
 from mimi_extract.store.lock import RunLock
 
@@ -222,21 +222,25 @@ def test_disk_full_real_tmpfs(many, tiny_model_dir, tmp_path):
 
 
 def _disk_full_run(many, out, model_dir, monkeypatch, fmt="hdf5"):
-    """``_fill_disk_run`` with ENOSPC from the OS after ~60 KiB of writes, wherever the writer is."""
-    budget = {"left": 60_000}
-    real_write = os.write
+    """``_fill_disk_run`` with ENOSPC after ~60 KiB of writes, wherever the writer is: at the store's
+    one byte writer (``store.files.write_all``: shards, manifest rows, run.json, the lock), not at the
+    process's global ``os.write``."""
+    from mimi_extract.store import files
 
-    def write(fd, data):
+    budget = {"left": 60_000}
+    real_write = files.write_all
+
+    def write_all(fd, data):
         if budget["left"] <= 0:
             raise OSError(errno.ENOSPC, "No space left on device")
         budget["left"] -= len(data)
         return real_write(fd, data)
 
-    monkeypatch.setattr(os, "write", write)
+    monkeypatch.setattr(files, "write_all", write_all)
     try:
         return _fill_disk_run(many, out, model_dir, fmt)
     finally:
-        monkeypatch.setattr(os, "write", real_write)
+        monkeypatch.setattr(files, "write_all", real_write)
 
 
 @pytest.mark.parametrize("fmt", ["hdf5", pytest.param("parquet", marks=pytest.mark.slow),
@@ -340,9 +344,8 @@ def test_second_signal_handler_exits_at_once(monkeypatch):
     from mimi_extract.run import runner
 
     exits = []
-    monkeypatch.setattr(runner.os, "_exit", lambda code: exits.append(code))
     stop = threading.Event()
-    with runner._Signals(stop) as signals:
+    with runner._Signals(stop, leave=exits.append) as signals:
         signals._handle(signal.SIGTERM, None)
         assert stop.is_set() and signals.received == "SIGTERM" and not exits
         signals._handle(signal.SIGINT, None)

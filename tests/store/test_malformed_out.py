@@ -11,10 +11,10 @@ import shutil
 
 import pytest
 
-from conftest import cli
-from helpers import extract
-from test_packed_sources import FILES, settings
-from test_packed_sources import loose  # noqa: F401  (fixture)
+from support import cli
+from support import extract
+from support.corpora import FILES, settings
+
 
 COMMANDS = [["info"], ["status"], ["status", "--missing"], ["status", "--json"], ["cuts", "-o", "{tmp}/c.jsonl.gz"],
             ["report", "--workers", "1"], ["report", "--manifest-only"]]

@@ -13,15 +13,15 @@ import pytest
 from mimi_extract.store.files import OutputError
 from mimi_extract.store.identity import read_run_info
 from mimi_extract.store.manifest import read_manifest
-from helpers import extract
+from support import extract
 from mimi_extract.sources import Options, discover
-from helpers import check_consistency, interrupt_after_items
-from conftest import ONE_WORKER, cli
-from s3_server import BUCKET, s3_fixture
-from test_packed_sources import FILES, assert_equal_arrays, settings, write_tar
-from test_packed_sources import hf_dataset, loose, loose_run, shar, shards  # noqa: F401  (fixtures)
+from support import check_consistency, interrupt_after_items
+from support import ONE_WORKER, cli
+from support.s3_server import BUCKET, s3_fixture
+from support.corpora import FILES, assert_equal_arrays, settings, write_tar
 
-s3 = s3_fixture()  # moto's server on loopback, with its request log (tests/s3_server.py)
+
+s3 = s3_fixture()  # moto's server on loopback, with its request log (tests/support/s3_server.py)
 
 
 def upload(fs, local: str, name: str) -> str:

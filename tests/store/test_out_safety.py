@@ -14,16 +14,16 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest import write_noise
+from support import write_noise
 from mimi_extract import read, read_manifest
 from mimi_extract.store import run_info
 from mimi_extract.config.settings import Part
-from helpers import extract
+from support import extract
 from mimi_extract.config.settings import Settings
 from mimi_extract.store.files import OutputError
 from mimi_extract.store.lock import RunLock
 from mimi_extract.store.manifest import committed_rows
-from helpers import check_consistency
+from support import check_consistency
 
 
 @pytest.fixture(scope="module")

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from conftest import ONE_WORKER, cli, cli_process, write_noise
+from support import ONE_WORKER, cli, cli_process, write_noise
 from mimi_extract import read, read_manifest
 from mimi_extract.config.settings import Part
 from mimi_extract.engines.plan import part_of
-from helpers import extract
+from support import extract
 from mimi_extract.config.settings import Settings
-from helpers import check_consistency
+from support import check_consistency
 
 
 @pytest.fixture(scope="module")

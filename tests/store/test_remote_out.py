@@ -3,7 +3,7 @@ the reader take its URL and answer what they answer for a local copy of the same
 only commands read run.json, plan.json and the manifest segments, never a shard (counted at the
 server); a job array's root is the union of its parts; the cuts resolve on any machine; a byte
 flipped inside a stored array is found and re-encoded.  The S3 endpoint is real: moto's server on
-loopback, spoken to by s3fs over HTTP (tests/s3_server.py)."""
+loopback, spoken to by s3fs over HTTP (tests/support/s3_server.py)."""
 
 from __future__ import annotations
 
@@ -17,13 +17,13 @@ import numpy as np
 import pytest
 
 import mimi_extract
-from helpers import extract
+from support import extract
 from mimi_extract.store.manifest import format_of_path, read_manifest
-from conftest import cli
-from helpers import check_consistency
-from s3_server import BUCKET, s3_fixture
-from test_packed_sources import FILES, assert_equal_arrays, settings
-from test_packed_sources import loose  # noqa: F401  (fixture)
+from support import cli
+from support import check_consistency
+from support.s3_server import BUCKET, s3_fixture
+from support.corpora import FILES, assert_equal_arrays, settings
+
 
 s3 = s3_fixture()
 SHARD_RE = re.compile(r"shard-\d+\.(h5|parquet|idx|bin)$|\.tar$")  # a shard object's name (HDF5, Parquet, Megatron, Shar)

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import write_noise
+from support import write_noise
 from mimi_extract.codec.encoder import PaddedMimiEncoder, _WindowCache, encode_chunked
 from mimi_extract.codec.reference import reference_single
 from mimi_extract.engines import DeviceRunner
-from helpers import extract
+from support import extract
 from mimi_extract.config.settings import Settings
-from helpers import check_consistency
+from support import check_consistency
 from mimi_extract.store.manifest import read_rows
 
 FRAME = 1920  # samples per 12.5 Hz frame (24 kHz)

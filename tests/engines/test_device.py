@@ -2,7 +2,7 @@
 single-item reference computed on the same device, fp32 with TF32 off (what ``build_encoder`` sets).
 
 Parametrised over ``cpu`` and, where one is visible, ``cuda``: CI runs the CPU half; a GPU machine
-runs ``pytest tests/encoder/test_device.py -k cuda`` (scripts/gpu_check.sh does).  Full-size architecture
+runs ``pytest tests/engines/test_device.py -k cuda`` (scripts/gpu_check.sh does).  Full-size architecture
 cases run on CUDA only (on two CPU cores they take minutes)."""
 
 import threading
@@ -13,7 +13,7 @@ import soundfile as sf
 import torch
 from transformers import MimiConfig
 
-from conftest import cli, ragged, tolerance
+from support import cli, ragged, tolerance
 from mimi_extract.codec.encoder import encode_chunked, frames_of
 from mimi_extract.codec.reference import reference_single
 from mimi_extract.engines import build_encoder

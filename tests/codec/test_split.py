@@ -6,14 +6,13 @@ import pytest
 import torch
 from transformers import MimiConfig
 
-from conftest import tolerance
+from support import tolerance
 from mimi_extract.codec.encoder import PaddedMimiEncoder, encode_chunked, split_bounds
 from mimi_extract.codec.reference import reference_single
 from mimi_extract.codec.demo import random_model
 
 FRAME = 1920
 TAPS = ("encoder", "latent", "codes")
-
 
 
 @torch.no_grad()

@@ -9,7 +9,7 @@ import pytest
 import soundfile as sf
 import torch
 
-from conftest import ONE_WORKER, cli
+from support import ONE_WORKER, cli
 from mimi_extract.config import rates
 from mimi_extract.audit.dry_run import frames
 

@@ -8,19 +8,17 @@ import numpy as np
 import soundfile as sf
 import torch
 
-from conftest import cli
+from support import cli
 from mimi_extract import read_manifest
 from mimi_extract.codec.reference import reference_single
 from mimi_extract.codec.model import reset_codebook_cache
-from helpers import extract
+from support import extract
 from mimi_extract.config.settings import Settings
 from mimi_extract.codec.demo import random_model
-from helpers import restamp_checksum
+from support import restamp_checksum
 from mimi_extract.audit.verify import classify_codes, rvq_trace, verify_outputs
 
 FRAME = 1920
-
-
 
 
 def group_of(model, codebook):

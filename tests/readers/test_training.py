@@ -13,7 +13,7 @@ lhotse = pytest.importorskip("lhotse")
 import mimi_extract  # noqa: E402
 from mimi_extract import read  # noqa: E402
 from mimi_extract.readers.dataset import CutsDataset, OutDataset, PadCollate, pad_collate  # noqa: E402
-from helpers import extract  # noqa: E402
+from support import extract  # noqa: E402
 from mimi_extract.config.settings import Settings  # noqa: E402
 
 FORMATS = ["hdf5", "parquet", "shar", "megatron"]

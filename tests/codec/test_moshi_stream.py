@@ -15,8 +15,8 @@ import torch
 
 pytest.importorskip("moshi.models.compression", reason="pip install --no-deps moshi==0.2.13 einops sentencepiece")
 
-from conftest import ONE_WORKER, cli, tolerance  # noqa: E402
-from moshi_ref import moshi_encode, moshi_mimi, to_transformers  # noqa: E402
+from support import ONE_WORKER, cli, tolerance  # noqa: E402
+from support.moshi_ref import moshi_encode, moshi_mimi, to_transformers  # noqa: E402
 
 from mimi_extract.audio.reader import load  # noqa: E402
 from mimi_extract.codec.encoder import PaddedMimiEncoder, encode_chunked, frames_of  # noqa: E402

@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers.models.mimi import modeling_mimi as mm
 
-from conftest import ragged, tolerance
+from support import ragged, tolerance
 from mimi_extract.codec.encoder import PaddedMimiEncoder, encode_chunked, frames_of
 from mimi_extract.codec.reference import reference_single
 from mimi_extract.codec.demo import random_model, tiny_config

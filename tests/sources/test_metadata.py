@@ -15,9 +15,9 @@ import soundfile as sf
 lhotse = pytest.importorskip("lhotse")
 datasets = pytest.importorskip("datasets")
 
-from conftest import ONE_WORKER, cli, write_noise  # noqa: E402
+from support import ONE_WORKER, cli, write_noise  # noqa: E402
 from mimi_extract import read, read_cuts, read_manifest  # noqa: E402
-from helpers import extract  # noqa: E402
+from support import extract  # noqa: E402
 from mimi_extract.config.settings import Settings  # noqa: E402
 from mimi_extract.sources import Options, discover  # noqa: E402
 from mimi_extract.store.files import OutputError  # noqa: E402

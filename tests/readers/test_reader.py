@@ -1,8 +1,6 @@
 """The reader: one key index over every part of OUT, cached ``read``, lazy and merged cuts."""
 
 import gzip
-import json
-import os
 
 import numpy as np
 import pytest
@@ -10,33 +8,10 @@ import pytest
 import mimi_extract
 from mimi_extract.readers.reader import Reader, cached_reader
 from mimi_extract.formats import get_format
-from mimi_extract.store.files import write_atomic
 from mimi_extract.store.manifest import ManifestRow, read_manifest
 from mimi_extract.store.read import load_row
 from mimi_extract.store.writer import ShardWriter
-
-INFO = {"model": "tiny", "tap": "codes", "num_quantizers": 8, "framing": "transformers", "channel": "mix",
-        "dtype": "fp32", "feature_dtype": "float32", "input": "/corpus", "input_kind": "directory"}
-
-
-def make_out(run_dir, keys, seed=0, shard_size=3, part="whole"):
-    """A run directory written by the real ShardWriter (no encoding): codes [frames, 8] per key."""
-    os.makedirs(run_dir, exist_ok=True)
-    write_atomic(os.path.join(run_dir, "run.json"), json.dumps({**INFO, "part": part}))
-    w = ShardWriter(str(run_dir), get_format("hdf5"), {"tap": "codes", "layout": "[frames, num_quantizers]"}, max_items=shard_size)
-    rng = np.random.default_rng(seed)
-    arrays = {}
-    for i, key in enumerate(keys):
-        frames = 3 + i % 5
-        data = rng.integers(0, 2048, (frames, 8), dtype=np.int16)
-        row = {"path": key, "key": key, "dataset": key.replace("/", "|"), "channel": None, "sample_rate": 24000,
-               "duration": frames * 0.08, "source": {"path": f"/corpus/{key}", "frames": frames * 1920, "channels": 1}}
-        w.add(key, data, ManifestRow(**row, frames=frames, dims=8))
-        arrays[key] = data
-    w.add_error(ManifestRow(path="bad.wav", key=f"bad-{part}.wav", dataset="bad.wav", channel=None,
-                            sample_rate=None, duration=0.0), "cannot decode")
-    w.close()
-    return arrays
+from support.outs import make_out
 
 
 def test_reader_indexes_every_part_once(tmp_path):
@@ -120,7 +95,7 @@ def test_lazy_cuts_and_one_merged_file_over_all_parts(tmp_path):
     for cut in cuts:
         assert (cut.load_custom("mimi_codes") == arrays[cut.id]).all()
     merged = tmp_path / "merged.jsonl.gz"
-    from conftest import cli
+    from support import cli
 
     result = cli("cuts", out, "-o", merged)
     assert result.exit_code == 0, result.output

@@ -12,7 +12,7 @@ import pytest
 import soundfile as sf
 import torch
 
-from conftest import cli, tolerance, write_noise
+from support import cli, tolerance, write_noise
 from mimi_extract.audio.decoders import AudioError
 from mimi_extract.audio.reader import AudioReader, PieceReader, load
 from mimi_extract.audio.framing import Framing

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import mimi_extract
-from conftest import ONE_WORKER, cli, cli_process
+from support import ONE_WORKER, cli, cli_process
 from mimi_extract import read_manifest
 from mimi_extract.audit.report import (CARD_BEGIN, CARD_END, DURATION_EDGES, PNG_ERROR_REASONS, PNG_ERROR_SUBSETS,
                                        SCHEMA, corpus_report, error_panel, write_png)
@@ -124,9 +124,9 @@ def test_by_field_groups_by_a_manifest_field(outs):
 
 def test_tar_input_subsets_are_the_input_shards(tiny_model_dir, tmp_path):
     """A tar input: one subset per input shard; an error row (a sample without audio) in its shard."""
-    from test_packed_sources import write_tar
+    from support.corpora import write_tar
 
-    from conftest import write_noise
+    from support import write_noise
 
     loose = tmp_path / "loose"
     loose.mkdir()
@@ -154,8 +154,8 @@ def test_tar_input_subsets_are_the_input_shards(tiny_model_dir, tmp_path):
 def test_parts_and_damaged_items(tmp_path):
     """Every part of a job array; a damaged item is listed, not counted in the codebooks; a codebook
     size the model does not tell is the largest code seen + 1, said so."""
-    from test_formats import _flip_hdf5_byte
-    from test_reader import make_out
+    from support.outs import flip_hdf5_byte
+    from support.outs import make_out
 
     out = tmp_path / "out"
     arrays = make_out(out / "part-0-of-2", [f"a/{i}.wav" for i in range(7)], seed=0, part="0/2")
@@ -177,7 +177,7 @@ def test_parts_and_damaged_items(tmp_path):
     assert (tmp_path / "errors.png").read_bytes().startswith(b"\x89PNG")
 
     victim = next(r for r in read_manifest(str(out)) if r["status"] == "ok" and r["key"] == "a/3.wav")
-    _flip_hdf5_byte(str(out), victim)
+    flip_hdf5_byte(str(out), victim)
     hurt = corpus_report(str(out))
     assert [d["key"] for d in hurt["damaged"]] == ["a/3.wav"] and hurt["items"] == 12
     kept = np.concatenate([a for k, a in arrays.items() if k != "a/3.wav"])

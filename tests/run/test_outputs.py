@@ -7,16 +7,14 @@ import numpy as np
 import soundfile as sf
 import torch
 
-from conftest import cli, tolerance
+from support import cli, tolerance
 from mimi_extract import read, read_manifest
 from mimi_extract.store.manifest import shard_attrs
 from mimi_extract.codec.reference import reference_single
-from helpers import extract
+from support import extract
 from mimi_extract.config.settings import Settings
 
 FRAME = 1920
-
-
 
 
 def corpus_at(root, rate, lengths, seed=0):

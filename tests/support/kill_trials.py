@@ -13,10 +13,10 @@ from typing import Callable
 
 import numpy as np
 
-from conftest import cli_process
-from helpers import check_consistency
+from support import cli_process
+from support import check_consistency
 from mimi_extract import read_manifest
-from helpers import extract
+from support import extract
 from mimi_extract.config.settings import Settings
 from mimi_extract.formats import formats
 

@@ -8,11 +8,11 @@ import os
 import numpy as np
 import pytest
 
-from conftest import write_noise
-from helpers import extract
+from support import write_noise
+from support import extract
 from mimi_extract.config.settings import Settings
 from mimi_extract.sources import discover
-from helpers import check_consistency
+from support import check_consistency
 from mimi_extract.store.manifest import read_manifest
 
 

@@ -1,10 +1,77 @@
-"""The tests' checks of an output directory (kept out of the package: they ``assert``)."""
+"""What the tests share, imported as ``from support import ...`` (a helper package, not a test
+module): the CLI in-process and in a subprocess, one run as the tests ask it, noise files, the
+float tolerance, and the checks of an output directory (they ``assert``: kept out of the package).
+The shared fixtures are the pytest plugins ``support.fixtures`` and ``support.corpora`` (registered
+in tests/conftest.py); ``support.outs`` writes and damages OUTs by hand, ``support.kill_trials`` kills
+runs, ``support.s3_server`` serves S3, ``support.moshi_ref`` and ``support.shapes`` are references."""
 
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
+from decimal import ROUND_HALF_UP, Decimal
 
 import numpy as np
+import soundfile as sf
+import torch
+
+ONE_WORKER = ["--device", "cpu", "--cpu-workers", "1", "--num-workers", "1"]  # a CLI run in one process
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
+
+
+def tolerance(reference: torch.Tensor) -> float:
+    """1e-5, scaled by the output magnitude when it exceeds 1: fp32 rounding is relative, and
+    oneDNN picks different conv kernels for different lengths (measured: ~1e-6 relative)."""
+    return 1e-5 * max(1.0, float(reference.abs().max()))
+
+
+def write_noise(path, samples: int, rate: int = 24_000, rng=None, level: float = 0.2, channels: int = 1,
+                subtype: str | None = None) -> None:
+    """A white-noise file of ``samples`` frames (PCM-16 unless ``subtype``, e.g. "FLOAT")."""
+    rng = np.random.default_rng(0) if rng is None else rng
+    data = (level * rng.standard_normal(samples if channels == 1 else (samples, channels))).astype(np.float32)
+    sf.write(str(path), data, rate, **({"subtype": subtype} if subtype else {}))
+
+
+def ragged(lengths, seed=0, garbage=None):
+    """Items and their right-padded batch; the padding holds ``garbage`` to prove it is ignored."""
+    g = torch.Generator().manual_seed(seed)
+    items = [0.3 * torch.randn(n, generator=g) for n in lengths]
+    batch = torch.nn.utils.rnn.pad_sequence(items, batch_first=True)
+    if garbage is not None:
+        for row, n in enumerate(lengths):
+            batch[row, n:] = garbage
+    return items, batch
+
+
+def cli(*args, env=None):
+    """The CLI in-process; ``text`` is the output with rich's line wrapping (long paths) undone."""
+    from typer.testing import CliRunner
+
+    from mimi_extract.cli.app import app
+
+    result = CliRunner().invoke(app, [str(a) for a in args], env=env)
+    result.text = " ".join(result.output.split())
+    return result
+
+
+def cli_process(*args, **kwargs) -> subprocess.Popen:
+    """The real CLI in a subprocess (python -m mimi_extract), for kill/signal tests."""
+    env = {**os.environ, "PYTHONPATH": ROOT, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
+           "OMP_NUM_THREADS": "1", **kwargs.pop("env", {})}
+    # as from a terminal: SIGINT is not ignored (a test session started in the background, `pytest &`,
+    # inherits SIG_IGN for it, and Python then keeps ignoring it until the run installs its handlers)
+    kwargs.setdefault("preexec_fn", lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    return subprocess.Popen([sys.executable, "-m", "mimi_extract", *map(str, args)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kwargs)
+
+
+def rhu(x: float) -> int:  # lhotse's rounding of seconds to frames
+    return int(Decimal(round(x, 8)).quantize(0, rounding=ROUND_HALF_UP))
 
 
 def check_consistency(out_dir: str, expected_keys=None, killed: bool = False) -> dict[str, "np.ndarray"]:

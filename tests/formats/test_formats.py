@@ -10,15 +10,16 @@ import numpy as np
 import pytest
 
 import mimi_extract
-from conftest import ONE_WORKER, cli
+from support import ONE_WORKER, cli
 from mimi_extract import read, read_manifest
 from mimi_extract.formats import get_format, names
-from helpers import extract
+from support import extract
 from mimi_extract.config.settings import Settings
 from mimi_extract.store.files import DamagedError
 from mimi_extract.store.read import load_row
-from helpers import check_consistency
-from test_cli import check_outputs
+from support import check_consistency
+from support.outs import check_outputs
+from support.outs import flip_byte, flip_hdf5_byte
 
 
 def run(root, out, model_dir, fmt, tap="codes", **kw):
@@ -199,28 +200,6 @@ def test_parquet_parts_card_and_union(corpus, tiny_model_dir, tmp_path):
     assert sorted(c.id for c in mimi_extract.read_cuts(out)) == sorted(ds["key"])
 
 
-# -- checksums: bit rot is detected -----------------------------------------------------------
-def _flip_hdf5_byte(out, row):
-    """Flip one byte inside the stored data of ``row``'s dataset (not its header)."""
-    import h5py
-
-    path = os.path.join(out, row["shard"])
-    with h5py.File(path, "r") as f:
-        ds = f[row["dataset"]]
-        offset = ds.id.get_chunk_info(0).byte_offset if ds.chunks else ds.id.get_offset()
-        size = ds.id.get_storage_size()
-    assert offset is not None and size > 0
-    _flip(path, offset + size // 2)
-
-
-def _flip(path, offset):
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        byte = f.read(1)
-        f.seek(offset)
-        f.write(bytes([byte[0] ^ 0x5A]))
-
-
 def _flip_parquet_page(out, shard):
     """Flip one byte inside the data pages of the array column of ``shard``'s first row group;
     returns the keys of that row group (a page holds several items: all of them are damaged)."""
@@ -232,7 +211,7 @@ def _flip_parquet_page(out, shard):
     keys = f.read_row_group(0, columns=["key"])["key"].to_pylist()
     f.close()
     start = col.dictionary_page_offset if col.has_dictionary_page else col.data_page_offset
-    _flip(path, start + col.total_compressed_size - 3)  # the chunk ends with its last data page
+    flip_byte(path, start + col.total_compressed_size - 3)  # the chunk ends with its last data page
     return keys
 
 
@@ -247,7 +226,7 @@ def test_a_flipped_byte_is_found_read_refuses_and_resume_repairs(both, corpus, t
     assert all(r["checksum"].startswith("crc32:") for r in rows)
     victim = next(r for r in rows if r["key"] == "sub/deeper/chirp.flac")
     if fmt == "hdf5":
-        _flip_hdf5_byte(out, victim)
+        flip_hdf5_byte(out, victim)
         damaged = [victim["key"]]
     else:
         damaged = _flip_parquet_page(out, victim["shard"])
@@ -337,7 +316,7 @@ def test_a_damaged_footer_or_superblock_is_a_damaged_error_naming_out_shard_and_
     shutil.copytree(both[fmt], out)
     victim = next(r for r in read_manifest(out) if r["status"] == "ok")
     path = os.path.join(out, victim["shard"])
-    _flip(path, os.path.getsize(path) - 2 if fmt == "parquet" else 1)
+    flip_byte(path, os.path.getsize(path) - 2 if fmt == "parquet" else 1)
     for reader in (lambda k: read(out, k), lambda k: mimi_extract.open(out)[k],
                    lambda k: load_row(out, victim)):  # what report and verify read through
         with pytest.raises(DamagedError) as e:

@@ -16,7 +16,7 @@ import soundfile as sf
 lhotse = pytest.importorskip("lhotse")
 
 import mimi_extract  # noqa: E402
-from conftest import ONE_WORKER, cli, write_noise  # noqa: E402
+from support import ONE_WORKER, cli, write_noise  # noqa: E402
 from mimi_extract import read, read_cuts, read_manifest  # noqa: E402
 from mimi_extract.audio.reader import load  # noqa: E402
 from mimi_extract.codec.reference import reference_single  # noqa: E402
@@ -26,10 +26,10 @@ from mimi_extract.store.read import shar_fields  # noqa: E402
 from mimi_extract.audit.decode import decode_items  # noqa: E402
 from mimi_extract.audit.outputs import info_report, status_report  # noqa: E402
 from mimi_extract.config.settings import Part  # noqa: E402
-from helpers import extract  # noqa: E402
+from support import extract  # noqa: E402
 from mimi_extract.config.settings import Settings  # noqa: E402
-from test_lhotse import rhu  # noqa: E402
-from kill_trials import KillTrial, kill_9_then_resume  # noqa: E402
+from support import rhu  # noqa: E402
+from support.kill_trials import KillTrial, kill_9_then_resume  # noqa: E402
 
 SHAR = get_format("shar")
 
@@ -273,7 +273,9 @@ def test_commit_renames_into_shar_from_the_run_dir_and_survives_a_full_disk(shar
     reference = check_shar(ref)
 
     out = str(tmp_path / "out")
-    renames, real_replace, real_write = [], os.replace, os.write
+    from mimi_extract.store import files
+
+    renames, real_replace, real_write = [], os.replace, files.write_all
     total = sum(os.path.getsize(os.path.join(ref, "shar", n)) for n in os.listdir(os.path.join(ref, "shar")))
     budget = {"left": total // 2}  # the disk fills half-way through the shards
 
@@ -281,17 +283,17 @@ def test_commit_renames_into_shar_from_the_run_dir_and_survives_a_full_disk(shar
         renames.append((os.path.relpath(src, out), os.path.relpath(dst, out)))
         return real_replace(src, dst)
 
-    def write(fd, data):
+    def write_all(fd, data):
         if budget["left"] <= 0:
             raise OSError(errno.ENOSPC, "No space left on device")
         budget["left"] -= len(data)
         return real_write(fd, data)
 
     monkeypatch.setattr(writer.os, "replace", replace)
-    monkeypatch.setattr(writer.os, "write", write)
+    monkeypatch.setattr(files, "write_all", write_all)  # the store's one byte writer, not the global os.write
     with pytest.raises(OutputError, match="no space left on device while writing"):
         extract(source, out, settings, shard_size=2)
-    monkeypatch.setattr(writer.os, "write", real_write)
+    monkeypatch.setattr(files, "write_all", real_write)
     pairs = [(s, d) for s, d in renames if d.startswith("shar/")]
     assert pairs and all(s == d.replace("/", "__") + ".tmp" and "/" not in s for s, d in pairs), renames
     assert [d.split(".")[0] for _, d in pairs[:2]] == ["shar/cuts", "shar/mimi_codes"]

@@ -17,12 +17,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import mimi_extract
-from conftest import ONE_WORKER, ROOT, cli
-from helpers import check_consistency
+from support import ONE_WORKER, ROOT, cli
+from support import check_consistency
 from mimi_extract import read, read_manifest
 from mimi_extract.formats.megatron import DATA_ARGS, IndexFile, Tokens, indexed_dataset
 from mimi_extract.readers.reader import megatron_blend as blend
-from helpers import extract
+from support import extract
 from mimi_extract.config.settings import Settings
 from mimi_extract.store.files import DamagedError
 
