@@ -117,6 +117,7 @@ class Format:
     folder: str = ""
     taps: tuple[str, ...] = ("encoder", "latent", "codes")  # what it can store
     tokens: bool = False  # whether it writes token ids (--token-layout, --token-offset)
+    order: int = 100  # where --format offers it (lower first; then in the order modules register)
 
     def shard_name(self, index: int) -> str:
         raise NotImplementedError

@@ -75,6 +75,7 @@ class HDF5Shard(ShardBuilder):
 @register
 class HDF5(Format):
     name = "hdf5"
+    order = 10
     shard_re = re.compile(r"shard-(\d{5,})\.h5")
 
     def shard_name(self, index: int) -> str:

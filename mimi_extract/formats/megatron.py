@@ -322,6 +322,7 @@ class MegatronShard(ShardBuilder):
 @register
 class Megatron(Format):
     name = "megatron"
+    order = 40
     shard_re = re.compile(r"shard-(\d{5,})\.idx")
     file_re = re.compile(r"shard-(\d{5,})\.(?:idx|bin|json)")
     taps = ("codes",)

@@ -199,6 +199,7 @@ def attrs_of(file) -> dict:
 @register
 class Parquet(Format):
     name = "parquet"
+    order = 20
     shard_re = re.compile(r"shard-(\d{5,})\.parquet")
 
     def shard_name(self, index: int) -> str:

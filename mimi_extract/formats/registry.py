@@ -10,10 +10,14 @@ _FORMATS: dict[str, Format] = {}
 
 
 def register(cls: type[Format]) -> type[Format]:
-    """Class decorator: make a format available by its ``name`` (``--format NAME``)."""
+    """Class decorator: make a format available by its ``name`` (``--format NAME``), offered in the
+    order of its ``order`` (then of registration)."""
     if not cls.name:
         raise ValueError(f"{cls.__name__} has no name")
     _FORMATS[cls.name] = cls()
+    ordered = sorted(_FORMATS.items(), key=lambda kv: kv[1].order)
+    _FORMATS.clear()
+    _FORMATS.update(ordered)
     return cls
 
 

@@ -173,6 +173,7 @@ def _npy_shape(f) -> tuple:
 @register
 class Shar(Format):
     name = "shar"
+    order = 30
     folder = FOLDER
     shard_re = re.compile(rf"{FOLDER}/{_FIELD_RE}\.(\d{{6,}})\.tar")
     file_re = re.compile(rf"{FOLDER}/(?:{_FIELD_RE}\.(\d{{6,}})\.tar|cuts\.(\d{{6,}})\.jsonl\.gz)")

@@ -1,7 +1,9 @@
 """Input sources: what to encode, as a list of :class:`Item`, whatever form the input takes.
 
 Each kind of input is one module registered in :data:`REGISTRY` (``base.py`` has the interface):
-a directory or a list of files (``files.py``), a lhotse manifest (``lhotse.py``), ... Every kind
+a directory or a list of files (``files.py``), a lhotse manifest (``lhotse.py``), ...; every module of
+this folder is imported here, so a new kind is its module alone (detected in the order of its
+``Source.detect_order``).  Every kind
 yields :class:`Entry` rows -- a file or a member of a container, optionally a segment and a
 channel, optionally an id -- and one shared :func:`probe` turns entries into items from headers
 alone (no decoding), so a million-file corpus is planned up front.  Keys are unique by
@@ -11,9 +13,10 @@ how an engine gets an item's bytes, whatever its kind.
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+
 from ..audio.decoders import AudioError
-from . import shar, tar, tgz, parquet  # noqa: F401  (registers the kinds, in detection order: containers first,
-from . import files, lhotse  # noqa: F401, E402  then any directory, lists and manifests)
 from ..config.choices import KEY_MODES, SIDECAR_DURATION_MODES
 from .base import (AUDIO_EXTENSIONS, REGISTRY, Discovered, Entry, Item, Options, Source, SourceError, dataset_name,
                    dedup, open_source, plan_group, printable, probe, probe_info, register, seconds_to_samples,
@@ -23,6 +26,10 @@ from .base import Loc, bytes_name, loc_of  # where an item's bytes are in a shar
 from .discover import discover
 from .files import LIST_EXTENSIONS, read_list, walk_directory
 from .lhotse import is_lhotse_manifest, read_lhotse_manifest
+
+
+for _module in pkgutil.iter_modules(__path__):  # each kind's module registers it (Source.detect_order)
+    importlib.import_module(f"{__name__}.{_module.name}")
 
 
 def open_audio(item: Item):

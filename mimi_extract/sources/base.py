@@ -420,6 +420,9 @@ class Source:
 
     kind = ""
     loc_type: type[Loc] | None = None  # where an entry's bytes are in a shard (None: entries are files)
+    # where detection asks this kind (lower first; then in the order modules register): a container
+    # (a lhotse manifest, shards, a Shar or Parquet folder) before any directory and any list
+    detect_order: int = 50
 
     def __init__(self, path: str, options: Options):
         self.path, self.options = path, options
@@ -482,7 +485,12 @@ REGISTRY: dict[str, type[Source]] = {}
 
 
 def register(cls: type[Source]) -> type[Source]:
+    """Class decorator: make a kind of input known (``--input-format KIND``, and detection, in the
+    order of ``detect_order``)."""
     REGISTRY[cls.kind] = cls
+    ordered = sorted(REGISTRY.items(), key=lambda kv: kv[1].detect_order)
+    REGISTRY.clear()
+    REGISTRY.update(ordered)
     return cls
 
 

@@ -195,6 +195,7 @@ class DirectorySource(Source):
     """A directory of audio files (recursive); see :func:`walk_directory`."""
 
     kind = "directory"
+    detect_order = 90
 
     @classmethod
     def detect(cls, path: str) -> bool:
@@ -209,6 +210,7 @@ class ListSource(Source):
     """A list of files, optionally with ids, segments and channels; see :func:`read_list`."""
 
     kind = "list"
+    detect_order = 91
 
     @classmethod
     def detect(cls, path: str) -> bool:

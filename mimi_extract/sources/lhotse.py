@@ -200,6 +200,7 @@ class LhotseSource(Source):
     """A lhotse manifest (``.jsonl.gz``, or a ``.json``/``.jsonl`` that looks like one)."""
 
     kind = "lhotse"
+    detect_order = 10
 
     @classmethod
     def detect(cls, path: str) -> bool:

@@ -270,6 +270,7 @@ class ParquetSource(Source):
     """Parquet / Hugging Face datasets; see the module docstring."""
 
     kind = "parquet"
+    detect_order = 50
     loc_type = CellLoc
 
     @classmethod

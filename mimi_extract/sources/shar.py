@@ -36,6 +36,7 @@ class SharSource(Source):
     """A lhotse Shar folder; see the module docstring."""
 
     kind = "shar"
+    detect_order = 30
 
     @classmethod
     def detect(cls, path: str) -> bool:

@@ -505,6 +505,7 @@ class TarSource(Source):
     """Uncompressed tar shards (WebDataset), read by offset; see the module docstring."""
 
     kind = "tar"
+    detect_order = 20
     loc_type = MemberLoc
 
     @classmethod
