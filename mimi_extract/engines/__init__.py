@@ -2,8 +2,8 @@
 
 Every engine runs its units through :class:`~.device.DeviceRunner`, the engine on one device
 (continuous batching: a feeder thread composes steps ahead of the exact encoder), and shares the
-small :class:`~.base.Engine` interface, ``run(units, stop, model=None) -> iterator of Piece`` and
-``close()``:
+small :class:`~.base.Engine` interface: ``plan(items, model=None)`` (its own work units),
+``run(units, stop, model=None) -> iterator of Piece`` and ``close()`` (a context manager):
 
 * ``local``: :class:`~.inprocess.InProcessEngine` -- one device in this process (the caller's thread
   writes) -- or, with several devices, :class:`~.processes.ProcessEngine` -- one spawned process per
