@@ -26,23 +26,6 @@ import soundfile as sf
 import torch
 
 
-def encode_piece(encoder, audio: torch.Tensor, begin: int, first: int, chunk: int,
-                 taps: tuple[str, ...] = ("latent",), num_quantizers: int | None = None) -> dict:
-    """One piece of a recording, encoded on its own: ``audio`` is the recording's samples from
-    ``begin`` to the piece's end (see :func:`split_bounds`); returns each tap's frames from sample
-    ``first`` on.  The warm-up ``[begin, first)`` is encoded and dropped; positions are absolute, so
-    rounding (RoPE) and moshi's streaming calls are those of the unchunked encode.  Pieces are
-    independent: they can run on any worker, in any order, and their frames concatenated in order
-    equal the unchunked single-item encode to float noise (tested)."""
-    from mimi_extract.codec.encoder import encode_chunked
-
-    if begin % encoder.hop or first % encoder.hop or first < begin:
-        raise ValueError(f"begin <= first, both multiples of {encoder.hop} samples")
-    out = encode_chunked(encoder, [audio], chunk, taps, num_quantizers, starts=[begin])[0]
-    skip = {"encoder": (first - begin) // encoder.step}
-    skip["latent"] = skip["codes"] = (first - begin) // encoder.hop
-    return {t: v[skip[t]:] for t, v in out.items()}
-
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -57,7 +40,7 @@ def main() -> None:
     args = ap.parse_args()
     from transformers import MimiConfig
 
-    from mimi_extract.codec.encoder import PaddedMimiEncoder, split_bounds
+    from mimi_extract.codec.encoder import PaddedMimiEncoder, encode_piece, split_bounds
     from mimi_extract.codec.reference import reference_single
     from mimi_extract.codec.demo import random_model
 

@@ -238,7 +238,7 @@ class PaddedMimiEncoder(nn.Module):
         layers and every SEANet conv (all affine in the frame index) gives the look-back.  A piece of
         a recording encoded from this many samples (rounded up to whole frames) before its first
         frame, with absolute positions, gives the unchunked result for its frames: see
-        the split pieces' warm-up (``engines.plan.split_items``).  kyutai/mimi: 1,917,560 samples (79.9 s); the tiny test model 14,840."""
+        :func:`encode_piece`.  kyutai/mimi: 1,917,560 samples (79.9 s); the tiny test model 14,840."""
         if self.window is None:
             raise ValueError("the transformer attends to every past step: the receptive field is unbounded")
         frame = 1 << 20  # any frame far from the start (every map below is affine in it)
@@ -600,7 +600,7 @@ def encode_chunked(encoder: PaddedMimiEncoder, items: list[torch.Tensor], chunk:
                    starts: list[int] | None = None) -> list[dict]:
     """Encode whole 1-D items as streams of ``chunk``-sample chunks, all rows in one batch.
 
-    The simplest driver of the chunked path (tests, ``verify``, the Ray Data entry); the extraction
+    The simplest driver of the chunked path (tests, ``verify``, :func:`encode_piece`, the Ray Data entry); the extraction
     engine refills rows as streams end (continuous batching).  The chunks are fed in the encoder's
     own dtype, on its device.  ``starts``: where each item begins in
     its recording (samples, a multiple of :attr:`~PaddedMimiEncoder.hop`), so RoPE positions and
@@ -658,3 +658,20 @@ def split_bounds(total: int, pieces: int, warmup: int, hop: int,
         begin = max(0, first - -(-warmup // hop) * hop)
         out.append((begin, first, min(total, b * hop)))
     return out
+
+
+@torch.no_grad()
+def encode_piece(encoder: PaddedMimiEncoder, audio: torch.Tensor, begin: int, first: int, chunk: int,
+                 taps: tuple[str, ...] = ("latent",), num_quantizers: int | None = None) -> dict:
+    """One piece of a recording, encoded on its own: ``audio`` is the recording's samples from
+    ``begin`` to the piece's end (see :func:`split_bounds`); returns each tap's frames from sample
+    ``first`` on.  The warm-up ``[begin, first)`` is encoded and dropped; positions are absolute, so
+    rounding (RoPE) and moshi's streaming calls are those of the unchunked encode.  Pieces are
+    independent: they can run on any worker, in any order, and their frames concatenated in order
+    equal the unchunked single-item encode to float noise (tested)."""
+    if begin % encoder.hop or first % encoder.hop or first < begin:
+        raise ValueError(f"begin <= first, both multiples of {encoder.hop} samples")
+    out = encode_chunked(encoder, [audio], chunk, taps, num_quantizers, starts=[begin])[0]
+    skip = {"encoder": (first - begin) // encoder.step}
+    skip["latent"] = skip["codes"] = (first - begin) // encoder.hop
+    return {t: v[skip[t]:] for t, v in out.items()}

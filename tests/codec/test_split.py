@@ -7,29 +7,13 @@ import torch
 from transformers import MimiConfig
 
 from support import tolerance
-from mimi_extract.codec.encoder import PaddedMimiEncoder, encode_chunked, split_bounds
+from mimi_extract.codec.encoder import PaddedMimiEncoder, encode_piece, split_bounds
 from mimi_extract.codec.reference import reference_single
 from mimi_extract.codec.demo import random_model
 
 FRAME = 1920
 TAPS = ("encoder", "latent", "codes")
 
-
-@torch.no_grad()
-def encode_piece(encoder: PaddedMimiEncoder, audio: torch.Tensor, begin: int, first: int, chunk: int,
-                 taps: tuple[str, ...] = ("latent",), num_quantizers: int | None = None) -> dict:
-    """One piece of a recording, encoded on its own: ``audio`` is the recording's samples from
-    ``begin`` to the piece's end (see ``split_bounds``); returns each tap's frames from sample
-    ``first`` on.  The warm-up ``[begin, first)`` is encoded and dropped; positions are absolute, so
-    rounding (RoPE) and moshi's streaming calls are those of the unchunked encode.  Pieces are
-    independent: they can run on any worker, in any order, and their frames concatenated in order
-    equal the unchunked single-item encode to float noise (tested)."""
-    if begin % encoder.hop or first % encoder.hop or first < begin:
-        raise ValueError(f"begin <= first, both multiples of {encoder.hop} samples")
-    out = encode_chunked(encoder, [audio], chunk, taps, num_quantizers, starts=[begin])[0]
-    skip = {"encoder": (first - begin) // encoder.step}
-    skip["latent"] = skip["codes"] = (first - begin) // encoder.hop
-    return {t: v[skip[t]:] for t, v in out.items()}
 
 def stitched(encoder, audio, pieces, warmup, chunk):
     parts = [encode_piece(encoder, audio[begin:end], begin, first, chunk, TAPS, 8)
