@@ -33,7 +33,10 @@ def hwm_mib():  # this process's peak RSS (VmHWM: reset at exec, unlike ru_maxrs
         return next(int(l.split()[1]) for l in f if l.startswith("VmHWM")) / 1024
 
 
-from mimi_extract.audio.reader import AudioReader
+try:
+    from mimi_extract.audio.reader import AudioReader
+except ImportError:  # a checkout from before the audio package (--before)
+    from mimi_extract.audio import AudioReader
 from mimi_extract.sources import discover, open_audio
 path, env = sys.argv[1], json.loads(sys.argv[2])
 import os

@@ -19,11 +19,11 @@ import tempfile
 from pathlib import Path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [ROOT, os.path.join(ROOT, "tests", "audio")]
+sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
 
 import numpy as np  # noqa: E402
 
-from shapes import ffmpeg_decode, shapes  # noqa: E402
+from support.shapes import ffmpeg_decode, shapes  # noqa: E402
 
 PROBE = """
 import json, sys
