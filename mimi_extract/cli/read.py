@@ -14,6 +14,17 @@ from rich.text import Text
 from .common import (Channel, ChannelOpt, EXIT_FAILED, FeatureDType, FramingArg, FramingOpt, INPUT_OPTIONS, InputArg, LimitOpt, OutFormat, Resampler, ResamplerOpt, _OneInput, _fail, _hours, _reading_errors, _report, _say_common_failures, _size, _with_options, app, console, say)
 
 
+def _say_durations(d: dict, out) -> None:
+    """The duration summary and histogram that ``plan`` and ``report`` print alike."""
+    if d["max"] is None:
+        return
+    say(f"durations: min {d['min']:.2f} s, median {d['median']:.2f} s, mean {d['mean']:.2f} s, "
+        f"p95 {d['p95']:.2f} s, max {d['max']:.2f} s", out=out)
+    bins = [(f"{a:g}-{b:g}", c) for a, b, c in zip(d["edges"], d["edges"][1:], d["counts"])]
+    bins.append((f">={d['edges'][-1]:g}", d["counts"][-1]))
+    say("  " + ", ".join(f"{label} s: {c}" for label, c in bins if c), out=out)
+
+
 @app.command()
 def status(out_dir: Annotated[str, typer.Argument(metavar="OUT")],
            as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
@@ -117,13 +128,7 @@ def plan(
         f"{_hours(report['hours'] * 3600)} of audio (indexed in {ix['wall_s']:.1f} s, {ix['cpu_s']:.1f} CPU s)", out=out)
     for reason, n in report["errors_by_reason"].items():
         say(f"  {n} x ", (str(reason), "yellow"), out=out)
-    d = report["durations"]
-    if d["max"] is not None:
-        say(f"durations: min {d['min']:.2f} s, median {d['median']:.2f} s, mean {d['mean']:.2f} s, "
-            f"p95 {d['p95']:.2f} s, max {d['max']:.2f} s", out=out)
-        bins = [(f"{a:g}-{b:g}", c) for a, b, c in zip(d["edges"], d["edges"][1:], d["counts"])]
-        bins.append((f">={d['edges'][-1]:g}", d["counts"][-1]))
-        say("  " + ", ".join(f"{label} s: {c}" for label, c in bins if c), out=out)
+    _say_durations(report["durations"], out)
     fr = report["frames"]
     say(f"frames: {fr['12.5 Hz (latent, codes)']} at 12.5 Hz (latent, codes), {fr['25 Hz (encoder)']} at 25 Hz "
         f"(encoder); tokens at -q {report['num_quantizers']}: {report['tokens']}", out=out)
@@ -256,13 +261,7 @@ def report(out_dir: Annotated[str, typer.Argument(metavar="OUT")],
     out.print(table)
     if len(result["subsets"]) > _SUBSETS_SHOWN:
         say(f"  ... and {len(result['subsets']) - _SUBSETS_SHOWN} more subsets (--json lists them all)", out=out)
-    d = result["durations"]
-    if d["max"] is not None:
-        say(f"durations: min {d['min']:.2f} s, median {d['median']:.2f} s, mean {d['mean']:.2f} s, "
-            f"p95 {d['p95']:.2f} s, max {d['max']:.2f} s", out=out)
-        bins = [(f"{a:g}-{b:g}", c) for a, b, c in zip(d["edges"], d["edges"][1:], d["counts"])]
-        bins.append((f">={d['edges'][-1]:g}", d["counts"][-1]))
-        say("  " + ", ".join(f"{label} s: {c}" for label, c in bins if c), out=out)
+    _say_durations(result["durations"], out)
     if result["codebooks"]:
         cb = result["codebooks"]
         books = Table(title=f"codebooks ({cb['size']} codes each, size from {cb['size_from']})")

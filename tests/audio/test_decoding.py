@@ -14,6 +14,7 @@ import soundfile as sf
 import torch
 
 import av
+from support.shapes import ffmpeg_decode
 from mimi_extract.audio.decoders import _BLOCK, _seek, open_decoder
 from mimi_extract.audio.reader import AudioReader, load
 
@@ -49,20 +50,6 @@ def write_mp3(path, rate: int, mode: str, headers: bool, n: int = SAMPLES) -> No
         frame.sample_rate = rate
         for packet in [*stream.encode(frame), *stream.encode(None)]:
             out.mux(packet)
-
-
-def ffmpeg_decode(path) -> np.ndarray:
-    """FFmpeg's whole-file decode through PyAV's plain loop, as float32 [frames, channels]."""
-    parts = []
-    with av.open(str(path)) as f:
-        for frame in f.decode(audio=0):
-            data = frame.to_ndarray()
-            channels = len(frame.layout.channels)
-            data = data if frame.format.is_planar else data.reshape(-1, channels).T
-            if data.dtype == np.int16:
-                data = data / np.float32(32768)
-            parts.append(data.astype(np.float32).T)
-    return np.concatenate(parts)
 
 
 def whole(path) -> np.ndarray:
