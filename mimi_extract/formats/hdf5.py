@@ -37,6 +37,29 @@ def open_hdf5(path: str) -> h5py.File:
     return f
 
 
+def write_attrs(attrs: h5py.AttributeManager, values: dict) -> None:
+    """Attributes with every string as a fixed-length UTF-8 string, not h5py's default variable-length
+    one. A variable-length string lives in HDF5's global heap, which has no checksum: one flipped byte
+    there made HDF5 loop forever reading the attribute (7 of the 11,780 byte flips of the demo shard),
+    so a resume or ``verify`` hung on that shard. A fixed-length string lives in the object header,
+    whose checksum turns every flip into an error (0 hangs, 0 silent changes in all 7,622 flips of
+    the same shard: docs/integrity.md). h5py reads them back as bytes; :func:`read_attrs` decodes."""
+    for name, value in values.items():
+        if isinstance(value, str):
+            raw = value.encode("utf-8", "surrogateescape")
+            size = max(len(raw), 1)  # HDF5 has no zero-length string type
+            attrs.create(name, np.array(raw, dtype=f"S{size}"), dtype=h5py.string_dtype("utf-8", size))
+        else:
+            attrs[name] = value
+
+
+def read_attrs(attrs: h5py.AttributeManager) -> dict:
+    """Attributes as written: fixed-length strings (:func:`write_attrs`) decoded to ``str``, the
+    variable-length ones of shards written before 0.3.1 as h5py gives them (``str``)."""
+    return {name: value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else value
+            for name, value in attrs.items()}
+
+
 def close_hdf5(f: h5py.File) -> None:
     source = getattr(f, "_mimi_source", None)
     f.close()
@@ -52,14 +75,13 @@ class HDF5Shard(ShardBuilder):
         # of 2-20 s codes, against 1.16x here and 1.19x for 1.8 contiguous datasets without a checksum)
         self._h5 = h5py.File(f"mem-{uuid.uuid4().hex}.h5", "w", driver="core", backing_store=False,
                              libver=("v110", "v110"))
-        self._h5.attrs.update(file_attrs)
+        write_attrs(self._h5.attrs, file_attrs)
 
     def add(self, key: str, data: np.ndarray, row: dict, attrs: dict) -> dict:
         # fletcher32: HDF5's own checksum of each chunk, verified by h5py (and lhotse) on every read;
         # it needs a chunked layout, which an empty array cannot have
         ds = self._h5.create_dataset(row["dataset"], data=data, fletcher32=data.size > 0)
-        ds.attrs.update(attrs)
-        ds.attrs["key"] = key
+        write_attrs(ds.attrs, {**attrs, "key": key})
         return {}
 
     def files(self, shard_name: str) -> dict[str, bytes]:
@@ -128,7 +150,7 @@ class HDF5(Format):
     def attrs(self, path: str) -> dict:
         f = open_hdf5(path)
         try:
-            return dict(f.attrs)
+            return read_attrs(f.attrs)
         finally:
             close_hdf5(f)
 
@@ -140,6 +162,6 @@ class HDF5(Format):
     def item_attrs(self, path: str, row: dict) -> dict:
         f = open_hdf5(path)
         try:
-            return dict(f[row.get("dataset") or row["key"]].attrs)
+            return read_attrs(f[row.get("dataset") or row["key"]].attrs)
         finally:
             close_hdf5(f)

@@ -31,7 +31,7 @@ def all_dataset_keys(out):
     keys = []
     for shard in sorted(glob.glob(os.path.join(out, "shard-*.h5"))):
         with h5py.File(shard, "r") as f:
-            f.visititems(lambda name, obj: keys.append(obj.attrs["key"]) if isinstance(obj, h5py.Dataset) else None)
+            f.visititems(lambda name, obj: keys.append(obj.attrs["key"].decode()) if isinstance(obj, h5py.Dataset) else None)
     return keys
 
 
@@ -51,8 +51,9 @@ def test_features_end_to_end(corpus, tiny_model, tiny_model_dir, tmp_path):
     assert len(ok) == 7
     assert len(glob.glob(str(out / "shard-*.h5"))) == 3  # rolled every 3 utterances
     with h5py.File(out / ok[0]["shard"], "r") as f:
-        assert f.attrs["tap"] == "latent" and f.attrs["frame_rate"] == 12.5
-        assert f.attrs["model"] == tiny_model_dir and len(f.attrs["config_hash"]) == 16
+        # strings are fixed-length UTF-8 (no global heap: test_hdf5_damage.py): h5py gives bytes
+        assert f.attrs["tap"] == b"latent" and f.attrs["frame_rate"] == 12.5
+        assert f.attrs["model"].decode() == tiny_model_dir and len(f.attrs["config_hash"]) == 16
     assert cli("features", root, out, *common(tiny_model_dir), "--strict").exit_code == 1  # errors + --strict
 
 

@@ -184,7 +184,7 @@ def test_cli_moshi_stream(pair, tmp_path):
         audio = load(str(root / row["path"]))
         ref = moshi_encode(moshi, audio, 2)
         with h5py.File(streamed / row["shard"], "r") as f:
-            assert f.attrs["framing"] == "moshi-stream" and f.attrs["frames_per_call"] == 2
+            assert f.attrs["framing"] == b"moshi-stream" and f.attrs["frames_per_call"] == 2
             got = torch.from_numpy(np.asarray(f[row["dataset"]][()]))
         mismatches, _ = classify_codes(model, got, ref["latent"], 8)
         assert not [m for m in mismatches if not m.tie], row["path"]
