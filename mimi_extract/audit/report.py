@@ -512,26 +512,29 @@ def card_section(report: dict) -> str:
 def write_card(out_dir: str, report: dict) -> str:
     """Put the report into a Parquet OUT's dataset card (``OUT/README.md``), replacing the section an
     earlier report wrote; the rest of the card (its YAML ``configs``, a user's own text) is kept.
-    A run rewrites its card at the end (without the section): report again after a run.  Returns
-    the card's path."""
+    A run rewrites its card at the end (without the section): report again after a run.  An OUT on
+    object storage gets it in the bucket, under OUT's lock object (not while a run writes OUT).
+    Returns the card's path or URL."""
     from ..formats.parquet import dataset_card
 
-    if remote.is_url(out_dir):
-        raise ValueError(f"{out_dir}: --card writes OUT/README.md, which a run on object storage rewrites from its "
-                         "staging; write the card into a local OUT (or a pulled copy) and upload it")
-    out_dir = os.path.abspath(out_dir)
+    on_store = remote.is_url(out_dir)
+    out_dir = out_dir.rstrip("/") if on_store else os.path.abspath(out_dir)
     dirs = [f.path for f in _require(out_dir)]
     info = read_run_info(dirs[0])
     if info.get("format") != "parquet":
         raise ValueError(f"{out_dir} is a {info.get('format', 'hdf5')} OUT: only Parquet OUTs have a dataset card "
                          "(use --json or --png)")
-    path = os.path.join(out_dir, "README.md")
-    lock = RunLock(out_dir, wait=30.0, what="dataset card")  # not while a run (or its card) writes OUT
+    path = remote.join(out_dir, "README.md")
+    if on_store:
+        from ..store.mirror import RemoteLock
+
+        lock = RemoteLock(out_dir)
+        lock.acquire(wait=30.0)
+    else:
+        lock = RunLock(out_dir, wait=30.0, what="dataset card")  # not while a run (or its card) writes OUT
     try:
-        if os.path.exists(path):
-            with open(path, encoding="utf-8", errors="replace") as f:
-                text = f.read()
-        else:
+        text = read_text(path)
+        if text is None:
             text = dataset_card(out_dir, info, parts=dirs[0] != out_dir)
         section = card_section(report)
         start, end = text.find(CARD_BEGIN), text.find(CARD_END)
@@ -539,10 +542,22 @@ def write_card(out_dir: str, report: dict) -> str:
             text = text[:start] + section + text[end + len(CARD_END):].lstrip("\n")
         else:
             text = text.rstrip("\n") + "\n\n" + section
-        write_atomic(path, text)
+        if on_store:
+            fs, name = remote.filesystem(path)
+            fs.pipe_file(name, text.encode("utf-8"))
+        else:
+            write_atomic(path, text)
     finally:
         lock.release()
     return path
+
+
+def read_text(path: str) -> str | None:
+    """A text file or object (UTF-8, undecodable bytes replaced); None when there is none."""
+    try:
+        return remote.read_bytes(path).decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        return None
 
 
 def summary_lines(report: dict) -> list[str]:

@@ -311,4 +311,6 @@ def megatron_blend(out_dir: str) -> tuple[list[str], list[float]]:
     info = read_run_info(dirs[0].path) or {} if dirs else {}
     tokens = shard_tokens(out_rows(out_dir, dirs), int(info.get("num_quantizers") or 0))
     found = {p: t for p, t in tokens.items() if t}
-    return [os.path.join(os.path.abspath(out_dir), p) for p in found], [float(t) for t in found.values()]
+    base = out_dir.rstrip("/") if remote.is_url(out_dir) else os.path.abspath(out_dir)
+    return [remote.join(base, p) if remote.is_url(base) else os.path.join(base, p) for p in found], \
+        [float(t) for t in found.values()]

@@ -5,7 +5,7 @@ An object store has no rename and no ``flock``, but a PUT of a whole object is a
 sees the old object, the new one, or none; never a part) and S3 has conditional PUTs.  So:
 
 * The run runs, unchanged, in a local *staging* run directory (``MIMI_EXTRACT_STAGING``, else
-  ``~/.cache/mimi-extract/staging/<hash of the URL>/out``): the local commit protocol, recovery
+  ``~/.cache/mimi-extract/staging/<hash of the URL>/<OUT's name>``): the local commit protocol, recovery
   and checks apply there as on any OUT.
 * The remote copy is the truth, the staging a cache of it: a run first makes the staging equal to
   the remote (:meth:`Mirror.pull`: what it lacks is downloaded, what the remote does not hold is
@@ -41,9 +41,11 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..common import remote
-from .files import CUTS, LOCK, MANIFEST, SEGMENT_RE, SEGMENTS, LockedError, OutputError
+from ..formats import get_format
+from .files import CUTS, LOCK, MANIFEST, SEGMENT_RE, SEGMENTS, LockedError, OutputError, write_atomic
 from .cuts import write_cuts
-from .manifest import manifest_segments, run_dirs
+from .identity import read_run_info
+from .manifest import manifest_segments, out_rows, run_dirs
 
 STAGING_ENV = "MIMI_EXTRACT_STAGING"
 LEASE_ENV = "MIMI_EXTRACT_LOCK_LEASE"  # seconds a lock object stays valid without its heartbeat
@@ -54,7 +56,9 @@ def staging_dir(url: str) -> str:
     """The local OUT that stages ``url`` (one per URL, kept between runs as a cache)."""
     base = os.environ.get(STAGING_ENV) or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "mimi-extract", "staging")
-    return os.path.join(base, hashlib.sha256(remote.absolute(url).encode()).hexdigest()[:16], "out")
+    name = re.sub(r"[^\w.-]", "_", remote.basename(url.rstrip("/")))  # OUT's own name (its card's title)
+    return os.path.join(base, hashlib.sha256(remote.absolute(url).encode()).hexdigest()[:16],
+                        name if name.strip(".") else "out")
 
 
 def _lease() -> float:
@@ -77,11 +81,21 @@ class RemoteLock:
         return json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "command": " ".join(sys.argv),
                            "expires": time.time() + _lease()}).encode()
 
-    def acquire(self) -> None:
-        try:
-            self._create()
-        except FileExistsError:
-            self._take_over()
+    def acquire(self, wait: float = 0.0) -> None:
+        """Take the lock; ``wait``: seconds to keep trying while another holder's lease runs (a
+        short step under OUT's root lock: a part's files about OUT, a report's card)."""
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                try:
+                    self._create()
+                except FileExistsError:
+                    self._take_over()
+                break
+            except LockedError:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.5)
         self._beat = threading.Thread(target=self._renew, name="mimi-extract-lock-heartbeat", daemon=True)
         self._beat.start()
 
@@ -327,6 +341,41 @@ def pull_siblings(url: str, staging: str) -> None:
         fs.get_file(path, local)
 
 
+def publish_out_files(url: str, staging: str, part_dirname: str, wait: float = 60.0) -> list[str]:
+    """A job array's part on object storage, at its end: the files about OUT as a whole
+    (``Format.out_files``: Parquet's dataset card, Megatron's data-args list) made from every part's
+    committed rows in the bucket and uploaded to OUT's root -- a part's mirror pushes only its own
+    folder, and its staging holds only its own rows. Under the lock object at OUT's root, as parts on
+    one disk take OUT's lock for them: parts ending at once take turns, and the last one writes what
+    all of them committed. Returns the names uploaded."""
+    info = read_run_info(os.path.join(staging, part_dirname))
+    if info is None:
+        return []
+    fmt = get_format(info.get("format", "hdf5"))
+    fs, root = remote.filesystem(url)
+    root = root.rstrip("/")
+    lock = RemoteLock(url)
+    lock.acquire(wait)
+    try:
+        fs.invalidate_cache(root)
+        here = {posixpath.basename(i["name"]) for i in fs.ls(root, detail=True) if i.get("type") == "file"}
+        for name in os.listdir(staging):  # the OUT-level files as the bucket holds them (a user's own card)
+            path = os.path.join(staging, name)
+            if os.path.isfile(path) and name not in here:
+                os.remove(path)
+        for name in here - {LOCK}:
+            fs.get_file(f"{root}/{name}", os.path.join(staging, name))
+        files = fmt.out_files(staging, info, True, lambda: out_rows(url))
+        for name, text in files.items():
+            write_atomic(os.path.join(staging, name), text)
+            fs.pipe_file(f"{root}/{name}", text.encode("utf-8"))
+        return sorted(files)
+    except OSError as e:
+        raise OutputError(f"{url}: cannot upload the files about OUT as a whole ({e})") from e
+    finally:
+        lock.release()
+
+
 @dataclass(frozen=True)
 class Staged:
     """An OUT on object storage as a run writes it: ``path``, the local staging OUT it runs in;
@@ -357,9 +406,13 @@ def mirrored(url: str, part_dirname: str | None):
         except BaseException:
             try:
                 mirror.push()  # what was committed before the error
+                if part_dirname:
+                    publish_out_files(url, staging, part_dirname)
             except OutputError:
                 pass
             raise
         mirror.push()
+        if part_dirname:
+            publish_out_files(url, staging, part_dirname)
     finally:
         lock.release()

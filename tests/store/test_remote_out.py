@@ -353,3 +353,40 @@ def test_status_names_a_run_starting_on_a_remote_out(s3):
     assert "is starting in it" in " ".join(cli("info", url).output.split())
     s3.pipe(f"{url}/lock", json.dumps({"pid": 7, "host": "elsewhere", "expires": time.time() - 1}).encode())
     assert "holds no mimi-extract run" in " ".join(cli("status", url).output.split())
+
+
+@pytest.mark.parametrize("fmt", [pytest.param("parquet", marks=pytest.mark.slow), "megatron"])
+def test_the_files_about_a_remote_job_array_cover_every_part(fmt, s3, loose, tiny_model_dir, tmp_path,  # noqa: F811
+                                                              monkeypatch):
+    """Parts of a job array on s3, each from its own staging (its own machine): OUT's root in the
+    bucket gets the files about OUT as a whole -- Parquet's dataset card, Megatron's data-args
+    list -- covering every part, equal to a local job array's (before: they stayed in each part's
+    local staging, listing that part alone); a card the user wrote is kept."""
+    from mimi_extract.config.settings import parse_part
+    from mimi_extract.formats.megatron import DATA_ARGS
+
+    url, local = f"s3://{BUCKET}/array-{fmt}", str(tmp_path / f"array-{fmt}")  # (the card's title: OUT's name)
+    name = "README.md" if fmt == "parquet" else DATA_ARGS
+    for i in (0, 1):
+        monkeypatch.setenv("MIMI_EXTRACT_STAGING", str(tmp_path / f"machine-{i}"))
+        for out in (url, local):
+            assert extract(loose, out, settings(tiny_model_dir, format=fmt), shard_size=2, part=parse_part(f"{i}/2")).ok
+    fs = s3
+    remote_text = fs.cat_file(f"{BUCKET}/array-{fmt}/{name}").decode()
+    assert remote_text == open(os.path.join(local, name)).read()
+    assert "part-0-of-2" in remote_text or "part-*-of-*" in remote_text
+    if fmt == "megatron":
+        assert {line.split()[1].split("/")[0] for line in remote_text.splitlines()} == {"part-0-of-2", "part-1-of-2"}
+        prefixes, weights = mimi_extract.megatron_blend(url)
+        assert prefixes[0].startswith(f"s3://{BUCKET}/array-{fmt}/part-0-of-2/") and len(prefixes) == len(weights)
+    else:  # report --card writes its section into the card in the bucket
+        from mimi_extract.audit.report import CARD_BEGIN
+
+        assert cli("report", url, "--card", "--workers", "1").exit_code == 0
+        carded = fs.cat_file(f"{BUCKET}/array-{fmt}/README.md").decode()
+        assert carded.startswith(remote_text.rstrip("\n")) and CARD_BEGIN in carded
+        # the user's own card: a part's end leaves it as it is
+        fs.pipe_file(f"{BUCKET}/array-{fmt}/README.md", b"# our dataset\n")
+        monkeypatch.setenv("MIMI_EXTRACT_STAGING", str(tmp_path / "machine-0"))
+        extract(loose, url, settings(tiny_model_dir, format=fmt), shard_size=2, part=parse_part("0/2"))
+        assert fs.cat_file(f"{BUCKET}/array-{fmt}/README.md") == b"# our dataset\n"
