@@ -9,6 +9,7 @@ import os
 
 from ..config.taps import frame_shift
 from ..formats.cuts import FIELDS, cut_dict
+from . import files as store_files
 from .files import CUTS, write_file
 from .identity import read_run_info
 from .manifest import committed_rows
@@ -38,5 +39,5 @@ def write_cuts(run_dir: str, base: str | None = None) -> str | None:
     lines = [json.dumps(c, ensure_ascii=False) for c in cut_dicts(run_dir, base)]
     path = os.path.join(run_dir, CUTS)
     write_file(path + ".tmp", gzip.compress(("\n".join(lines) + ("\n" if lines else "")).encode("utf-8"), 6))
-    os.replace(path + ".tmp", path)
+    store_files.rename(path + ".tmp", path)
     return path

@@ -60,10 +60,23 @@ def write_error(e: OSError, path: str) -> OutputError:
     return OutputError(f"{reason} while writing {path}")
 
 
+def sync(fd: int) -> None:
+    """``os.fsync``: the one place the store makes a file or a folder durable, as :func:`rename`
+    is the one place it renames and :func:`write_all` the one place it writes bytes. Callers in the
+    store call them through this module (``files.sync``), so a test can wrap the commit protocol's
+    steps here (tests/store/test_robustness.py) without patching ``os`` for the whole process."""
+    os.fsync(fd)
+
+
+def rename(src: str, dst: str) -> None:
+    """``os.replace``: the one place the store renames a file into place (atomic on POSIX)."""
+    os.replace(src, dst)
+
+
 def fsync_dir(path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
-        os.fsync(fd)
+        sync(fd)
     finally:
         os.close(fd)
 
@@ -84,7 +97,7 @@ def write_file(path: str, data: bytes) -> None:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             write_all(fd, data)
-            os.fsync(fd)
+            sync(fd)
         finally:
             os.close(fd)
     except OSError as e:
@@ -98,7 +111,7 @@ def write_file(path: str, data: bytes) -> None:
 def write_atomic(path: str, text: str) -> None:
     write_file(path + ".tmp", text.encode("utf-8"))
     try:
-        os.replace(path + ".tmp", path)
+        rename(path + ".tmp", path)
         fsync_dir(os.path.dirname(path) or ".")
     except OSError as e:
         raise write_error(e, path) from e

@@ -16,7 +16,7 @@ from ..common import remote
 from ..formats import registry
 from ..formats.base import Format, array_checksum, bytes_checksum
 from ..formats.registry import format_of
-from . import files as store_files  # (store_files.write_all: the one byte writer, as it is when called)
+from . import files as store_files  # (write_all, sync: the one byte writer and fsync, as they are when called)
 from .files import MANIFEST, PART_RE, RUN_INFO, SEGMENT_RE, SEGMENTS, TMP_RE, MalformedError, OutputError, write_error
 
 if TYPE_CHECKING:  # (sources import the audio stack: readers of OUT must stay light)
@@ -186,7 +186,7 @@ class ManifestAppender:
     def append(self, rows: list[ManifestRow]) -> None:
         try:
             store_files.write_all(self._fd, "".join(json.dumps(r.as_dict()) + "\n" for r in rows).encode("utf-8"))
-            os.fsync(self._fd)
+            store_files.sync(self._fd)
         except OSError as e:
             raise write_error(e, self.path) from e
 

@@ -42,6 +42,7 @@ from typing import Callable
 
 from ..common import remote
 from ..formats import get_format
+from . import files as store_files
 from .files import CUTS, LOCK, MANIFEST, SEGMENT_RE, SEGMENTS, LockedError, OutputError, write_atomic
 from .cuts import write_cuts
 from .identity import read_run_info
@@ -225,7 +226,7 @@ class Mirror:
             if not self._same(name, info):
                 os.makedirs(os.path.dirname(path), exist_ok=True)
                 self.fs.get_file(f"{self.root}/{name}", path + ".pull")
-                os.replace(path + ".pull", path)
+                store_files.rename(path + ".pull", path)
         for name in set(self._staged()) - set(data):  # staged, never committed remotely: not this OUT's
             os.remove(os.path.join(self.local, name))
         self.sent = self._staged()
@@ -237,7 +238,7 @@ class Mirror:
         if segments:
             with open(manifest + ".pull", "wb") as f:
                 f.write(self.pulled)
-            os.replace(manifest + ".pull", manifest)
+            store_files.rename(manifest + ".pull", manifest)
         elif os.path.exists(manifest):
             os.remove(manifest)
 

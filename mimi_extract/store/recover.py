@@ -10,6 +10,7 @@ import os
 
 from ..formats.base import Format
 from ..formats.registry import format_of
+from . import files as store_files
 from .files import MANIFEST, QUARANTINE, OutputError, fsync_dir, write_atomic
 from .identity import check_shard_settings
 from .manifest import format_files, is_tmp, read_rows, shard_attrs
@@ -27,7 +28,7 @@ def _quarantine(run_dir: str, name: str) -> str:
     qdir = os.path.join(run_dir, QUARANTINE)
     os.makedirs(qdir, exist_ok=True)
     dest = _unique_path(os.path.join(qdir, name.replace("/", "__")))
-    os.replace(os.path.join(run_dir, name), dest)
+    store_files.rename(os.path.join(run_dir, name), dest)
     return dest
 
 

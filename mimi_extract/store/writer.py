@@ -17,6 +17,7 @@ from dataclasses import replace
 import numpy as np
 
 from ..formats.base import Format
+from . import files as store_files  # (store_files.rename: the one rename, as it is when called)
 from .files import OutputError, fsync_dir, write_error, write_file
 from .manifest import ManifestAppender, ManifestRow, next_shard_index, with_shard_checksum
 
@@ -60,7 +61,7 @@ def commit_files(run_dir: str, files: dict[str, bytes], append_rows) -> None:
     folders = [run_dir]
     for tmp, path in written:
         try:
-            os.replace(tmp, path)
+            store_files.rename(tmp, path)
         except OSError as e:
             raise write_error(e, path) from e
         if os.path.dirname(path) not in folders:

@@ -263,7 +263,6 @@ def test_commit_renames_into_shar_from_the_run_dir_and_survives_a_full_disk(shar
     that ends equal to an uninterrupted run."""
     import errno
 
-    from mimi_extract.store import writer
     from mimi_extract.store.files import OutputError
 
     settings = Settings(model=tiny_model_dir, tap="codes", num_workers=0, format="shar")
@@ -275,13 +274,13 @@ def test_commit_renames_into_shar_from_the_run_dir_and_survives_a_full_disk(shar
     out = str(tmp_path / "out")
     from mimi_extract.store import files
 
-    renames, real_replace, real_write = [], os.replace, files.write_all
+    renames, real_rename, real_write = [], files.rename, files.write_all
     total = sum(os.path.getsize(os.path.join(ref, "shar", n)) for n in os.listdir(os.path.join(ref, "shar")))
     budget = {"left": total // 2}  # the disk fills half-way through the shards
 
     def replace(src, dst):
         renames.append((os.path.relpath(src, out), os.path.relpath(dst, out)))
-        return real_replace(src, dst)
+        return real_rename(src, dst)
 
     def write_all(fd, data):
         if budget["left"] <= 0:
@@ -289,7 +288,7 @@ def test_commit_renames_into_shar_from_the_run_dir_and_survives_a_full_disk(shar
         budget["left"] -= len(data)
         return real_write(fd, data)
 
-    monkeypatch.setattr(writer.os, "replace", replace)
+    monkeypatch.setattr(files, "rename", replace)  # the store's one rename
     monkeypatch.setattr(files, "write_all", write_all)  # the store's one byte writer, not the global os.write
     with pytest.raises(OutputError, match="no space left on device while writing"):
         extract(source, out, settings, shard_size=2)

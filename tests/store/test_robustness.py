@@ -18,19 +18,21 @@ from support import extract
 from mimi_extract.config.settings import Settings
 from support import check_consistency
 from mimi_extract.store.manifest import read_rows
+from mimi_extract.store import files
 
 FRAME = 1920  # samples per 12.5 Hz frame (24 kHz)
 
 
 # -- commit protocol: tmp written + fsynced, rows appended + fsynced, rename, directory fsynced -----
 def _record_io(monkeypatch, out: str) -> list[tuple]:
-    """Wrap os.fsync/replace/rename (the real calls still happen) and log, for every call on a file
+    """Wrap the store's one fsync and one rename (``store.files.sync``/``rename``; the real calls
+    still happen; the process's ``os`` is not touched) and log, for every call on a file
     under OUT, ``(call, path relative to OUT ('.': OUT itself), detail, rows)``: detail is the
     file's size for an fsync, the new name for a rename; rows counts the manifest's rows per shard
     at that moment (what a crash right then would leave)."""
     root = os.path.realpath(out)
     events: list[tuple] = []
-    real = {name: getattr(os, name) for name in ("fsync", "replace", "rename")}
+    real = {name: getattr(files, name) for name in ("sync", "rename")}
 
     def under_out(path):
         path = os.path.realpath(os.fspath(path))
@@ -44,20 +46,17 @@ def _record_io(monkeypatch, out: str) -> list[tuple]:
             name = under_out(os.readlink(f"/proc/self/fd/{fd}"))
         except OSError:
             name = None
-        real["fsync"](fd)
+        real["sync"](fd)
         if name is not None:
             events.append(("fsync", name, os.fstat(fd).st_size, manifest()))
 
-    def renamer(call):
-        def rename(src, dst, *args, **kwargs):
-            real[call](src, dst, *args, **kwargs)
-            if under_out(src) is not None:
-                events.append(("rename", under_out(src), under_out(dst), manifest()))
-        return rename
+    def rename(src, dst):
+        real["rename"](src, dst)
+        if under_out(src) is not None:
+            events.append(("rename", under_out(src), under_out(dst), manifest()))
 
-    monkeypatch.setattr(os, "fsync", fsync)
-    monkeypatch.setattr(os, "replace", renamer("replace"))
-    monkeypatch.setattr(os, "rename", renamer("rename"))
+    monkeypatch.setattr(files, "sync", fsync)
+    monkeypatch.setattr(files, "rename", rename)
     return events
 
 
