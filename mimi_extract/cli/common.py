@@ -85,6 +85,20 @@ def _format_choices() -> type[Enum]:
 OutFormat = _format_choices()
 
 
+def _format_help() -> str:
+    from ..formats import formats
+
+    return ("Output format: " + "; ".join(f"{f.name} = {f.summary}" if f.summary else f.name for f in formats())
+            + ". Recorded in run.json: a resume must use the same.")
+
+
+def _input_format_help() -> str:
+    from ..sources.base import REGISTRY  # (light: the kinds, not their decoders)
+
+    kinds = ", ".join(f"{k} ({cls.summary})" if cls.summary else k for k, cls in REGISTRY.items())
+    return f"Read INPUT as this kind instead of detecting it: {kinds}."
+
+
 InputArg = Annotated[str, typer.Argument(metavar="INPUT", help="A directory (searched recursively), a list "
                                          "(.txt/.jsonl/.csv: path[,id,start,end|duration,channel]; a NeMo manifest.json), a lhotse "
                                          "manifest (recordings/cuts/supervisions .jsonl.gz), tar shards (a .tar, a "
@@ -114,7 +128,7 @@ SidecarDurationChoice = _choices("SidecarDurationChoice", SIDECAR_DURATION_MODES
 KeyChoice = _choices("KeyChoice", KEY_MODES)
 ListKeyChoice = _choices("ListKeyChoice", LIST_KEY_MODES)
 INPUT_OPTIONS = [
-    _option("input_format", Annotated[Optional[str], typer.Option(rich_help_panel=_INPUTS, help="Read INPUT as this kind instead of detecting it: directory, list, lhotse, tar, tgz (.tar.gz), parquet, shar.")], None),
+    _option("input_format", Annotated[Optional[str], typer.Option(rich_help_panel=_INPUTS, help=_input_format_help())], None),
     _option("audio_ext", Annotated[Optional[str], typer.Option(rich_help_panel=_INPUTS, help="Tar/Shar samples: the member extension(s) that hold the audio, comma-separated (e.g. flac) \\[default: the first member with an audio extension].")], None),
     _option("id_field", Annotated[Optional[str], typer.Option(rich_help_panel=_INPUTS, help="Tar samples: the field of the .json sidecar that holds the id \\[default: key = <shard file name>/<sample key>].")], None),
     _option("audio_column", Annotated[Optional[str], typer.Option(rich_help_panel=_INPUTS, help="Parquet: the audio column \\[default: the first struct of bytes and path, the datasets Audio feature].")], None),
@@ -157,7 +171,7 @@ RUN_OPTIONS = [
     _option("progress_seconds", Annotated[Optional[float], typer.Option(min=0, help=f"When the output is not a terminal (Slurm, nohup, CI): a plain progress line every this many seconds \\[default: ${PROGRESS_ENV} or 30].", show_default=False)], None),
     _option("split", Annotated[bool, typer.Option(help="Split a recording longer than a lane's fair share of the run (lanes: streams run side by side, workers x rows) into independent pieces of that share, run on any worker or row (exact: each piece is encoded from the model's receptive field, 80 s, before its first frame; pieces of at least 8.9 min, so the warm-up costs <= 15%). The plan line says what was split.")], True),
     _option("shar_extend", Annotated[bool, typer.Option("--shar-extend", help="INPUT is a lhotse Shar dataset: add our field to it. Writes only OUT/shar/<field>.NNNNNN.tar, one per input shard, in that shard's cut order (a failed cut: lhotse's placeholder), so CutSet.from_shar(fields={'cuts': INPUT's cuts, 'recording': INPUT's recordings, 'mimi_codes': OUT's tars}) lines up. Implies --format shar; holds about one shard's outputs in memory; with --part I/N, whole input shards are divided among the parts.")], False),
-    _option("output_format", Annotated[OutFormat, typer.Option("--format", help="Output format: hdf5 = shard-N.h5 (one dataset per item; lhotse cuts read it in place); parquet = shard-N.parquet (one row per item, zstd; datasets.load_dataset('parquet'), pyarrow, polars; a Hub dataset card); shar = lhotse Shar in OUT/shar/ (cuts.N.jsonl.gz + mimi_codes.N.tar; CutSet.from_shar(in_dir=OUT/shar)); megatron = codes as token ids in Megatron indexed datasets, shard-N.bin/.idx (one document per item; --token-layout, --token-offset; OUT/megatron-data-args.txt for --data-args-path). Recorded in run.json: a resume must use the same.")], OutFormat["hdf5"]),
+    _option("output_format", Annotated[OutFormat, typer.Option("--format", help=_format_help())], OutFormat["hdf5"]),
     _option("reencode_damaged", Annotated[bool, typer.Option("--reencode-damaged", help="Before resuming, read every stored item and check its checksums (bit rot, edited files: what verify --out --checksums lists); shards holding a damaged item are moved to quarantine/ and their items encoded again.")], False),
     _option("reencode_changed", Annotated[bool, typer.Option("--reencode-changed", help="Resume although input shards were rewritten since OUT began (re-downloaded: same names, other size or mtime; nothing else changed): the output shards holding their items are moved to quarantine/ and those items encoded again from the new shards.")], False),
 ]

@@ -112,6 +112,7 @@ class Format:
     """One output format (see the module docstring for what a subclass must define)."""
 
     name: str = ""
+    summary: str = ""  # what ``--format NAME`` writes and what reads it: the CLI's help is made of these
     shard_re: re.Pattern = re.compile(r"(?!)")
     file_re: re.Pattern | None = None
     folder: str = ""

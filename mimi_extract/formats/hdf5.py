@@ -97,6 +97,7 @@ class HDF5Shard(ShardBuilder):
 @register
 class HDF5(Format):
     name = "hdf5"
+    summary = "shard-N.h5 (one dataset per item; lhotse cuts read it in place)"
     order = 10
     shard_re = re.compile(r"shard-(\d{5,})\.h5")
 

@@ -322,6 +322,8 @@ class MegatronShard(ShardBuilder):
 @register
 class Megatron(Format):
     name = "megatron"
+    summary = ("codes as token ids in Megatron indexed datasets, shard-N.bin/.idx (one document per item; "
+               "--token-layout, --token-offset; OUT/megatron-data-args.txt for --data-args-path)")
     order = 40
     shard_re = re.compile(r"shard-(\d{5,})\.idx")
     file_re = re.compile(r"shard-(\d{5,})\.(?:idx|bin|json)")

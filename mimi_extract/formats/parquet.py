@@ -199,6 +199,8 @@ def attrs_of(file) -> dict:
 @register
 class Parquet(Format):
     name = "parquet"
+    summary = ("shard-N.parquet (one row per item, zstd; datasets.load_dataset('parquet'), pyarrow, polars; "
+               "a Hub dataset card)")
     order = 20
     shard_re = re.compile(r"shard-(\d{5,})\.parquet")
 

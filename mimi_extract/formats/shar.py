@@ -173,6 +173,8 @@ def _npy_shape(f) -> tuple:
 @register
 class Shar(Format):
     name = "shar"
+    summary = ("lhotse Shar in OUT/shar/ (cuts.N.jsonl.gz + mimi_codes.N.tar; "
+               "CutSet.from_shar(in_dir=OUT/shar))")
     order = 30
     folder = FOLDER
     shard_re = re.compile(rf"{FOLDER}/{_FIELD_RE}\.(\d{{6,}})\.tar")

@@ -419,6 +419,7 @@ class Source:
     when their bytes are not plain files, ``open``; ``register`` makes them known."""
 
     kind = ""
+    summary = ""  # shown beside ``kind`` in ``--input-format``'s help (when the name alone is not enough)
     loc_type: type[Loc] | None = None  # where an entry's bytes are in a shard (None: entries are files)
     # where detection asks this kind (lower first; then in the order modules register): a container
     # (a lhotse manifest, shards, a Shar or Parquet folder) before any directory and any list

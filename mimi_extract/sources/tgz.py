@@ -201,6 +201,7 @@ class CompressedTarSource(Source):
     """``.tar.gz`` / ``.tgz`` shards, streamed in groups of ``--sort-buffer-mb``; see the module docstring."""
 
     kind = "tgz"
+    summary = ".tar.gz"
     detect_order = 40
     loc_type = GroupMemberLoc
 

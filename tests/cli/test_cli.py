@@ -170,6 +170,14 @@ def test_help(command):
     assert result.exit_code == 0 and "Example" in result.text
     if command != "verify":  # bracketed help text is shown, not eaten as markup
         assert "[default: 64 on GPU, 8 on CPU]" in result.text and "mimi-extract[ray]" in result.text, result.output
+        # every registered output format and input kind is offered, from its own module's summary
+        from mimi_extract.formats import formats
+        from mimi_extract.sources.base import REGISTRY
+
+        text = " ".join(result.text.replace("│", " ").split())  # (rich wraps help text in a box)
+        assert all(f.summary and f"{f.name} = {' '.join(f.summary.split())}" in text for f in formats()), text
+        assert "instead of detecting it: " + ", ".join(
+            k + (f" ({c.summary})" if c.summary else "") for k, c in REGISTRY.items()) in text
 
 
 @pytest.mark.parametrize("error", [
