@@ -413,7 +413,7 @@ def ray_driver(args) -> dict:
     them), pieces of codes built by one actor; the driver waits, gets, and writes (HDF5)."""
     import ray
 
-    from mimi_extract.engines.base import Piece
+    from mimi_extract.engines.base import FrameChunk
     from mimi_extract.formats import get_format
     from mimi_extract.store.files import write_atomic
     from mimi_extract.store.manifest import ManifestRow
@@ -430,7 +430,7 @@ def ray_driver(args) -> dict:
                 for j in range(per_unit):
                     key = f"u{unit:05d}/i{j:03d}.wav"
                     item = Item(path=key, rel=key, key=key, sample_rate=24000, frames=240_000, samples=240_000)
-                    pieces.append(Piece(item, rng.integers(0, 2048, (125, 8), dtype=np.int16), True, True, 10.0))
+                    pieces.append(FrameChunk(item, rng.integers(0, 2048, (125, 8), dtype=np.int16), True, True, 10.0))
                 return pieces
 
         maker = Maker.remote()

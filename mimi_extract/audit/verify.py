@@ -222,12 +222,12 @@ def verify_source(source: str, settings: Settings, limit: int | None = 50, rtol:
     results: dict[str, dict] = {}
     errors: dict[str, str] = {}
 
-    def collect(piece):
-        if piece.error is not None:
-            errors[piece.item.key] = piece.error
+    def collect(frames):  # a FrameChunk of {tap: frames}
+        if frames.error is not None:
+            errors[frames.item.key] = frames.error
             return
-        got = results.setdefault(piece.item.key, {t: [] for t in piece.data})
-        for t, v in piece.data.items():
+        got = results.setdefault(frames.item.key, {t: [] for t in frames.data})
+        for t, v in frames.data.items():
             got[t].append(v)
 
     runner.run(lambda block=True: next(todo, None), collect, threading.Event())

@@ -79,7 +79,7 @@ GPU_X: dict[str, float | None] = {"H100": None, "H200": None}
 # (bench_ceilings.py procs: 8,200-9,200x alone, 5,400-6,900x with 3-4 on the 2 cores)
 PROCESS_X = 7_000
 # one writer process stores at most this much, x real time (the same runs, steady state from its first
-# piece: receiving, stitching and storing 10-s-ish items of codes; the same with 1 to 4 feeding processes)
+# chunk: receiving, stitching and storing 10-s-ish items of codes; the same with 1 to 4 feeding processes)
 WRITER_X = {"hdf5": 12_000, "parquet": 58_000, "shar": 24_000}
 
 # output bytes on disk (shards, manifests, cuts) per raw array byte, measured by bench_ceilings.py write

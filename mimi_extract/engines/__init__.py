@@ -1,9 +1,9 @@
-"""Execution engines: how planned work units become encoded pieces, on one device or many.
+"""Execution engines: how planned work units become encoded frame chunks, on one device or many.
 
 Every engine runs its units through :class:`~.device.DeviceRunner`, the engine on one device
 (continuous batching: a feeder thread composes steps ahead of the exact encoder), and shares the
 small :class:`~.base.Engine` interface: ``plan(items, model=None)`` (its own work units),
-``run(units, stop, model=None) -> iterator of Piece`` and ``close()`` (a context manager):
+``run(units, stop, model=None) -> iterator of FrameChunk`` and ``close()`` (a context manager):
 
 * ``local``: :class:`~.inprocess.InProcessEngine` -- one device in this process (the caller's thread
   writes) -- or, with several devices, :class:`~.processes.ProcessEngine` -- one spawned process per
@@ -12,7 +12,7 @@ small :class:`~.base.Engine` interface: ``plan(items, model=None)`` (its own wor
 * ``ray``: :class:`~.ray.RayEngine` -- the same on a Ray cluster (imported only when chosen).
 
 :func:`make_engine` picks one by ``settings.engine`` from :data:`ENGINES`.  The writer ignores a
-piece for an item it already stored, so a unit handed out twice (after a worker died) can never
+chunk for an item it already stored, so a unit handed out twice (after a worker died) can never
 store an item twice.
 """
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Callable
 
 from ..config.settings import Settings
-from .base import Engine, Piece, Stats, is_out_of_memory
+from .base import Engine, FrameChunk, Stats, is_out_of_memory
 from .device import LATER, DeviceRunner, build_encoder
 from .inprocess import InProcessEngine
 from .processes import ProcessEngine, forks_workers
@@ -54,5 +54,5 @@ def make_engine(settings: Settings) -> Engine:
     return make(settings)
 
 
-__all__ = ["ENGINES", "LATER", "DeviceRunner", "Engine", "InProcessEngine", "Piece", "ProcessEngine", "Stats",
+__all__ = ["ENGINES", "LATER", "DeviceRunner", "Engine", "FrameChunk", "InProcessEngine", "ProcessEngine", "Stats",
            "build_encoder", "is_out_of_memory", "make_engine"]

@@ -1,7 +1,7 @@
-"""The one place where an item's pieces become its whole output.
+"""The one place where an item's frame chunks become its whole output.
 
-An engine hands an item back in pieces (:class:`~.base.Piece`): the chunks of a streamed item, one
-after another (``first`` ... ``final``); and, for a recording split into independent pieces
+An engine hands an item back in chunks (:class:`~.base.FrameChunk`): the chunks of a streamed item,
+one after another (``first`` ... ``final``); and, for a recording split into independent pieces
 (``Item.piece``, ``plan.split_items``), each piece's own chunks, from any worker, interleaved and in
 any order.  Nothing of an item reaches OUT before it is whole, so a kill mid-item loses no
 committed data and a resume encodes the item again.
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from .base import Piece
+from .base import FrameChunk
 
 
 @dataclass
@@ -28,12 +28,12 @@ class _Held:
 
 
 class Assembler:
-    """``add(piece)`` returns the item's whole output as one final :class:`~.base.Piece` (its
-    chunks concatenated, pieces in order, ``seconds`` summed, distinct decoder warnings joined)
-    once everything is in, the error piece at the item's first error, else None.
+    """``add(chunk)`` returns the item's whole output as one :class:`~.base.FrameChunk` (``first``
+    and ``final``: its chunks concatenated, pieces in order, ``seconds`` summed, distinct decoder
+    warnings joined) once everything is in, the error chunk at the item's first error, else None.
 
-    A piece that starts again (``first``: re-handed after its worker died) drops what it had; a
-    chunk of a piece that never started is dropped (it cannot be whole).  A split recording fails
+    A piece (or an unsplit item) that starts again (``first``: re-handed after its worker died)
+    drops what it had; a chunk of a piece that never started is dropped (it cannot be whole).  A split recording fails
     as a whole at its first failing piece: its other pieces, still arriving, are ignored.
     ``join_pieces=False`` (a Ray actor, which holds only some pieces of a split recording): each
     piece is assembled as an item of its own, and the driver's assembler joins them."""
@@ -43,38 +43,38 @@ class Assembler:
         self._held: dict[str, _Held] = {}
         self._failed: set[str] = set()
 
-    def add(self, piece: Piece) -> Piece | None:
-        item = piece.item
+    def add(self, chunk: FrameChunk) -> FrameChunk | None:
+        item = chunk.item
         joined = self.join_pieces and item.piece is not None
         key = item.key if self.join_pieces else item.uid
         if key in self._failed:
             return None
-        if piece.error is not None:
+        if chunk.error is not None:
             self._held.pop(key, None)
             if not joined:
-                return piece
+                return chunk
             self._failed.add(key)
-            return replace(piece, item=replace(item, piece=None))
+            return replace(chunk, item=replace(item, piece=None))
         index, count = (item.piece.index, item.piece.count) if joined else (0, 1)
         held = self._held.get(key)
-        if piece.first:
+        if chunk.first:
             held = self._held.setdefault(key, _Held())
             held.chunks[index], held.seconds[index] = [], 0.0
             held.done.discard(index)
         elif held is None or index not in held.chunks:
             return None
-        held.chunks[index].append(piece.data)
-        held.seconds[index] += piece.seconds
-        if piece.warnings and piece.warnings not in held.warnings:
-            held.warnings.append(piece.warnings)
+        held.chunks[index].append(chunk.data)
+        held.seconds[index] += chunk.seconds
+        if chunk.warnings and chunk.warnings not in held.warnings:
+            held.warnings.append(chunk.warnings)
         if joined and item.piece.last:
             held.end = item.piece.end  # the last piece ends where the recording does
-        if piece.final:
+        if chunk.final:
             held.done.add(index)
         if len(held.done) < count:
             return None
         del self._held[key]
         arrays = [a for i in range(count) for a in held.chunks[i]]
         whole = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
-        return Piece(replace(item, piece=None, samples=held.end) if joined else item, whole, True, True,
+        return FrameChunk(replace(item, piece=None, samples=held.end) if joined else item, whole, True, True,
                      sum(held.seconds.values()), None, "; ".join(held.warnings) or None)

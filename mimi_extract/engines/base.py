@@ -1,8 +1,8 @@
-"""What every engine shares: the :class:`Piece` it yields, the :class:`Stats` it keeps, the
+"""What every engine shares: the :class:`FrameChunk` it yields, the :class:`Stats` it keeps, the
 small :class:`Engine` interface, and the waits that end with their producer.
 
-Engines share one interface, ``run(units, stop, model=None) -> iterator of Piece`` and ``close()``:
-see :mod:`mimi_extract.engines` for the engines and their registry.  The writer ignores a piece for
+Engines share one interface, ``run(units, stop, model=None) -> iterator of FrameChunk`` and ``close()``:
+see :mod:`mimi_extract.engines` for the engines and their registry.  The writer ignores a chunk for
 an item it already stored, so a unit handed out twice (after a worker died) can never store an item
 twice.
 """
@@ -26,16 +26,18 @@ from .plan import Split, WorkUnit, plan_units, split_items
 
 
 @dataclass
-class Piece:
-    """Frames of one item from one step (time first), or the item's error."""
+class FrameChunk:
+    """Frames of one item from one step (time first), or the item's error; once assembled
+    (``assembly.Assembler``), the item's whole output as one chunk (``first`` and ``final``).
+    (A *piece* is something else: a part of a split recording, ``sources.SplitPiece``.)"""
 
     item: Item
     data: np.ndarray | None
     first: bool
     final: bool
-    seconds: float  # encoder-input seconds this piece covers (progress)
+    seconds: float  # encoder-input seconds this chunk covers (progress)
     error: str | None = None
-    warnings: str | None = None  # final piece: what the decoder library printed (the row's decoder_warnings)
+    warnings: str | None = None  # final chunk: what the decoder library printed (the row's decoder_warnings)
 
 
 @dataclass
@@ -75,7 +77,7 @@ def is_out_of_memory(e: BaseException) -> bool:
 
 
 class Engine(ABC):
-    """How planned work units become encoded pieces, and everything the runner asks of an engine:
+    """How planned work units become encoded frame chunks, and everything the runner asks of an engine:
     ``plan`` (its own work units), ``describe()`` (the plan line), ``stats`` and ``notes`` (the
     summary), ``run`` and ``close`` (``with make_engine(settings) as engine``: closed when the block
     ends)."""
@@ -127,8 +129,8 @@ class Engine(ABC):
         return units, split
 
     @abstractmethod
-    def run(self, units: list[WorkUnit], stop: threading.Event, model=None) -> Iterator[Piece]:
-        """Encode ``units`` until done or ``stop`` is set, yielding pieces in each item's order."""
+    def run(self, units: list[WorkUnit], stop: threading.Event, model=None) -> Iterator[FrameChunk]:
+        """Encode ``units`` until done or ``stop`` is set, yielding frame chunks in each item's order."""
 
     @abstractmethod
     def close(self) -> None:

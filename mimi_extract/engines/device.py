@@ -5,7 +5,7 @@ a stream (an item being read chunk by chunk through :class:`~mimi_extract.audio.
 refills a row as soon as its stream ends (continuous batching), decodes in a small thread pool, and
 stays under the padded-seconds budget.  The encoder thread runs the exact
 :class:`~mimi_extract.codec.encoder.PaddedMimiEncoder` on each step with the rows'
-:class:`~mimi_extract.codec.encoder.EncoderState`, and emits a :class:`~.base.Piece` per row.  A step
+:class:`~mimi_extract.codec.encoder.EncoderState`, and emits a :class:`~.base.FrameChunk` per row.  A step
 whose rows all start and end in it (short files) takes the single-shot path.  Every engine runs
 its units through one of these, wherever it runs.
 """
@@ -31,7 +31,7 @@ from ..codec.model import load_model, prepare
 from ..audio.framing import Framing
 from ..config.settings import Settings, default_cpu_workers, feeders_per_gpu
 from ..sources import Item, bytes_name, open_audio
-from .base import _DONE, Piece, Stats, _AnyEvent, _get_while, is_out_of_memory
+from .base import _DONE, FrameChunk, Stats, _AnyEvent, _get_while, is_out_of_memory
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}  # choices.DTYPES
 
@@ -106,13 +106,13 @@ class _Step:
     fresh: torch.Tensor  # rows whose stream starts with this step
     slots: torch.Tensor
     items: list[Item]
-    errors: list[Piece] = field(default_factory=list)
+    errors: list[FrameChunk] = field(default_factory=list)
     # resampling on the device (device_resample): the rows that ``audio`` holds, and the native-rate rest
     host_rows: torch.Tensor | None = None  # None: audio holds every row
     groups: list[NativeGroup] = field(default_factory=list)
 
     @classmethod
-    def only_errors(cls, errors: list[Piece]) -> "_Step":
+    def only_errors(cls, errors: list[FrameChunk]) -> "_Step":
         empty = torch.zeros(0)
         return cls(torch.zeros(0, 0), empty, empty, empty, empty, [], errors)
 
@@ -145,7 +145,7 @@ class DeviceRunner:
     def __init__(self, settings: Settings, device: str, model=None, taps: tuple[str, ...] | None = None):
         self.settings = settings
         self.taps = taps or (settings.tap,)
-        self.multi = taps is not None  # pieces carry {tap: frames} (verify) instead of one array
+        self.multi = taps is not None  # chunks carry {tap: frames} (verify) instead of one array
         self.device = device
         self.encoder = build_encoder(settings, device, model)
         self.chunk = settings.chunk_samples(self.encoder.hop)
@@ -212,7 +212,7 @@ class DeviceRunner:
 
         try:
             while not stop.is_set():
-                errors: list[Piece] = []
+                errors: list[FrameChunk] = []
                 for slot in [s for s, st in active.items() if st.item.uid in self.failed]:
                     active.pop(slot).reader.close()
                     free.append(slot)
@@ -221,7 +221,7 @@ class DeviceRunner:
                 for stream, result in zip(streams, pool.map(self._read, streams)):
                     if isinstance(result, AudioError):
                         left = (stream.item.samples - stream.emitted) / SAMPLE_RATE
-                        errors.append(Piece(stream.item, None, False, True, max(0.0, left), str(result)))
+                        errors.append(FrameChunk(stream.item, None, False, True, max(0.0, left), str(result)))
                         active.pop(stream.slot).reader.close()
                         free.append(stream.slot)
                     else:
@@ -258,7 +258,7 @@ class DeviceRunner:
                         stream, chunk = result
                         result = chunk if isinstance(chunk, AudioError) else result
                     if isinstance(result, AudioError):
-                        errors.append(Piece(item, None, True, True, item.samples / SAMPLE_RATE, str(result)))
+                        errors.append(FrameChunk(item, None, True, True, item.samples / SAMPLE_RATE, str(result)))
                         continue
                     stream.slot = free.pop()
                     active[stream.slot] = stream
@@ -339,7 +339,7 @@ class DeviceRunner:
             audio[step.host_rows.to(device)] = step.audio.to(device, non_blocking=True)
         return replace(step, audio=resample_rows(step.groups, audio), host_rows=None, groups=[])
 
-    def _encode(self, step: _Step) -> list[Piece]:
+    def _encode(self, step: _Step) -> list[FrameChunk]:
         if step.host_rows is not None:
             step = self._resample(step)
         try:
@@ -352,12 +352,12 @@ class DeviceRunner:
             if len(step.items) == 1:
                 item = step.items[0]
                 self.failed.add(item.uid)
-                return [Piece(item, None, False, True, 0.0, "out of memory even alone; lower --chunk-seconds "
+                return [FrameChunk(item, None, False, True, 0.0, "out of memory even alone; lower --chunk-seconds "
                               "or --max-batch-seconds, or use a device with more memory")]
             half = len(step.items) // 2
             return self._encode(step.rows(list(range(half)))) + self._encode(step.rows(list(range(half, len(step.items)))))
         s = self.settings
-        pieces = []
+        chunks = []
         for r, item in enumerate(step.items):
             if self.multi:
                 data = {t: self._own(item, t, frames_of(out, t, r), bool(step.fresh[r])).to("cpu") for t in self.taps}
@@ -365,14 +365,14 @@ class DeviceRunner:
                 data = stored_array(self._own(item, s.tap, frames_of(out, s.tap, r), bool(step.fresh[r])), s.tap,
                                     s.feature_dtype)
             final = bool(step.final[r])
-            pieces.append(Piece(item, data, bool(step.fresh[r]), final, int(step.lengths[r]) / SAMPLE_RATE,
+            chunks.append(FrameChunk(item, data, bool(step.fresh[r]), final, int(step.lengths[r]) / SAMPLE_RATE,
                                 warnings=self.decoder_warnings.pop(item.uid, None) if final else None))
         self.stats.steps += 1
         if not bool(step.fresh.all()):
             self.stats.joined += int(step.fresh.sum())
         self.stats.real += int(step.lengths.sum())
         self.stats.padded += step.audio.numel()
-        return pieces
+        return chunks
 
     def _own(self, item: Item, tap: str, frames: torch.Tensor, fresh: bool) -> torch.Tensor:
         """A split recording's piece drops its warm-up frames (they belong to the piece before)."""
@@ -391,7 +391,7 @@ class DeviceRunner:
 
     def run(self, next_unit, emit, stop) -> Stats:
         """Encode every unit ``next_unit(block)`` returns (None: no more; LATER: none yet, only when
-        not ``block``), ``emit``-ting pieces in order.  ``stop`` (an Event) ends the run early."""
+        not ``block``), ``emit``-ting frame chunks in order.  ``stop`` (an Event) ends the run early."""
         steps: queue_mod.Queue = queue_mod.Queue(maxsize=2)
         halt = threading.Event()  # this runner's own stop (an error here must not stop the others)
         feeder_stop = _AnyEvent(stop, halt)
@@ -421,11 +421,11 @@ class DeviceRunner:
                         continue
                     step = step.rows(keep)
                 t0 = time.perf_counter()
-                pieces = self._encode(step)
+                chunks = self._encode(step)
                 t1 = time.perf_counter()
                 self.stats.busy += t1 - t0
-                for p in pieces:
-                    emit(p)
+                for chunk in chunks:
+                    emit(chunk)
                 self.stats.wait_output += time.perf_counter() - t1
         finally:
             halt.set()

@@ -44,12 +44,12 @@ class InProcessEngine(Engine):
         thread.start()
         try:
             while True:
-                piece = _get_while(out, thread)
-                if piece is _DONE:
+                chunk = _get_while(out, thread)
+                if chunk is _DONE:
                     break
-                if isinstance(piece, RuntimeError):  # from _get_while: pieces are never exceptions
-                    raise piece
-                yield piece
+                if isinstance(chunk, RuntimeError):  # from _get_while: chunks are never exceptions
+                    raise chunk
+                yield chunk
         finally:
             abandoned.set()
             while thread.is_alive():  # drain, so that a blocked put cannot keep the thread alive

@@ -51,7 +51,7 @@ def _process_main(settings: Settings, device: str, wid: int, requests, inbox, ou
             asked[0] = False
             return unit
 
-        runner.run(next_unit, lambda p: out_q.put(("piece", wid, p)), stop)
+        runner.run(next_unit, lambda p: out_q.put(("chunk", wid, p)), stop)
         out_q.put(("done", wid, runner.stats))
     except BaseException:
         out_q.put(("fail", wid, f"{device}: {traceback.format_exc()}"))
@@ -176,7 +176,7 @@ class ProcessEngine(Engine):
                 if kind == "want":
                     waiting.append(wid)
                     hand_out()
-                elif kind == "piece":
+                elif kind == "chunk":
                     if payload.final:
                         left = keys_left.get(unit_of.get(payload.item.uid, -1))
                         if left is not None:

@@ -8,7 +8,7 @@ retried task could deliver a unit twice.  The writer ignores an item it already 
 Each actor decodes and encodes its unit with the same :class:`~mimi_extract.engines.device.DeviceRunner`
 as a local device (decoding inside the actor, next to its device).
 
-A unit's pieces come back as one list per unit; the outputs of a long file are held by its actor
+A unit's frame chunks come back as one list per unit (each item whole); the outputs of a long file are held by its actor
 until the file is done (codes: 200 bytes per audio second; features: 25.6 KB).
 """
 
@@ -23,7 +23,7 @@ from dataclasses import replace
 from .plan import WorkUnit
 from ..config.settings import Settings
 from .assembly import Assembler
-from .base import Engine, Piece, Stats
+from .base import Engine, FrameChunk, Stats
 from .device import DeviceRunner
 
 # read by Ray at import: keep a CLI's terminal clean (the user's environment wins)
@@ -35,7 +35,7 @@ MAX_ATTEMPTS = 3
 
 
 class RayEncoder:
-    """A Ray actor: one device's model and runner; ``encode(unit)`` returns the unit's pieces."""
+    """A Ray actor: one device's model and runner; ``encode(unit)`` returns the unit's items, whole."""
 
     def __init__(self, settings: Settings, device: str, threads: int | None):
         import torch
@@ -48,18 +48,18 @@ class RayEncoder:
     def pid(self) -> int:
         return os.getpid()
 
-    def encode(self, unit: WorkUnit) -> tuple[list[Piece], Stats]:
+    def encode(self, unit: WorkUnit) -> tuple[list[FrameChunk], Stats]:
         assembler = Assembler(join_pieces=False)  # whole pieces back: a split recording's others are elsewhere
-        pieces: list[Piece] = []
+        wholes: list[FrameChunk] = []
         todo = iter([unit])
         self.runner.stats = Stats()
 
-        def collect(piece: Piece):
-            if (whole := assembler.add(piece)) is not None:
-                pieces.append(whole)
+        def collect(chunk: FrameChunk):
+            if (whole := assembler.add(chunk)) is not None:
+                wholes.append(whole)
 
         self.runner.run(lambda block=True: next(todo, None), collect, threading.Event())
-        return pieces, self.runner.stats
+        return wholes, self.runner.stats
 
 
 class RayEngine(Engine):
@@ -157,13 +157,13 @@ class RayEngine(Engine):
                     continue
                 slot, gen, unit = pending.pop(ready[0])
                 try:
-                    pieces, stats = ray.get(ready[0])
+                    wholes, stats = ray.get(ready[0])
                 except RayActorError as e:
                     if getattr(e, "actor_init_failed", False):
                         raise RuntimeError(f"a Ray actor failed to start: {str(e).splitlines()[0]}") from e
                     if attempts[unit.index] >= MAX_ATTEMPTS:
                         for item in unit.items:
-                            yield Piece(item, None, True, True, item.samples / 24_000,
+                            yield FrameChunk(item, None, True, True, item.samples / 24_000,
                                         f"the Ray actor died {MAX_ATTEMPTS} times encoding this item's work unit")
                     else:
                         queue.appendleft(unit)  # the driver retries: nothing of it was written
@@ -182,7 +182,7 @@ class RayEngine(Engine):
                 except RayTaskError as e:
                     raise RuntimeError(f"a Ray actor failed:\n{e}") from e
                 self.stats.add(stats)
-                yield from pieces
+                yield from wholes
                 submit(slot)
         finally:  # killing the actors ends their tasks in flight (ray.cancel(force=True) refuses actor tasks)
             for actor in actors.values():

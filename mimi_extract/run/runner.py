@@ -3,7 +3,7 @@ engine, load the model, begin on the run directory (identity, recovery, plan), p
 encode, write, finish, report.
 
 The caller's thread is the only writer; engines (``engines/``) encode in threads, processes or
-Ray actors and hand back pieces.  SIGINT/SIGTERM stop the engines, commit exactly the items that
+Ray actors and hand back frame chunks.  SIGINT/SIGTERM stop the engines, commit exactly the items that
 were completely encoded, and leave OUT ready to resume; a second signal exits at once (OUT is
 still consistent: the commit protocol survives any kill).  What the run directory holds and how it
 is checked is the store's (:class:`~mimi_extract.store.directory.RunDirectory`); what a run writes
@@ -105,7 +105,7 @@ def run_request(request: RunRequest, *, on_plan=None, on_progress=None, on_signa
     """Encode every item of ``request.source`` (or of its part) into ``request.out_dir``; resumes.
 
     ``on_plan(summary)`` is called once the work is planned, ``on_progress(items, seconds, errors)``
-    as pieces are written, ``on_signal(name)`` on the first SIGINT/SIGTERM, ``on_phase(text)`` as each
+    as frame chunks arrive, ``on_signal(name)`` on the first SIGINT/SIGTERM, ``on_phase(text)`` as each
     start-up phase begins (loading the model, finding inputs, planning).  ``request.reencode_damaged``:
     first read every stored item of the run directory and check its checksums; shards holding a
     damaged one are quarantined and their items encoded again.  ``request.reencode_changed``: see
@@ -191,16 +191,16 @@ def _encode(found: Discovered, request: RunRequest, mode, run: RunDirectory, eng
             on_progress(len(bad), sum(it.samples for it in bad) / SAMPLE_RATE, len(bad))
         started = time.perf_counter()
         startup = summary.startup = {"to_encoding": process_age(), "to_first_result": None}
-        with closing(engine.run(units, stop, model)) as pieces:  # (closed: stops the engine's workers)
+        with closing(engine.run(units, stop, model)) as chunks:  # (closed: stops the engine's workers)
             del model
-            assembler = Assembler()  # pieces -> whole items: nothing of an item is stored before it is whole
-            for piece in pieces:
+            assembler = Assembler()  # chunks -> whole items: nothing of an item is stored before it is whole
+            for chunk in chunks:
                 if startup["to_first_result"] is None:
                     startup["to_first_result"] = process_age()
-                whole = assembler.add(piece)
+                whole = assembler.add(chunk)
                 if whole is None:
                     if on_progress:
-                        on_progress(0, piece.seconds, 0)
+                        on_progress(0, chunk.seconds, 0)
                     continue
                 item = whole.item
                 if whole.error is not None:
@@ -210,7 +210,7 @@ def _encode(found: Discovered, request: RunRequest, mode, run: RunDirectory, eng
                     writer.add(item.key, whole.data, ManifestRow.for_item(item, whole.warnings), attrs_of(item))
                     summary.ok += 1
                 if on_progress:
-                    on_progress(1, piece.seconds, int(whole.error is not None))
+                    on_progress(1, chunk.seconds, int(whole.error is not None))
     summary.engine_notes = engine.notes
     summary.held_peak_bytes = getattr(writer, "peak_held_bytes", None)  # --shar-extend: outputs held at once
     summary.stats = stats = engine.stats

@@ -101,7 +101,7 @@ class WriterBlock:
 class ShardWriter(WriterBlock):
     """Streams utterances into size-capped shards of one format and the manifest (one row per input).
 
-    Only the lock holder writes, and only whole items (``engines.assembly`` joins their pieces), so
+    Only the lock holder writes, and only whole items (``engines.assembly`` joins their frame chunks), so
     a shard only ever holds whole items, and an interrupted run commits exactly those.  The
     format only builds each shard in memory (``fmt.builder``); this class owns the manifest and
     the commit protocol (:func:`commit_files`)."""

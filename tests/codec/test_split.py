@@ -95,7 +95,7 @@ def test_assembler_orders_pieces_and_restarts_a_rehanded_one():
     again from its first chunk (the partial one is dropped); the first error ends the item once."""
     import numpy as np
 
-    from mimi_extract.engines import Piece
+    from mimi_extract.engines import FrameChunk
     from mimi_extract.engines.assembly import Assembler
     from mimi_extract.sources import Item
     from mimi_extract.sources.base import SplitPiece
@@ -104,7 +104,7 @@ def test_assembler_orders_pieces_and_restarts_a_rehanded_one():
     piece = lambda i: Item(**{**item.__dict__, "piece": SplitPiece(i, 3, 0, 0, 40 * (i + 1) if i < 2 else 100)})  # noqa: E731
     arr = lambda *v: np.array(v)  # noqa: E731
     s = Assembler()
-    add = lambda it, data, first, final, error: s.add(Piece(it, data, first, final, 1.0, error))  # noqa: E731
+    add = lambda it, data, first, final, error: s.add(FrameChunk(it, data, first, final, 1.0, error))  # noqa: E731
     assert add(piece(2), arr(5), True, False, None) is None
     assert add(piece(0), arr(1), True, False, None) is None
     assert add(piece(1), arr(9), True, False, None) is None  # its worker dies after this chunk
