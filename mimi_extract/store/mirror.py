@@ -342,13 +342,14 @@ def pull_siblings(url: str, staging: str) -> None:
         fs.get_file(path, local)
 
 
-def publish_out_files(url: str, staging: str, part_dirname: str, wait: float = 60.0) -> list[str]:
+def publish_out_files(url: str, staging: str, part_dirname: str, wait: float | None = None) -> list[str]:
     """A job array's part on object storage, at its end: the files about OUT as a whole
     (``Format.out_files``: Parquet's dataset card, Megatron's data-args list) made from every part's
     committed rows in the bucket and uploaded to OUT's root -- a part's mirror pushes only its own
     folder, and its staging holds only its own rows. Under the lock object at OUT's root, as parts on
     one disk take OUT's lock for them: parts ending at once take turns, and the last one writes what
-    all of them committed. Returns the names uploaded."""
+    all of them committed. ``wait``: how long to wait for the root's lock, by default longer than a
+    lease (a lock left by a part killed here expires and is taken over). Returns the names uploaded."""
     info = read_run_info(os.path.join(staging, part_dirname))
     if info is None:
         return []
@@ -356,7 +357,7 @@ def publish_out_files(url: str, staging: str, part_dirname: str, wait: float = 6
     fs, root = remote.filesystem(url)
     root = root.rstrip("/")
     lock = RemoteLock(url)
-    lock.acquire(wait)
+    lock.acquire(_lease() + 30.0 if wait is None else wait)
     try:
         fs.invalidate_cache(root)
         here = {posixpath.basename(i["name"]) for i in fs.ls(root, detail=True) if i.get("type") == "file"}
