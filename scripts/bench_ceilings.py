@@ -18,7 +18,7 @@ Sections:
   packing steps) with the GPU's step shapes (64 rows, 300 padded s, 30 s chunks) and a **null
   encoder** (zeros of the full-size model's output shapes, at once) and the real writer (HDF5
   codes).  Reported per role: the decode pool (parallel), the feeder thread (one per GPU), the
-  caller's thread (the single writer, and the pieces loop), all else (torch's intra-op threads,
+  caller's thread (the single writer, and the frame-chunk loop), all else (torch's intra-op threads,
   start-up).  Pinning is not measured (no CUDA here): it is one copy of each step into a cached
   pinned block.
   ``--resample-on host,device`` runs each corpus both ways: with ``device`` the resampling
@@ -27,14 +27,14 @@ Sections:
   that nothing is charged to torch's own threads.
 * ``procs``: the same with K = ``--procs`` feeding processes (``ProcessEngine``, as
   ``--feeders-per-gpu K`` runs one GPU from K processes, each with its own GIL): CPU time of this
-  process, the single writer, which receives, stitches and stores every piece (from its first piece
+  process, the single writer, which receives, stitches and stores every frame chunk (from its first one
   on: the workers' start is paid once per run), and each worker's CPU by role, whose GIL-held part
   (all but the decoder library's calls and the device's work) bounds what one process feeds.
 * ``write``: the ShardWriter per format (hdf5, parquet, shar) for codes (int16 [F, 8]) and fp32
   latents ([F, 512]), 10 s items: items/s and MB/s of arrays per CPU second, fsyncs included (and
   wall for reference).
 * ``ray``: the Ray driver as the single writer: a local cluster, one actor returning ready-made
-  pieces of codes per unit (the sizes the planner makes), the driver's ``ray.wait``/``ray.get`` and
+  frame chunks of codes per unit (the sizes the planner makes), the driver's ``ray.wait``/``ray.get`` and
   writing, CPU time of the driver process.
 """
 
@@ -189,7 +189,7 @@ def install_probes() -> None:
     DeviceRunner.run = _timed("encoder thread", DeviceRunner.run)
     original = InProcessEngine.run
 
-    def run(self, units, stop, model=None):  # the caller's thread between pieces: the writer
+    def run(self, units, stop, model=None):  # the caller's thread between frame chunks: the writer
         t_proc, t_main = time.process_time(), time.thread_time()
         try:
             yield from original(self, units, stop, model)
@@ -248,7 +248,7 @@ DECODER = "decoder library (GIL released)"  # time inside the decoder's read cal
 def feed_processes(args, model_dir: str) -> dict:
     """K feeding processes (ProcessEngine, as ``--feeders-per-gpu K`` runs them on one GPU) and the one
     writer in this process, for K in ``--procs``: this process's CPU per audio second is the single
-    writer's ceiling (pieces unpickled from the workers' queue, stitched, written); each worker's
+    writer's ceiling (frame chunks unpickled from the workers' queue, stitched, written); each worker's
     thread CPU per role says what holds its GIL (everything but the decoder library's own calls and
     the device's work: an upper bound, numpy and torch release the GIL in places), so its ceiling
     (its audio / its GIL-held CPU).  The machine's: min(K x a process's, the writer's)."""
@@ -282,14 +282,14 @@ def feed_processes(args, model_dir: str) -> dict:
     spent = {}
     original = ProcessEngine.run
 
-    def run(self, units, stop, model=None):  # the writer: from the start, and from its first piece on
+    def run(self, units, stop, model=None):  # the writer: from the start, and from its first frame chunk on
         t = time.process_time()
         spent["steady"] = None
         try:
-            for piece in original(self, units, stop, model):
+            for chunk in original(self, units, stop, model):
                 if spent["steady"] is None:
-                    spent["steady"], spent["first_seconds"] = time.process_time(), piece.seconds
-                yield piece
+                    spent["steady"], spent["first_seconds"] = time.process_time(), chunk.seconds
+                yield chunk
         finally:
             spent["main"] = time.process_time() - t
             spent["steady"] = time.process_time() - spent["steady"]
@@ -337,7 +337,7 @@ def feed_processes(args, model_dir: str) -> dict:
                     "wall_s": wall, "wall_x_here": seconds / wall, "workers": workers}
                 r = results[f"{name} {fmt} x{k}"]
                 print(f"procs {name:>8} {fmt:>7} x{k}: writer {main:.3f} CPU s ({spent['steady']:.3f} from its first "
-                      f"piece) on {seconds:.0f} audio s -> caps at {writer_x:.0f}x; feeding {r['feeding_us_per_audio_s']:.0f} us per audio s in all; one process's "
+                      f"frame chunk) on {seconds:.0f} audio s -> caps at {writer_x:.0f}x; feeding {r['feeding_us_per_audio_s']:.0f} us per audio s in all; one process's "
                       f"GIL caps it at {process_x or 0:.0f}x -> {k} x that or the writer: "
                       f"{r['machine_x_bound'] or 0:.0f}x; here (2 cores, wall) {seconds / wall:.0f}x", flush=True)
                 shutil.rmtree(out, ignore_errors=True)
@@ -410,7 +410,7 @@ def write(args) -> dict:
 
 def ray_driver(args) -> dict:
     """Driver CPU per audio second: units of 10 s items (a GPU unit: 64 rows x 300 s holds ~30 of
-    them), pieces of codes built by one actor; the driver waits, gets, and writes (HDF5)."""
+    them), frame chunks of codes built by one actor; the driver waits, gets, and writes (HDF5)."""
     import ray
 
     from mimi_extract.engines.base import FrameChunk
@@ -426,12 +426,12 @@ def ray_driver(args) -> dict:
         class Maker:
             def encode(self, unit: int, per_unit: int):
                 rng = np.random.default_rng(unit)
-                pieces = []
+                chunks = []
                 for j in range(per_unit):
                     key = f"u{unit:05d}/i{j:03d}.wav"
                     item = Item(path=key, rel=key, key=key, sample_rate=24000, frames=240_000, samples=240_000)
-                    pieces.append(FrameChunk(item, rng.integers(0, 2048, (125, 8), dtype=np.int16), True, True, 10.0))
-                return pieces
+                    chunks.append(FrameChunk(item, rng.integers(0, 2048, (125, 8), dtype=np.int16), True, True, 10.0))
+                return chunks
 
         maker = Maker.remote()
         ray.get(maker.encode.remote(0, 1))  # the actor is up
@@ -449,12 +449,12 @@ def ray_driver(args) -> dict:
         while pending:
             t = time.process_time()
             ready, pending = ray.wait(pending, num_returns=1)
-            pieces = ray.get(ready[0])
+            chunks = ray.get(ready[0])
             get_cpu += time.process_time() - t
             if submitted < units:
                 pending.append(maker.encode.remote(submitted, per_unit))
                 submitted += 1
-            for p in pieces:
+            for p in chunks:
                 w.add(p.item.key, p.data, ManifestRow(p.item.key, path=p.item.key, dataset=dataset_name(p.item.key)),
                       {"duration": 10.0})
                 items += 1

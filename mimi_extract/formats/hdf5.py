@@ -145,7 +145,9 @@ class HDF5(Format):
             return data  # (an attribute read in a damaged attribute index can loop forever in HDF5: docs/object-storage.md)
         transposed = getattr(handle, "_mimi_transposed", None)
         if transposed is None:
-            transposed = handle._mimi_transposed = handle.attrs.get("layout", "") == "[num_quantizers, frames]"
+            layout = handle.attrs.get("layout", "")
+            transposed = handle._mimi_transposed = (layout.decode() if isinstance(layout, bytes) else layout) \
+                == "[num_quantizers, frames]"
         return data.T if transposed else data  # outputs of mimi-extract 0.1
 
     def attrs(self, path: str) -> dict:

@@ -117,7 +117,7 @@ def run_request(request: RunRequest, *, on_plan=None, on_progress=None, on_signa
         return _run(request, on_commit=on_commit, **callbacks)
     with mirrored(request.out_dir, None if request.part.whole else request.part.dirname) as staged:
         summary = _run(replace(request, out_dir=staged.path), on_commit=staged.push, **callbacks)
-    return replace(summary, remote=staged.url, staging=staged.path)
+    return replace(summary, remote=staged.url, staging=staged.path, engine_notes=summary.engine_notes + staged.notes)
 
 
 def _run(request: RunRequest, on_plan, on_progress, on_signal, stop, on_phase, on_commit) -> RunSummary:

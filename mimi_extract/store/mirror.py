@@ -34,16 +34,17 @@ import posixpath
 import re
 import socket
 import sys
+import tempfile
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from ..common import remote
 from ..formats import get_format
 from . import files as store_files
-from .files import CUTS, LOCK, MANIFEST, SEGMENT_RE, SEGMENTS, LockedError, OutputError, write_atomic
+from .files import CUTS, LOCK, MANIFEST, SEGMENT_RE, SEGMENTS, LockedError, OutputError
 from .cuts import write_cuts
 from .identity import read_run_info
 from .manifest import manifest_segments, out_rows, run_dirs
@@ -54,12 +55,21 @@ _SKIPPED = (LOCK, MANIFEST)  # staged files never mirrored: the local lock; the 
 
 
 def staging_dir(url: str) -> str:
-    """The local OUT that stages ``url`` (one per URL, kept between runs as a cache)."""
+    """The local OUT that stages ``url`` (one per URL, kept between runs as a cache), named as OUT is
+    (the title of a card made there); one made by 0.3.0 and before (``<hash>/out``) is adopted, so
+    an upgrade downloads nothing again."""
     base = os.environ.get(STAGING_ENV) or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "mimi-extract", "staging")
-    name = re.sub(r"[^\w.-]", "_", remote.basename(url.rstrip("/")))  # OUT's own name (its card's title)
-    return os.path.join(base, hashlib.sha256(remote.absolute(url).encode()).hexdigest()[:16],
-                        name if name.strip(".") else "out")
+    folder = os.path.join(base, hashlib.sha256(remote.absolute(url).encode()).hexdigest()[:16])
+    name = re.sub(r"[^\w.-]", "_", remote.basename(url.rstrip("/")))
+    path = os.path.join(folder, name if name.strip(".") else "out")
+    old = os.path.join(folder, "out")
+    if path != old and os.path.isdir(old) and not os.path.exists(path):
+        try:
+            store_files.rename(old, path)
+        except OSError:  # (another process adopted it first, or it cannot be moved: then pulled afresh)
+            pass
+    return path
 
 
 def _lease() -> float:
@@ -107,7 +117,11 @@ class RemoteLock:
             info = self.fs.info(self.path)
             held = json.loads(self.fs.cat_file(self.path))
         except FileNotFoundError:  # released meanwhile
-            return self._create()
+            try:
+                return self._create()
+            except FileExistsError:  # ... and taken by another run first
+                raise LockedError(f"{self.url}: another run took this lock first; wait for it or use another OUT") \
+                    from None
         except ValueError:
             held = {}
         expires = float(held.get("expires", 0))
@@ -348,8 +362,10 @@ def publish_out_files(url: str, staging: str, part_dirname: str, wait: float | N
     committed rows in the bucket and uploaded to OUT's root -- a part's mirror pushes only its own
     folder, and its staging holds only its own rows. Under the lock object at OUT's root, as parts on
     one disk take OUT's lock for them: parts ending at once take turns, and the last one writes what
-    all of them committed. ``wait``: how long to wait for the root's lock, by default longer than a
-    lease (a lock left by a part killed here expires and is taken over). Returns the names uploaded."""
+    all of them committed. Made in a private folder (with the bucket's own copies: a card the user
+    wrote is kept), never in the staging root that other parts on this machine share. ``wait``: how
+    long to wait for the root's lock, by default longer than a lease (a lock left by a part killed
+    here expires and is taken over). Returns the names uploaded; OutputError if it cannot."""
     info = read_run_info(os.path.join(staging, part_dirname))
     if info is None:
         return []
@@ -357,20 +373,22 @@ def publish_out_files(url: str, staging: str, part_dirname: str, wait: float | N
     fs, root = remote.filesystem(url)
     root = root.rstrip("/")
     lock = RemoteLock(url)
-    lock.acquire(_lease() + 30.0 if wait is None else wait)
     try:
-        fs.invalidate_cache(root)
-        here = {posixpath.basename(i["name"]) for i in fs.ls(root, detail=True) if i.get("type") == "file"}
-        for name in os.listdir(staging):  # the OUT-level files as the bucket holds them (a user's own card)
-            path = os.path.join(staging, name)
-            if os.path.isfile(path) and name not in here:
-                os.remove(path)
-        for name in here - {LOCK}:
-            fs.get_file(f"{root}/{name}", os.path.join(staging, name))
-        files = fmt.out_files(staging, info, True, lambda: out_rows(url))
-        for name, text in files.items():
-            write_atomic(os.path.join(staging, name), text)
-            fs.pipe_file(f"{root}/{name}", text.encode("utf-8"))
+        lock.acquire(_lease() + 30.0 if wait is None else wait)
+    except (LockedError, OSError) as e:
+        raise OutputError(f"{url}: cannot take OUT's lock to write the files about OUT as a whole ({e})") from e
+    try:
+        with tempfile.TemporaryDirectory(prefix="mimi-extract-out-files-") as scratch:
+            here = os.path.join(scratch, os.path.basename(staging))  # (OUT's name: the card's title)
+            os.makedirs(here)
+            fs.invalidate_cache(root)
+            for entry in fs.ls(root, detail=True):
+                name = posixpath.basename(entry["name"])
+                if entry.get("type") == "file" and name != LOCK:
+                    fs.get_file(f"{root}/{name}", os.path.join(here, name))
+            files = fmt.out_files(here, info, True, lambda: out_rows(url))
+            for name, text in files.items():
+                fs.pipe_file(f"{root}/{name}", text.encode("utf-8"))
         return sorted(files)
     except OSError as e:
         raise OutputError(f"{url}: cannot upload the files about OUT as a whole ({e})") from e
@@ -386,6 +404,7 @@ class Staged:
     url: str
     path: str
     push: Callable[[], None]
+    notes: list[str] = field(default_factory=list)  # what the run's end could not do (said, not fatal)
 
 
 @contextmanager
@@ -403,8 +422,9 @@ def mirrored(url: str, part_dirname: str | None):
         mirror.pull()
         if part_dirname:
             pull_siblings(url, staging)
+        staged = Staged(url.rstrip("/"), staging, mirror.push)
         try:
-            yield Staged(url.rstrip("/"), staging, mirror.push)
+            yield staged
         except BaseException:
             try:
                 mirror.push()  # what was committed before the error
@@ -415,6 +435,9 @@ def mirrored(url: str, part_dirname: str | None):
             raise
         mirror.push()
         if part_dirname:
-            publish_out_files(url, staging, part_dirname)
+            try:
+                publish_out_files(url, staging, part_dirname)
+            except OutputError as e:  # every item is committed: the files about OUT lag until a part ends again
+                staged.notes.append(f"{e}; they lag until a part of this OUT ends again")
     finally:
         lock.release()

@@ -37,12 +37,12 @@ def test_continuous_batching_equals_single_item(tmp_path, tiny_model, tiny_model
     runner = DeviceRunner(settings, "cpu", taps=("encoder", "latent", "codes"))
     found = discover(str(tmp_path))
     units = iter(plan_units(found.items, runner.chunk, settings.step_seconds, settings.rows))
-    pieces: dict[str, list] = {}
-    runner.run(lambda block=True: next(units, None), lambda p: pieces.setdefault(p.item.key, []).append(p),
+    chunks: dict[str, list] = {}
+    runner.run(lambda block=True: next(units, None), lambda p: chunks.setdefault(p.item.key, []).append(p),
                threading.Event())
     assert runner.stats.joined > 0  # a row was refilled while others went on
     for item in found.items:
-        got = pieces[item.key]
+        got = chunks[item.key]
         assert got[0].first and got[-1].final and not any(p.final for p in got[:-1])
         ref = reference_single(tiny_model, load(item.path), 8)
         for tap in ("encoder", "latent"):
@@ -86,9 +86,9 @@ def test_cpu_workers_are_forked_with_the_runners_model(tmp_path, tiny_model, tin
     for model in (load_model(tiny_model_dir), None):
         units = plan_units(found.items, settings.chunk_samples(), settings.step_seconds, settings.rows)
         engine = ProcessEngine(settings)
-        pieces = list(engine.run(units, threading.Event(), model))
-        got[engine.start_method] = {p.item.key: p.data for p in pieces}
-        assert all(p.first and p.final and p.error is None for p in pieces)
+        chunks = list(engine.run(units, threading.Event(), model))
+        got[engine.start_method] = {p.item.key: p.data for p in chunks}
+        assert all(p.first and p.final and p.error is None for p in chunks)
     assert set(got) == {"fork", "spawn"}
     for item in found.items:
         ref = reference_single(tiny_model, load(item.path), 8)["codes"]
@@ -120,9 +120,9 @@ def test_units_go_to_whichever_worker_is_free(tmp_path, tiny_model_dir):
     thaw.start()
     delivered = 0
     try:
-        for piece in engine.run(units, threading.Event()):
-            assert piece.error is None, piece.error
-            delivered += piece.final
+        for chunk in engine.run(units, threading.Event()):
+            assert chunk.error is None, chunk.error
+            delivered += chunk.final
             if delivered == 30:
                 os.kill(frozen, signal.SIGCONT)
     finally:

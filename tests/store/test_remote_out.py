@@ -390,3 +390,49 @@ def test_the_files_about_a_remote_job_array_cover_every_part(fmt, s3, loose, tin
         monkeypatch.setenv("MIMI_EXTRACT_STAGING", str(tmp_path / "machine-0"))
         extract(loose, url, settings(tiny_model_dir, format=fmt), shard_size=2, part=parse_part("0/2"))
         assert fs.cat_file(f"{BUCKET}/array-{fmt}/README.md") == b"# our dataset\n"
+
+
+def test_a_part_waits_its_turn_for_the_files_about_a_remote_out(s3, loose, tiny_model_dir, tmp_path,  # noqa: F811
+                                                                 monkeypatch):
+    """The files about a remote job array are written under the lock object at OUT's root: a part
+    whose turn does not come says so (an OutputError naming the lock, never a traceback), one whose
+    turn comes writes them; the staging root other parts share on this machine is not touched."""
+    import threading
+
+    from mimi_extract.config.settings import parse_part
+    from mimi_extract.formats.megatron import DATA_ARGS
+    from mimi_extract.store.files import OutputError
+    from mimi_extract.store.mirror import RemoteLock, publish_out_files, staging_dir
+
+    monkeypatch.setenv("MIMI_EXTRACT_STAGING", str(tmp_path / "machine"))
+    url = f"s3://{BUCKET}/turns"
+    assert extract(loose, url, settings(tiny_model_dir, format="megatron"), shard_size=2, part=parse_part("0/2")).ok
+    s3.rm_file(f"{BUCKET}/turns/{DATA_ARGS}")
+    staging = staging_dir(url)
+    before = sorted(os.listdir(staging))
+    other = RemoteLock(url)  # another part, writing them now
+    other.acquire()
+    try:
+        with pytest.raises(OutputError, match="cannot take OUT's lock"):
+            publish_out_files(url, staging, "part-0-of-2", wait=1.0)
+        threading.Timer(1.0, other.release).start()
+        assert publish_out_files(url, staging, "part-0-of-2", wait=30.0) == [DATA_ARGS]
+    finally:
+        other.release()
+    assert s3.cat_file(f"{BUCKET}/turns/{DATA_ARGS}").decode().split()[1].startswith("part-0-of-2/")
+    assert sorted(os.listdir(staging)) == before
+
+
+def test_a_staging_folder_of_an_earlier_version_is_adopted(tmp_path, monkeypatch):
+    """The staging OUT is named as OUT is (0.3.1; ``<hash>/out`` before): an existing one is moved,
+    not left behind with every shard downloaded again."""
+    from mimi_extract.store.mirror import staging_dir
+
+    monkeypatch.setenv("MIMI_EXTRACT_STAGING", str(tmp_path))
+    url = f"s3://{BUCKET}/some-codes"
+    old = os.path.join(os.path.dirname(staging_dir(url)), "out")
+    os.makedirs(old)
+    open(os.path.join(old, "shard-00000.h5"), "w").close()
+    path = staging_dir(url)
+    assert os.path.basename(path) == "some-codes" and os.listdir(path) == ["shard-00000.h5"]
+    assert not os.path.exists(old)
