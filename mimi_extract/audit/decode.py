@@ -31,8 +31,11 @@ def _samples_24k(row: dict, info: dict) -> int:
 
 
 def decode_items(out_dir: str, keys: list[str] | None, output: str | None, model: str | None = None,
-                 device: str = "cpu", on_item=None) -> list[str]:
-    """Decode stored items to 24 kHz wav files; returns the written paths."""
+                 device: str = "cpu", on_item=None, overwrite: bool = False) -> list[str]:
+    """Decode stored items to 24 kHz wav files; returns the written paths.  ``output``: a file (one
+    key; by default ``<key>.wav`` here) or a folder (needed for several).  An existing file is never
+    replaced unless ``overwrite`` (FileExistsError, before anything is decoded): the default name
+    of one key is the source's own name, and decoding in the corpus's folder replaced the source."""
     import soundfile as sf
     import torch
 
@@ -48,8 +51,16 @@ def decode_items(out_dir: str, keys: list[str] | None, output: str | None, model
     if missing:
         raise KeyError(f"no ok item {missing[0]!r} in {out_dir}" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
     if output is None:
-        output = "." if len(keys) > 1 else dataset_name(keys[0]).removesuffix(".wav") + ".wav"
+        if len(keys) > 1:
+            raise ValueError(f"{len(keys)} items to decode: name a folder for them with -o")
+        output = dataset_name(keys[0]).removesuffix(".wav") + ".wav"
     folder = len(keys) > 1 or os.path.isdir(output) or output.endswith(os.sep)
+    paths = {key: os.path.join(output, dataset_name(key).removesuffix(".wav") + ".wav") if folder else output
+             for key in keys}
+    taken = [p for p in paths.values() if os.path.exists(p)]
+    if taken and not overwrite:
+        raise FileExistsError(f"{taken[0]} exists" + (f" (and {len(taken) - 1} more)" if len(taken) > 1 else "")
+                              + ": decode writes no file over another; choose another -o, or pass --overwrite")
     if folder:
         os.makedirs(output, exist_ok=True)
     mimi = load_model(model or info["model"], device)
@@ -71,7 +82,7 @@ def decode_items(out_dir: str, keys: list[str] | None, output: str | None, model
                 codes = mimi.quantizer.encode(latent, mimi.config.num_quantizers).transpose(0, 1)
             audio = mimi.decode(codes).audio_values[0, 0]
             audio = audio[: _samples_24k(row, info)].float().cpu().numpy()
-            path = os.path.join(output, dataset_name(key).removesuffix(".wav") + ".wav") if folder else output
+            path = paths[key]
             sf.write(path, audio, 24_000, subtype="FLOAT")
             written.append(path)
             if on_item:

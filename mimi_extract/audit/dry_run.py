@@ -25,7 +25,7 @@ from ..sources import bytes_name, discover
 
 HOP = 1920  # 24 kHz samples per 12.5 Hz frame (latent, codes); the encoder tap's 25 Hz frame is half
 TAPS = ("codes", "latent", "encoder")
-FORMATS = ("hdf5", "parquet", "shar")
+FORMATS = ("hdf5", "parquet", "shar", "megatron")  # (megatron: codes only)
 
 
 @dataclass
@@ -56,7 +56,8 @@ def _bytes(frame_count: int, tap: str, ask: PlanAsk) -> dict[str, int]:
         raw, kind = frame_count * ask.num_quantizers * 2, "codes"
     else:
         raw, kind = frame_count * rates.FEATURE_DIMS * (2 if ask.feature_dtype == "float16" else 4), "features"
-    return {"arrays": int(raw), **{f: int(raw * rates.BYTES_PER_ARRAY_BYTE[f, kind]) for f in FORMATS}}
+    return {"arrays": int(raw), **{f: int(raw * rates.BYTES_PER_ARRAY_BYTE[f, kind]) for f in FORMATS
+                                   if (f, kind) in rates.BYTES_PER_ARRAY_BYTE}}
 
 
 def plan_report(source: str, options: Options | None = None, channel: str = "mix", framing: Framing = Framing(),

@@ -32,6 +32,9 @@ def _require(out_dir: str, files: list[RunFiles] | None = None) -> list[RunFiles
             name, who = next(iter(starting.items()))
             raise FileNotFoundError(f"{out_dir}: a run is starting in it ({name}: {who}) and has not written run.json "
                                     "yet; try again in a moment")
+        if files and all(remote.names(f.path) == [LOCK] for f in files):
+            raise FileNotFoundError(f"{out_dir} holds no mimi-extract run yet: only the lock of a run that stopped "
+                                    "before writing run.json (killed while starting?); run its command again")
         raise FileNotFoundError(f"{out_dir} holds no mimi-extract run (no run.json)")
     return dirs
 

@@ -518,12 +518,7 @@ def write_card(out_dir: str, report: dict) -> str:
     from ..formats.parquet import dataset_card
 
     on_store = remote.is_url(out_dir)
-    out_dir = out_dir.rstrip("/") if on_store else os.path.abspath(out_dir)
-    dirs = [f.path for f in _require(out_dir)]
-    info = read_run_info(dirs[0])
-    if info.get("format") != "parquet":
-        raise ValueError(f"{out_dir} is a {info.get('format', 'hdf5')} OUT: only Parquet OUTs have a dataset card "
-                         "(use --json or --png)")
+    out_dir, dirs, info = card_out(out_dir)
     path = remote.join(out_dir, "README.md")
     if on_store:
         from ..store.mirror import RemoteLock
@@ -552,6 +547,18 @@ def write_card(out_dir: str, report: dict) -> str:
     return path
 
 
+def card_out(out_dir: str) -> tuple[str, list[str], dict]:
+    """OUT (absolute, or its URL), its run directories and run.json, if it has a dataset card
+    (Parquet); else ValueError -- asked before a report is computed, so a refusal costs nothing."""
+    out_dir = out_dir.rstrip("/") if remote.is_url(out_dir) else os.path.abspath(out_dir)
+    dirs = [f.path for f in _require(out_dir)]
+    info = read_run_info(dirs[0])
+    if info.get("format") != "parquet":
+        raise ValueError(f"{out_dir} is a {info.get('format', 'hdf5')} OUT: only Parquet OUTs have a dataset card "
+                         "(use --json or --png)")
+    return out_dir, dirs, info
+
+
 def read_text(path: str) -> str | None:
     """A text file or object (UTF-8, undecodable bytes replaced); None when there is none."""
     try:
@@ -571,4 +578,4 @@ def summary_lines(report: dict) -> list[str]:
             + f", tap {m.get('tap')}" + (f", {report['parts']} parts" if report["parts"] > 1 else "")]
 
 
-__all__ = ["corpus_report", "write_png", "write_card", "card_section", "codebook_size", "SCHEMA"]
+__all__ = ["corpus_report", "write_png", "write_card", "card_out", "card_section", "codebook_size", "SCHEMA"]

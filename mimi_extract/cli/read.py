@@ -133,11 +133,13 @@ def plan(
     say(f"frames: {fr['12.5 Hz (latent, codes)']} at 12.5 Hz (latent, codes), {fr['25 Hz (encoder)']} at 25 Hz "
         f"(encoder); tokens at -q {report['num_quantizers']}: {report['tokens']}", out=out)
     table = Table(title="output size (estimated from measured format overheads)")
-    for name in ("tap", "arrays", "hdf5", "parquet", "shar"):
-        table.add_column(name, justify="left" if name == "tap" else "right")
+    columns = ("arrays", "hdf5", "parquet", "shar", "megatron")
+    for name in ("tap",) + columns:
+        table.add_column(name + (" (uint16 ids)" if name == "megatron" else ""),
+                         justify="left" if name == "tap" else "right")
     for tap, b in report["bytes"].items():
         label = f"codes (-q {report['num_quantizers']})" if tap == "codes" else f"{tap} ({feature_dtype.value})"
-        table.add_row(label, *(_size(b[k]) for k in ("arrays", "hdf5", "parquet", "shar")))
+        table.add_row(label, *(_size(b[k]) if k in b else "-" for k in columns))
     out.print(table)
     host = report["host"]
     say("codecs: " + "; ".join(f"{m['codec']} {m['sample_rate'] / 1000:g} kHz {100 * m['share']:.0f}% "
@@ -196,7 +198,8 @@ def info(out_dir: Annotated[str, typer.Argument(metavar="OUT")],
     say(f"{len(report['shards'])} shards, {report['bytes'] / 2**20:.1f} MiB "
         f"({report['bytes'] / max(1, len(report['shards'])) / 2**20:.1f} MiB per shard)", out=out)
     for key, value in report["settings"].items():
-        say(f"  {key}: {value}", out=out)
+        if value not in ({}, [], None):  # (a rule with nothing in it: directory input's item keys; --json has all)
+            say(f"  {key}: {value}", out=out)
 
 
 _SUBSETS_SHOWN = 30  # subsets in the terminal table (all of them with --json)
@@ -231,11 +234,13 @@ def report(out_dir: Annotated[str, typer.Argument(metavar="OUT")],
       mimi-extract report codes/ --json | jq '.codebooks.per_codebook[].perplexity'
     """
     from ..store.files import OutputError
-    from ..audit.report import corpus_report, summary_lines, write_card, write_png
+    from ..audit.report import card_out, corpus_report, summary_lines, write_card, write_png
 
     from rich.progress import Progress, TextColumn, TimeElapsedColumn
 
     try:
+        if card:
+            card_out(out_dir)  # (refused before the report is computed)
         with Progress(TextColumn("reading OUT: {task.completed} shards"), TimeElapsedColumn(), console=console,
                       transient=True, disable=not console.is_terminal) as bar:  # a terminal only, not logs
             task = bar.add_task("", total=None)
@@ -288,25 +293,37 @@ def cuts(out_dir: Annotated[str, typer.Argument(metavar="OUT")],
          output: Annotated[str, typer.Option("-o", "--output", help="The file to write (.jsonl.gz or .jsonl).")]):
     """One lhotse CutSet over every part of OUT, written to one file (built from the manifests).
 
+    Parquet and Megatron OUTs (and HDF5 on object storage) are read through mimi-extract's own lhotse
+    storages: call mimi_extract.formats.cuts.register_lhotse_readers() before loading their arrays
+    (mimi_extract.read_cuts does it).
+
     [bold]Example[/]
 
       mimi-extract cuts codes/ -o codes-cuts.jsonl.gz   # then CutSet.from_jsonl_lazy("codes-cuts.jsonl.gz")
     """
+    from ..formats.cuts import our_storages
     from ..readers.reader import write_merged_cuts
 
+    storages: set = set()
     try:
-        n = write_merged_cuts(out_dir, output)
+        n = write_merged_cuts(out_dir, output, storages)
     except _reading_errors() as e:
         _fail(e)
     say(("done", "green"), f": {n} cuts -> {output}")
+    ours = sorted(storages & set(our_storages()))
+    if ours:
+        say(("note: ", "yellow"), f"these cuts load their arrays through mimi-extract's lhotse storage {', '.join(ours)}: "
+            "call mimi_extract.formats.cuts.register_lhotse_readers() before cut.load_custom(...) "
+            "(mimi_extract.read_cuts(OUT) does it)")
 
 
 @app.command()
 def decode(
     out_dir: Annotated[str, typer.Argument(metavar="OUT")],
     keys: Annotated[Optional[list[str]], typer.Argument(metavar="[KEY]...", help="Items to decode.")] = None,
-    output: Annotated[Optional[str], typer.Option("-o", "--output", help="A .wav file (one key) or a folder.")] = None,
+    output: Annotated[Optional[str], typer.Option("-o", "--output", help="A .wav file (one key) or a folder (several keys, --all). \\[default for one key: KEY's name + .wav, here]")] = None,
     all_items: Annotated[bool, typer.Option("--all", help="Every ok item of OUT (into the -o folder).")] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace existing files (refused by default, before anything is decoded).")] = False,
     model: Annotated[Optional[str], typer.Option("--model", "-m", help="\\[default: the model OUT was made with]")] = None,
     device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N (auto = first GPU, else cpu).")] = "auto",
 ):
@@ -325,9 +342,11 @@ def decode(
 
     if not keys and not all_items:
         _fail("name KEYs to decode, or --all")
+    if all_items and output is None:
+        _fail("--all writes every item of OUT: name a folder for them with -o")
     try:
         written = decode_items(out_dir, keys or None, output, model and model_path(model), resolve_devices(device)[0],
-                               on_item=lambda key, path: say(f"{key} -> {path}"))
+                               on_item=lambda key, path: say(f"{key} -> {path}"), overwrite=overwrite)
     except (KeyError, RuntimeError, *_reading_errors()) as e:
         _fail(e if not isinstance(e, KeyError) else e.args[0])
     say(("done", "green"), f": {len(written)} files")

@@ -57,7 +57,7 @@ def _mismatch_report(out: Console, checks) -> None:
 def verify(
     input_path: Annotated[Optional[str], typer.Argument(metavar="[INPUT]", help="Files to encode both ways (omit with --out).")] = None,
     out: Annotated[Optional[str], typer.Option("--out", help="Audit this OUT: re-encode a sample of its items one by one and compare with what it holds.")] = None,
-    sample: Annotated[int, typer.Option(min=1, help="With --out: items to re-encode (random, --seed).")] = 20,
+    sample: Annotated[Optional[int], typer.Option(min=1, help="With --out: items to re-encode (random, --seed) \\[default: 20].", show_default=False)] = None,
     seed: int = 0,
     model: Annotated[Optional[str], typer.Option("--model", "-m", help="Hub id or local directory \\[default: kyutai/mimi, or the model OUT was made with].")] = None,
     device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N (auto = first GPU, else cpu).")] = "auto",
@@ -105,15 +105,19 @@ def verify(
     if checksums:
         if out is None or input_path is not None:
             _fail("--checksums checks what an OUT holds: give --out OUT (and no INPUT)")
+        if sample is not None:
+            _fail("--checksums reads every stored item; --sample picks items to re-encode: give one or the other")
         _verify_checksums(out)
         return
+    sample = 20 if sample is None else sample
     from ..engines.device import resolve_devices
     from .request import engine_check_settings, input_options, model_path
     from ..audit.verify import transformers_drift, verify_outputs, verify_source
 
     out_console = Console(width=max(Console().width, 120), highlight=False)
     if (input_path is None) == (out is None):
-        _fail("give INPUT (encode it both ways) or --out OUT (audit what OUT holds), not both")
+        _fail("give INPUT (encode it both ways) or --out OUT (audit what OUT holds)"
+              + (", not both" if out is not None else ""))
     try:
         if out is not None:
             dev = resolve_devices(device)[0]

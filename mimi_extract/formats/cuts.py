@@ -93,6 +93,14 @@ def cut_dict(row: dict, run_dir: str, field: str, frame_shift: float, array: dic
 _REGISTERED = False
 
 
+def our_storages() -> tuple[str, ...]:
+    """The lhotse storage types that :func:`register_lhotse_readers` adds (a cut naming one needs it)."""
+    from . import megatron, parquet
+    from .hdf5 import LHOTSE_REMOTE_STORAGE
+
+    return LHOTSE_REMOTE_STORAGE, parquet.LHOTSE_STORAGE, megatron.LHOTSE_STORAGE
+
+
 def register_lhotse_readers() -> None:
     """Add our storages to lhotse's registry (idempotent): ``mimi_extract_parquet``, a
     ``FeaturesReader`` whose ``read(key, left, right)`` loads row ``INDEX`` of a Parquet shard

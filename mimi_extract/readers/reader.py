@@ -281,9 +281,11 @@ def read_cuts(out_dir: str):
     return _lhotse().CutSet(ManifestCuts(out_dir))
 
 
-def write_merged_cuts(out_dir: str, path: str) -> int:
+def write_merged_cuts(out_dir: str, path: str, storages: set | None = None) -> int:
     """Write one ``cuts.jsonl.gz`` (or ``.jsonl``) with the cuts of every part of OUT; returns the
-    number of cuts.  Written to ``path.tmp`` and renamed, so a reader never sees half a file."""
+    number of cuts.  Written to ``path.tmp`` and renamed, so a reader never sees half a file.
+    ``storages``: a set that gets the lhotse storage types the cuts name (ours need
+    ``formats.cuts.register_lhotse_readers()`` before lhotse loads them)."""
     if read_run_info(_cut_run_dirs(out_dir)[0]).get("format") == "shar":
         raise ValueError(f"{out_dir} is a Shar OUT: its cuts are shar/cuts.*.jsonl.gz beside the tars they need; "
                          "read them with mimi_extract.read_cuts(OUT) or lhotse's CutSet.from_shar")
@@ -294,6 +296,9 @@ def write_merged_cuts(out_dir: str, path: str) -> int:
         for cut in ManifestCuts(out_dir).dicts():
             f.write(json.dumps(cut, ensure_ascii=False) + "\n")
             n += 1
+            if storages is not None:
+                storages.update(v.get("array", v)["storage_type"] for v in (cut.get("custom") or {}).values()
+                                if isinstance(v, dict) and "storage_type" in v.get("array", v))
     os.replace(tmp, path)
     return n
 

@@ -46,6 +46,9 @@ def test_plan_counts_what_a_run_then_stores(corpus, tiny_model_dir, tmp_path):
     assert report["frames"] == {"12.5 Hz (latent, codes)": latent, "25 Hz (encoder)": sum(-(-s // 960) for s in expected_samples)}
     assert report["tokens"] == latent * 4 and report["bytes"]["codes"]["arrays"] == latent * 4 * 2
     assert report["bytes"]["latent"]["arrays"] == latent * 512 * 4
+    # every format's size, Megatron's for codes only (token ids)
+    assert set(report["bytes"]["codes"]) == {"arrays", "hdf5", "parquet", "shar", "megatron"}
+    assert "megatron" not in report["bytes"]["latent"] and "hdf5" in report["bytes"]["latent"]
     assert sum(report["durations"]["counts"]) == 4
     run = cli("codes", corpus, tmp_path / "out", "--model", tiny_model_dir, "-q", 4, *ONE_WORKER)
     assert run.exit_code == 0, run.output

@@ -231,6 +231,7 @@ def test_cli_json_schema_png_and_errors(outs, tmp_path):
     assert missing.exit_code == 2 and "error:" in missing.text
     no_card = cli("report", out, "--card")
     assert no_card.exit_code == 2 and "only Parquet OUTs have a dataset card" in no_card.text
+    assert "items" not in no_card.text  # refused before the report is computed and printed
     help_text = cli("report", "--help", env={"COLUMNS": "400"}).text  # bracketed text shown, not eaten as markup
     assert "Example" in help_text and "mimi-extract[report]" in help_text and "[default: the CPUs" in help_text
 

@@ -5,6 +5,7 @@ import os
 
 import h5py
 import numpy as np
+import pytest
 import soundfile as sf
 import torch
 
@@ -199,6 +200,48 @@ def test_audit_checks_attributes(tmp_path, corpus, tiny_model_dir):
         f.attrs["framing"] = "moshi"
     result = cli("verify", "--out", out, "--device", "cpu")
     assert result.exit_code == 1 and "framing='moshi'" in result.text, result.output
+
+
+@pytest.mark.parametrize("tap", ["encoder", "latent"])
+def test_audit_of_float16_features_allows_their_rounding_and_nothing_more(tmp_path, corpus, tiny_model_dir, tap):
+    """Features stored as float16 pass when they are the reference rounded to float16 (they failed:
+    rounding moves a value by up to 2.4e-4 of it, 25x the fp32 tolerance), and the frames shown
+    are the tap's (the encoder's 25 Hz: it showed the codes' count)."""
+    root, _ = corpus
+    out = str(tmp_path / "out")
+    extract(root, out, Settings(model=tiny_model_dir, tap=tap, feature_dtype="float16", num_workers=0))
+    result = cli("verify", "--out", out, "--device", "cpu", "--sample", 4, env={"COLUMNS": "200"})
+    assert result.exit_code == 0 and "PASS" in result.text, result.output
+    checks, problems = verify_outputs(out, sample=None, device="cpu")
+    for check in (c for c in checks if c.error is None and c.note is None):
+        row = next(r for r in read_manifest(out) if r["key"] == check.key)
+        assert check.frames == row["frames"] and check.passed(1e-5, 1e-6), (check.key, check.diff)
+
+
+def test_float16_rounding_is_allowed_and_one_spacing_more_is_not():
+    from mimi_extract.audit.verify import FileCheck, _compare_features
+
+    ref = torch.randn(200, 64, generator=torch.Generator().manual_seed(0)) * 3
+    ref[17, 5] = 2.5  # (the bumped value: one float16 spacing there is 2e-3, over the 1e-5 x max|ref| bound)
+    noisy = ref * (1 + 1e-7 * torch.randn(ref.shape, generator=torch.Generator().manual_seed(1)))  # another kernel's fp32 result: some values round the other way
+    assert (noisy.half() != ref.half()).sum() > 0  # (6 here)
+    check = FileCheck("a", 1.0)
+    assert _compare_features(check, "latent", noisy.half(), ref, 1e-5, 1e-6) and check.passed(1e-5, 1e-6)
+    bumped = noisy.half().clone()
+    bumped[17, 5] = torch.from_numpy(np.nextafter(bumped[17, 5:6].numpy(), np.float16(np.inf)))[0]
+    bumped[17, 5] = torch.from_numpy(np.nextafter(bumped[17, 5:6].numpy(), np.float16(np.inf)))[0]  # 2 spacings
+    check = FileCheck("a", 1.0)
+    _compare_features(check, "latent", bumped, ref, 1e-5, 1e-6)
+    assert not check.passed(1e-5, 1e-6) and check.first_diverging["latent"] == 17
+
+
+def test_verify_says_what_it_needs(tmp_path):
+    nothing = cli("verify")
+    assert nothing.exit_code == 2 and "--out OUT" in nothing.text and "not both" not in nothing.text
+    both = cli("verify", tmp_path, "--out", tmp_path)
+    assert both.exit_code == 2 and "not both" in both.text
+    sampled = cli("verify", "--out", tmp_path, "--checksums", "--sample", 2)  # (was: --sample silently ignored)
+    assert sampled.exit_code == 2 and "give one or the other" in sampled.text
 
 
 def test_verify_relative_tolerance_is_per_file(tiny_model_dir, corpus):

@@ -99,7 +99,7 @@ def test_lazy_cuts_and_one_merged_file_over_all_parts(tmp_path):
 
     result = cli("cuts", out, "-o", merged)
     assert result.exit_code == 0, result.output
-    assert "7 cuts" in result.text
+    assert "7 cuts" in result.text and "register_lhotse_readers" not in result.text  # lhotse's own numpy_hdf5
     again = CutSet.from_jsonl_lazy(merged)
     assert sorted(c.id for c in again) == sorted(arrays)
     with gzip.open(merged, "rt") as f:

@@ -84,6 +84,22 @@ def test_decode_and_info(corpus, tiny_model, tiny_model_dir, tmp_path):
     assert cli("decode", out, "--all", "-o", folder, "--device", "cpu").exit_code == 0
     assert len(os.listdir(folder)) == 7 and "sub%2Fdeeper%2Fchirp.flac.wav" in os.listdir(folder)
     assert "no ok item" in cli("decode", out, "nope.wav", "--device", "cpu").text
+    # no file is written over another: the default name of one key is the source's own (decoding in the
+    # corpus's folder replaced the source); --all names its folder
+    before = open(os.path.join(root, "sine_440.wav"), "rb").read()
+    here = os.getcwd()
+    os.chdir(root)
+    try:
+        refused = cli("decode", out, "sine_440.wav", "--device", "cpu")
+    finally:
+        os.chdir(here)
+    assert refused.exit_code == 2 and "sine_440.wav exists" in refused.text and "--overwrite" in refused.text
+    assert open(os.path.join(root, "sine_440.wav"), "rb").read() == before
+    again = cli("decode", out, "--all", "-o", folder, "--device", "cpu")
+    assert again.exit_code == 2 and "exists (and 6 more)" in again.text, again.output
+    assert cli("decode", out, "--all", "-o", folder, "--device", "cpu", "--overwrite").exit_code == 0
+    no_folder = cli("decode", out, "--all", "--device", "cpu")
+    assert no_folder.exit_code == 2 and "name a folder" in no_folder.text
 
     report = json.loads(cli("info", out, "--json").output)
     ok = [r for r in read_manifest(out) if r["status"] == "ok"]
