@@ -47,6 +47,7 @@ import shutil
 import sys
 import threading
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import soundfile as sf
@@ -364,12 +365,16 @@ def write(args) -> dict:
                          ("latent", lambda: rng.standard_normal((frames, 512)).astype(np.float32), args.write_items // 4)):
         arrays = [make() for _ in range(n)]
         for fmt in args.write_formats.split(","):
+            if fmt == "megatron" and tap != "codes":
+                continue  # (token ids: codes only)
             out = os.path.join(args.workdir, f"out-write-{fmt}-{tap}")
             shutil.rmtree(out, ignore_errors=True)
             os.makedirs(out)
             write_atomic(os.path.join(out, "run.json"), json.dumps({**info, "tap": tap, "format": fmt}))
             attrs = {"tap": tap, "frame_rate": 12.5, "sample_rate": 24000, "num_quantizers": 8,
                      "layout": "[frames, num_quantizers]" if tap == "codes" else "[frames, dims]"}
+            # the format's own settings (Megatron: token layout, offset, codebook size, dtype), as a run records them
+            attrs.update(get_format(fmt).run_settings(Settings(tap=tap, format=fmt), SimpleNamespace(codebook_size=2048)))
             w = ShardWriter(out, get_format(fmt), attrs, max_items=1000)
             fsyncs, real_fsync = [0], os.fsync
 
