@@ -19,7 +19,7 @@ from mimi_extract.store.files import DamagedError
 from mimi_extract.store.read import load_row
 from support import check_consistency
 from support.outs import check_outputs
-from support.outs import flip_byte, flip_hdf5_byte
+from support.outs import check_decode, flip_byte, flip_hdf5_byte
 
 
 def run(root, out, model_dir, fmt, tap="codes", **kw):
@@ -97,7 +97,6 @@ def test_datasets_pyarrow_and_polars_read_parquet_as_is(both):
 
 
 def test_every_reader_works_on_parquet(both, tiny_model, tiny_model_dir, tmp_path):
-    import torch
 
     out = both["parquet"]
     with mimi_extract.open(out) as reader:
@@ -117,14 +116,7 @@ def test_every_reader_works_on_parquet(both, tiny_model, tiny_model_dir, tmp_pat
     assert sorted(info["shards"]) == ["shard-00000.parquet", "shard-00001.parquet", "shard-00002.parquet"]
     status = cli("status", out)
     assert status.exit_code == 0 and "complete: 7 ok, 3 errors" in status.text, status.output
-    wav = str(tmp_path / "sine.wav")
-    assert cli("decode", out, "sine_440.wav", "-o", wav, "--device", "cpu").exit_code == 0
-    import soundfile as sf
-
-    audio, _ = sf.read(wav, dtype="float32")
-    with torch.no_grad():
-        expected = tiny_model.decode(torch.from_numpy(read(out, "sine_440.wav")).long().T[None]).audio_values[0, 0]
-    assert np.allclose(audio, expected[: len(audio)].numpy(), atol=1e-5)
+    check_decode(out, tiny_model, str(tmp_path / "sine.wav"))
     verify = cli("verify", "--out", out, "--sample", 3, "--device", "cpu")
     assert verify.exit_code == 0 and "FAIL" not in verify.text, verify.output
 

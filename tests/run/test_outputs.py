@@ -12,6 +12,7 @@ from mimi_extract import read, read_manifest
 from mimi_extract.store.manifest import shard_attrs
 from mimi_extract.codec.reference import reference_single
 from support import extract
+from support.outs import check_decode
 from mimi_extract.config.settings import Settings
 
 FRAME = 1920
@@ -73,13 +74,7 @@ def test_decode_and_info(corpus, tiny_model, tiny_model_dir, tmp_path):
     root, _ = corpus
     out = str(tmp_path / "out")
     extract(root, out, Settings(model=tiny_model_dir, tap="codes", num_workers=0))
-    wav = str(tmp_path / "sine.wav")
-    result = cli("decode", out, "sine_440.wav", "-o", wav, "--device", "cpu")
-    assert result.exit_code == 0, result.output
-    audio, rate = sf.read(wav, dtype="float32")
-    with torch.no_grad():
-        expected = tiny_model.decode(torch.from_numpy(read(out, "sine_440.wav")).long().T[None]).audio_values[0, 0]
-    assert rate == 24_000 and len(audio) == 48_123 and np.allclose(audio, expected[:48_123].numpy(), atol=1e-5)
+    assert len(check_decode(out, tiny_model, str(tmp_path / "sine.wav"))) == 48_123  # the item's length at 24 kHz
     folder = str(tmp_path / "all")
     assert cli("decode", out, "--all", "-o", folder, "--device", "cpu").exit_code == 0
     assert len(os.listdir(folder)) == 7 and "sub%2Fdeeper%2Fchirp.flac.wav" in os.listdir(folder)

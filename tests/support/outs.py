@@ -14,7 +14,7 @@ from mimi_extract.formats import get_format
 from mimi_extract.store.files import write_atomic
 from mimi_extract.store.manifest import ManifestRow, read_manifest
 from mimi_extract.store.writer import ShardWriter
-from support import tolerance
+from support import cli, tolerance
 
 
 INFO = {"model": "tiny", "tap": "codes", "num_quantizers": 8, "framing": "transformers", "channel": "mix",
@@ -77,3 +77,18 @@ def check_outputs(out, root, model, tap, num_quantizers=8, channel="mix"):
             assert abs(got - ref[tap].numpy()).max() <= tolerance(ref[tap]), row["key"]
         assert row["frames"] == (ref["codes"].shape[0] if tap != "encoder" else ref["encoder"].shape[0])
     return rows
+
+
+def check_decode(out, model, wav, key="sine_440.wav") -> np.ndarray:
+    """``mimi-extract decode`` of one stored item equals the model's own decode of its stored codes
+    (24 kHz, cut to the item's length); returns the audio."""
+    import soundfile as sf
+    import torch
+
+    result = cli("decode", out, key, "-o", wav, "--device", "cpu")
+    assert result.exit_code == 0, result.output
+    audio, rate = sf.read(wav, dtype="float32")
+    with torch.no_grad():
+        expected = model.decode(torch.from_numpy(read(out, key)).long().T[None]).audio_values[0, 0]
+    assert rate == 24_000 and np.allclose(audio, expected[: len(audio)].numpy(), atol=1e-5)
+    return audio
