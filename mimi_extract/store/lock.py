@@ -12,9 +12,30 @@ import os
 import socket
 import sys
 import time
+import weakref
 
 from . import files as store_files  # (store_files.write_all: the one byte writer, as it is when called)
 from .files import LOCK, RUN_INFO, LockedError, OutputError, ensure_dir, write_error
+
+
+_HELD: "weakref.WeakSet[RunLock]" = weakref.WeakSet()  # the locks this process holds
+
+
+def _let_go_in_child() -> None:
+    """In a forked child (a CPU worker): close its copy of every held lock's file, leaving the lock
+    to the parent.  ``flock`` belongs to the open file, which a fork shares, so a worker outliving a
+    killed runner (it exits once it notices) held OUT for that while, and an immediate resume was
+    refused, naming the dead runner (seen under load).  Closing a copy does not unlock: the parent's
+    file still holds it."""
+    for lock in list(_HELD):
+        try:
+            lock.file.close()
+        except OSError:
+            pass
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_let_go_in_child)
 
 
 class RunLock:
@@ -55,6 +76,7 @@ class RunLock:
                 self.file.close()
                 raise OutputError(f"cannot lock {self.path}: {e.strerror or e} (does this file system support "
                                   "locks? use a local OUT or one --part per machine)") from e
+        _HELD.add(self)
         info = {"pid": os.getpid(), "host": socket.gethostname(), "what": what,
                 "started": time.strftime("%Y-%m-%d %H:%M:%S %z"), "command": " ".join(sys.argv)}
         try:  # unbuffered: a failed write leaves nothing pending that close() would try (and fail) again
@@ -66,6 +88,7 @@ class RunLock:
             raise write_error(e, self.path) from e
 
     def release(self) -> None:
+        _HELD.discard(self)
         if not self.file.closed:
             fcntl.flock(self.file, fcntl.LOCK_UN)
             self.file.close()

@@ -186,3 +186,30 @@ def test_resume_checks_every_shards_settings(small, tiny_model_dir, tmp_path):
             f.attrs[attr] = old
     assert extract(small, out, settings(tiny_model_dir), shard_size=2).skipped == 4
     assert len(check_consistency(out)) == 8
+
+
+def test_a_forked_worker_does_not_keep_outs_lock_after_its_runner_dies(tmp_path):
+    """CPU workers are forked from the runner, and flock belongs to the open file a fork shares: a
+    worker still alive after its runner was killed -9 held OUT, and the immediate resume was refused
+    naming the dead runner (a kill trial failed this way under load). The child lets its copy go."""
+    import signal
+    import sys
+
+    code = ("import os, time\n"
+            "from mimi_extract.store.lock import RunLock\n"
+            f"lock = RunLock({str(tmp_path)!r})\n"
+            "child = os.fork()\n"
+            "if child == 0:\n    time.sleep(60)\n    os._exit(0)\n"
+            "print(child, flush=True)\ntime.sleep(60)\n")
+    runner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    child = int(runner.stdout.readline())
+    try:
+        with pytest.raises(OutputError, match="is in use by pid"):
+            RunLock(str(tmp_path))  # the runner holds it
+        os.kill(runner.pid, signal.SIGKILL)
+        runner.wait()
+        os.kill(child, 0)  # the forked worker lives on ...
+        RunLock(str(tmp_path)).release()  # ... and OUT is free
+    finally:
+        runner.kill()
+        os.kill(child, signal.SIGKILL)
