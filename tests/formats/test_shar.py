@@ -537,7 +537,9 @@ def test_a_flipped_byte_anywhere_in_a_shar_shard_is_found_or_harmless_to_lhotse(
     Before the ``.json`` member and cut line checksums, 4,382 of the 10,624 flips of one shard
     were unnoticed and changed (or broke) what lhotse reads; since the shard checksum (the crc32 of
     the tar as committed), every byte of the tar is found, and the harmless flips left are in the
-    cuts file's gzip header (its mtime, flags, OS: no reader checks them)."""
+    cuts file's bytes that decompress to the same text: its gzip header's mtime, XFL and OS (no
+    reader checks them) and, in some runs, the unused bits of the deflate stream's last byte (CI
+    found one at offset 460 of 469, where the end-of-block code left them free)."""
     from mimi_extract.store.read import scan_checksums
 
     out = str(tmp_path / "out")
@@ -577,10 +579,14 @@ def test_a_flipped_byte_anywhere_in_a_shar_shard_is_found_or_harmless_to_lhotse(
             for key, (text, array) in reference.items():
                 assert view[key][0] == text and np.array_equal(view[key][1], array), (name, offset, key)
             harmless += 1
-            harmless_in.add((name, offset))
+            # which bytes no reader can see: the gzip header's mtime/XFL/OS, and the unused bits after
+            # the deflate stream's end-of-block code (where that falls moves with the cuts' text)
+            unseen = name.endswith(".gz") and gzip.decompress(bytes(flipped)) == gzip.decompress(original)
+            harmless_in.add((name, offset, unseen))
         with open(path, "wb") as f:
             f.write(original)
-    assert found > 4000 and all(n == SHAR.companions(shard)[0] and o < 10 for n, o in harmless_in), harmless_in
+    assert found > 4000 and all(unseen for _, _, unseen in harmless_in), harmless_in
+    assert {o for _, o, _ in harmless_in} >= {4, 5, 6, 7}, harmless_in  # (the study reached the header's mtime)
 
 
 def test_damage_to_a_json_member_or_an_edited_cuts_file_is_quarantined_on_resume(many, tiny_model_dir,
