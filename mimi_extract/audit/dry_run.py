@@ -17,13 +17,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..config import rates
+from ..config.choices import SAMPLE_RATE
+from ..config.taps import frame_rate
 from ..audio.framing import Framing
 from ..config.input_options import Options
 from .report import _duration_histogram
 from ..config.settings import cpu_cores
 from ..sources import bytes_name, discover
 
-HOP = 1920  # 24 kHz samples per 12.5 Hz frame (latent, codes); the encoder tap's 25 Hz frame is half
 TAPS = ("codes", "latent", "encoder")
 FORMATS = ("hdf5", "parquet", "shar", "megatron")  # (megatron: codes only)
 
@@ -45,7 +46,7 @@ class PlanAsk:
 def frames(samples: np.ndarray, tap: str) -> np.ndarray:
     """Frames of ``tap`` for encoder inputs of ``samples`` (24 kHz, framing padding included): Mimi's
     causal convs give ceil(samples / stride product) (tested against the encoder's own arithmetic)."""
-    per = HOP // 2 if tap == "encoder" else HOP
+    per = round(SAMPLE_RATE / frame_rate(tap))  # 1920 samples a 12.5 Hz frame, 960 a 25 Hz one
     return -(-samples // per)
 
 

@@ -80,7 +80,10 @@ GPU_X: dict[str, float | None] = {"H100": None, "H200": None}
 PROCESS_X = 7_000
 # one writer process stores at most this much, x real time (the same runs, steady state from its first
 # chunk: receiving, stitching and storing 10-s-ish items of codes; the same with 1 to 4 feeding processes)
-WRITER_X = {"hdf5": 12_000, "parquet": 58_000, "shar": 24_000}
+# Megatron: not in those runs; measured after, side by side with the others (2026-12-06, a quiet machine, 4,800 s,
+# 2 processes: hdf5 33,700x, parquet 136,000x, shar 54,600x, megatron 112,600x), so put at 3.3x HDF5's figure
+# here and kept below Parquet's (0.83x in that run)
+WRITER_X = {"hdf5": 12_000, "parquet": 58_000, "shar": 24_000, "megatron": 40_000}
 
 # output bytes on disk (shards, manifests, cuts) per raw array byte, measured by bench_ceilings.py write
 # (10 s items, 1000 per shard: each format's own overheads, zstd for Parquet); codes int16 [frames, 8]
