@@ -105,6 +105,13 @@ class Keep:
                 if nesting(value) > MAX_NESTING:
                     raise ValueError(f"field {name!r} is nested over {MAX_NESTING} levels deep")
                 value = json.loads(json.dumps(value, default=str))
+            try:  # a lone surrogate (a "\udc80" escape, or a byte of a file that is not UTF-8) no output can store
+                json.dumps(value, ensure_ascii=False, default=str).encode("utf-8")
+                name.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ValueError(f"field {name.encode('utf-8', 'backslashreplace').decode()!r} is not valid "
+                                 "UTF-8 text (a lone surrogate: a \\udcXX escape, or a file in another "
+                                 "encoding)") from None
             out[name] = value
         if out and len(json.dumps(out, default=str)) > MAX_ROW_BYTES:
             raise ValueError(f"the kept fields take over {MAX_ROW_BYTES} bytes (--keep-fields names fewer)")

@@ -134,7 +134,9 @@ def _read_rows(path: str, options: Options | None = None) -> list[Entry]:
     base = os.path.dirname(os.path.abspath(path))
     name = path.lower()
     entries = []
-    with open(path, encoding="utf-8", newline="") as f:
+    # (bytes that are not UTF-8, a Latin-1 list: lone surrogates in that row's fields, which make it an
+    # error row by the rules every key, path and kept field meets, instead of a decode error ending the run)
+    with open(path, encoding="utf-8", errors="surrogateescape", newline="") as f:
         if name.endswith((".jsonl", ".json")):
             for n, line in enumerate(f, 1):
                 if not line.strip():

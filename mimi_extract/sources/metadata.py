@@ -39,7 +39,7 @@ class MetadataTable:
         when it has no ``key`` column at all (a wrong ``--metadata-key``: one clear error)."""
         table = cls(path, key)
         name = path.lower()
-        with open(path, encoding="utf-8", newline="") as f:
+        with open(path, encoding="utf-8", errors="surrogateescape", newline="") as f:  # (as a list's: see files.py)
             if name.endswith((".jsonl", ".json")):
                 rows = table._json_rows(f)
             elif name.endswith((".csv", ".tsv", ".txt")):

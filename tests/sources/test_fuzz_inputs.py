@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import tarfile
+from pathlib import Path
 
 import numpy as np
 import soundfile as sf
@@ -171,3 +172,65 @@ def test_the_reported_rows_are_named_error_rows(tmp_path):
     assert [i.key for i in found.items] == ["s-000000.tar/b"]
     assert [(b.key, b.error) for b in found.bad] == [
         ("s-000000.tar/a", "s-000000.tar:a: sidecar 'a.json' is nested too deeply to parse (over 64 levels)")]
+
+
+@SETTINGS
+@given(rows=st.lists(ROWS, max_size=4), lines=st.lists(LINES, max_size=3), kind=st.sampled_from(["jsonl", "csv", "tsv"]),
+       cells=st.lists(st.lists(st.text(max_size=30) | st.just("9" * 500) | st.just("y" * 200_000), min_size=1,
+                               max_size=4), max_size=3))
+@example(rows=[{"x": "y" * 2_000_000}], lines=[], kind="jsonl", cells=[])  # one field over a kept field's bound
+@example(rows=[{"x": [[[[1]]]], "text": 10 ** 400}], lines=['{"id": ' + "7" * 5000 + "}"], kind="jsonl", cells=[])
+def test_metadata_join(tmp_path, rows, lines, kind, cells):
+    """``--metadata FILE`` (JSONL, CSV or TSV) joined to a folder's items by file stem: rows of any
+    values keyed to items, arbitrary lines and CSV records beside them.  Reading never raises, every
+    item is an item or an error row naming the metadata file's row, each warning is one bounded line,
+    and the good row still reaches its item."""
+    import tempfile
+
+    tmp_path = Path(tempfile.mkdtemp(dir=tmp_path))  # a folder of this example's files only (tmp_path is shared)
+    good_wav(tmp_path / "good.wav")
+    for i in range(len(rows)):
+        good_wav(tmp_path / f"bad{i}.wav")
+    keyed = [{**row, "id": f"bad{i}"} for i, row in enumerate(rows)]
+    good = {"id": "good", "text": "hello"}
+    meta = tmp_path / f"meta.{kind}"
+    if kind == "jsonl":
+        text = "".join(json.dumps(r, default=str) + "\n" for r in keyed)
+        text += "".join(written_line(line) + "\n" for line in lines) + json.dumps(good) + "\n"
+        meta.write_text(text, encoding="utf-8", errors="surrogatepass")
+    else:
+        import csv
+
+        with open(meta, "w", newline="", encoding="utf-8", errors="surrogatepass") as f:
+            writer = csv.writer(f, delimiter="," if kind == "csv" else "\t")
+            writer.writerow(["id", "text", "x"])
+            writer.writerows([[r["id"], json.dumps(r.get("text"), default=str)[:300_000], str(r.get("x"))[:300_000]]
+                              for r in keyed])
+            writer.writerows(cells)
+            writer.writerow([good["id"], good["text"], ""])
+    found = discover(str(tmp_path), options=Options(metadata=str(meta)))
+    items = {i.rel: i for i in found.items}
+    assert items["good.wav"].meta == {"text": "hello"}, items["good.wav"].meta
+    assert len(found.items) + len(found.bad) == len(rows) + 1
+    for bad in found.bad:
+        assert bad.error.startswith(f"--metadata {meta.name} row "), bad.error
+    assert all("\n" not in w and len(w) < 2_000 for w in found.warnings), found.warnings
+
+
+def test_a_list_or_metadata_file_in_latin_1_gives_error_rows_for_its_rows_not_a_decode_error(tmp_path):
+    """Found by the fuzzing above: one byte that is not UTF-8 in a metadata file or a list (a Latin-1
+    export, older corpora ship them) ended the run with a UnicodeDecodeError; now the rows that hold
+    such bytes are error rows naming the line or row, and the others are read."""
+    good_wav(tmp_path / "good.wav")
+    good_wav(tmp_path / "cafe.wav")
+    (tmp_path / "meta.tsv").write_bytes(b"id\ttext\ngood\thello\ncafe\tcaf\xe9 cr\xe8me\n")
+    found = discover(str(tmp_path), options=Options(metadata=str(tmp_path / "meta.tsv")))
+    assert [(i.rel, i.meta) for i in found.items] == [("good.wav", {"text": "hello"})]
+    (bad,) = found.bad
+    assert bad.rel == "cafe.wav" and bad.error.startswith("--metadata meta.tsv row 'cafe': field 'text' is not valid "
+                                                          "UTF-8 text"), bad.error
+    (tmp_path / "list.jsonl").write_bytes(b'{"path": "good.wav", "id": "g"}\n{"path": "cafe.wav", "id": "caf\xe9"}\n'
+                                          b'{"path": "cafe.wav", "id": "c", "text": "cr\xe8me"}\n')
+    found = discover(str(tmp_path / "list.jsonl"))
+    assert [i.key for i in found.items] == ["g"]
+    assert sorted(b.error.split(":")[0] for b in found.bad) == ["line 2", "line 3"], [b.error for b in found.bad]
