@@ -470,6 +470,46 @@ def test_tgz_in_buffer_groups_equals_loose_files(loose, loose_run, tiny_model_di
     assert [it.key for it in found.bad] == ["cut.tgz@damage"] and "truncated" in found.bad[0].error
 
 
+def test_tgz_members_over_the_spill_size_go_through_temporary_files(loose, loose_run, tiny_model_dir, tmp_path,
+                                                                     monkeypatch):
+    """A .tar.gz member over ``SPILL_BYTES`` (64 MiB; here 50 kB, so that two of the six are) is never
+    held in memory: probing and encoding stream it into an unlinked temporary file, it sits in no
+    group, and the arrays equal the loose files'.  (The peak RSS of a real 3 GiB bomb:
+    ``scripts/bench_memory.py``, docs/inputs.md.)"""
+    import gzip as gz
+
+    from mimi_extract.sources import tgz
+
+    plain = write_tar(tmp_path / "x.tar", loose, sorted(FILES))
+    with open(plain, "rb") as f, gz.open(tmp_path / "x.tar.gz", "wb") as g:
+        g.write(f.read())
+    monkeypatch.setattr(tgz, "SPILL_BYTES", 50_000)
+    spilled = []
+    real_spill = tgz.spill
+
+    def counted(source, size, name, where):
+        spilled.append((name, size))
+        return real_spill(source, size, name, where)
+
+    monkeypatch.setattr(tgz, "spill", counted)
+    big = sorted(n for n in FILES if os.path.getsize(os.path.join(loose, n)) > 50_000)
+    assert len(big) == 2, big
+    found = discover(str(tmp_path / "x.tar.gz"), options=Options(id_field="id"))
+    assert not found.bad and sorted(it.key for it in found.items) == sorted(FILES)
+    assert sorted({n for n, _ in spilled}) == big and all(size > 50_000 for _, size in spilled)  # probing
+    for it in found.items:  # a group of its own, just its bytes (never read whole with its neighbours')
+        if it.key in big:
+            assert (it.loc.start, it.loc.end) == (it.loc.offset, it.loc.offset + it.loc.size), it.loc
+            assert [o.key for o in found.items if o.loc.group == it.loc.group] == [it.key]
+    spilled.clear()
+    out = str(tmp_path / "out")
+    summary = extract(str(tmp_path / "x.tar.gz"), out, settings(tiny_model_dir),
+                      options=Options(id_field="id"))
+    assert summary.ok == len(FILES) and summary.errors == 0
+    assert sorted({n for n, _ in spilled}) == big  # encoding
+    assert_equal_arrays(check_consistency(out), loose_run)
+
+
 def test_cli_input_flags(shards, loose_run, tiny_model_dir, tmp_path):
     """The Input flags reach the source: --id-field keys, --input-format named, a bad kind refused."""
     from support import ONE_WORKER
@@ -708,6 +748,36 @@ def test_cli_shard_pattern_messages(shards, tiny_model_dir, tmp_path):
     assert result.exit_code == 2 and "unexpected extra argument" in result.text and "quote" in result.text, result.text
     result = cli("verify", os.path.join(shards, "en-000000.tar"), os.path.join(shards, "en-000001.tar"))
     assert result.exit_code == 2 and "quote" in result.text, result.text
+
+
+def test_a_large_cell_alone_in_its_row_group_is_refused_from_the_footer_unread(loose, tmp_path, monkeypatch):
+    """A cell in a one-row row group (as large cells are written) over MIMI_EXTRACT_MAX_CELL_MB is
+    refused from the file's footer: its row group is never read (a 300 MB cell costs no memory)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from mimi_extract.sources import parquet as parquet_source
+
+    small = open(os.path.join(loose, "a.flac"), "rb").read()
+    big = small + b"\0" * (1_000_000 - len(small))  # 0.95 MiB: over a 0.25 MiB limit, footer slack included
+    audio = pa.array([{"bytes": small, "path": "a.flac"}, {"bytes": big, "path": "big.flac"}],
+                     pa.struct([("bytes", pa.binary()), ("path", pa.string())]))
+    path = tmp_path / "x.parquet"
+    pq.write_table(pa.table({"audio": audio}), path, row_group_size=1)
+    monkeypatch.setenv(parquet_source.MAX_CELL_ENV, "0.25")
+    read_groups = []
+    real = parquet_source._group_column
+
+    def counted(path, group, column):
+        read_groups.append(group)
+        return real(path, group, column)
+
+    monkeypatch.setattr(parquet_source, "_group_column", counted)
+    found = discover(str(path))
+    assert [it.key for it in found.items] == ["x.parquet/0"]
+    (bad,) = found.bad
+    assert bad.key == "x.parquet/1" and "audio cell of about 1.0 MiB is over the 0.25 MiB limit" in bad.error, bad.error
+    assert 1 not in read_groups and 0 in read_groups, read_groups
 
 
 def test_a_parquet_cell_over_the_size_limit_is_an_error_row_before_it_is_copied(loose, tiny_model_dir, tmp_path,
