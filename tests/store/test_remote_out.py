@@ -437,3 +437,33 @@ def test_a_staging_folder_of_an_earlier_version_is_adopted(tmp_path, monkeypatch
     path = staging_dir(url)
     assert os.path.basename(path) == "some-codes" and os.listdir(path) == ["shard-00000.h5"]
     assert not os.path.exists(old)
+
+
+@pytest.mark.parametrize("damage,needle", [
+    ("row", "edited or damaged"),
+    ("run.json", "run.json is not JSON"),
+    ("plan.json", "plan.json is not JSON"),
+])
+def test_a_malformed_remote_out_is_one_line_naming_the_object(damage, needle, made, s3, tmp_path):
+    """As for a local OUT (tests/store/test_malformed_out.py): a manifest segment's row of the wrong
+    types, or garbage run.json / plan.json objects, make status, info, cuts and report on the URL
+    say so in one line with exit status 2, never a traceback."""
+    _, url = made("hdf5")
+    copy = f"s3://{BUCKET}/malformed-{damage}"
+    s3.copy(url.removeprefix("s3://"), copy.removeprefix("s3://"), recursive=True)
+    if damage == "row":
+        segment = sorted(p for p in s3.find(copy.removeprefix("s3://")) if "/manifest.d/" in p)[0]
+        s3.pipe(segment, s3.cat(segment) + b'{"key": 5, "shard": 7, "status": "ok"}\n')
+        needles = [needle, f"{os.path.basename(segment)} line "]
+    else:
+        s3.pipe(f"{copy}/{damage}", b"{not json")
+        needles = [needle]
+    commands = [["info"], ["status"], ["status", "--json"]]
+    if damage != "plan.json":  # (plan.json is what the last run planned: only info and status read it)
+        commands += [["cuts", "-o", str(tmp_path / "c.jsonl.gz")], ["report", "--manifest-only"]]
+    for args in commands:
+        result = cli(args[0], copy, *args[1:])
+        lines = [line for line in result.output.splitlines() if line.strip()]
+        assert result.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: "), (args, result.output)
+        assert result.exception is None or isinstance(result.exception, SystemExit), (args, result.exception)
+        assert all(n in " ".join(result.output.split()) for n in needles), (args, needles, result.output)
