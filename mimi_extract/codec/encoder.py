@@ -257,7 +257,9 @@ class PaddedMimiEncoder(nn.Module):
 
     # -- lengths ---------------------------------------------------------------------------
     def output_lengths(self, lengths: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Frames per item for each tap, from each conv's own length arithmetic."""
+        """Frames per item for each tap, from each conv's own length arithmetic: the model's own
+        answer, which the torch-free length rules (``audit.dry_run.frames``, the engines' frame
+        counts) and the benchmarks' null encoder (``scripts/bench_ceilings.py``) are held to."""
         n = torch.as_tensor(lengths, dtype=torch.long)
         for m in self.seanet.modules():
             if isinstance(m, MimiConv1d):
@@ -668,7 +670,9 @@ def encode_piece(encoder: PaddedMimiEncoder, audio: torch.Tensor, begin: int, fi
     ``first`` on.  The warm-up ``[begin, first)`` is encoded and dropped; positions are absolute, so
     rounding (RoPE) and moshi's streaming calls are those of the unchunked encode.  Pieces are
     independent: they can run on any worker, in any order, and their frames concatenated in order
-    equal the unchunked single-item encode to float noise (tested)."""
+    equal the unchunked single-item encode to float noise (tested).  The split engines plan pieces
+    themselves; this is the plain form of that rule, the reference ``scripts/bench_split.py`` and
+    tests/codec/test_split.py check them against."""
     if begin % encoder.hop or first % encoder.hop or first < begin:
         raise ValueError(f"begin <= first, both multiples of {encoder.hop} samples")
     out = encode_chunked(encoder, [audio], chunk, taps, num_quantizers, starts=[begin])[0]

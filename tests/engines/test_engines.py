@@ -133,3 +133,13 @@ def test_units_go_to_whichever_worker_is_free(tmp_path, tiny_model_dir):
     assert delivered == 40
     steps = {wid: st.steps for wid, st in engine.worker_stats.items()}
     assert sum(steps.values()) == 40 and steps[1] >= 30, steps
+
+
+def test_the_engine_choices_are_the_engines_there_are():
+    """--engine's choices live torch-free in config/choices.py (the CLI's help must not import the
+    engines); they are exactly the engines ``make_engine`` can build, so a new engine cannot be
+    offered without existing, or exist without being offered."""
+    from mimi_extract import engines
+    from mimi_extract.config import choices
+
+    assert choices.ENGINES == tuple(engines.ENGINES)
