@@ -28,6 +28,16 @@ def is_scalar(value) -> bool:
     return isinstance(value, (str, bool, int, float))
 
 
+def is_utf8(text: str) -> bool:
+    """Whether ``text`` can be stored as UTF-8: False with a lone surrogate (a ``"\\udc80"`` escape in
+    JSON, or a byte of a file that is not UTF-8, kept so by ``surrogateescape``), which no output stores."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def nesting(value) -> int:
     """Levels of lists/objects in a JSON-like value (0: a scalar), counted without recursion."""
     depth, level = 0, [value]
@@ -105,13 +115,11 @@ class Keep:
                 if nesting(value) > MAX_NESTING:
                     raise ValueError(f"field {name!r} is nested over {MAX_NESTING} levels deep")
                 value = json.loads(json.dumps(value, default=str))
-            try:  # a lone surrogate (a "\udc80" escape, or a byte of a file that is not UTF-8) no output can store
-                json.dumps(value, ensure_ascii=False, default=str).encode("utf-8")
-                name.encode("utf-8")
-            except UnicodeEncodeError:
+            if not (is_utf8(name) and is_utf8(value if isinstance(value, str) else
+                                              json.dumps(value, ensure_ascii=False, default=str))):
                 raise ValueError(f"field {name.encode('utf-8', 'backslashreplace').decode()!r} is not valid "
                                  "UTF-8 text (a lone surrogate: a \\udcXX escape, or a file in another "
-                                 "encoding)") from None
+                                 "encoding)")
             out[name] = value
         if out and len(json.dumps(out, default=str)) > MAX_ROW_BYTES:
             raise ValueError(f"the kept fields take over {MAX_ROW_BYTES} bytes (--keep-fields names fewer)")

@@ -24,7 +24,7 @@ from ..common import remote
 from ..audio.decoders import DECODED_EXTENSIONS, open_decoder
 from ..audio.framing import Framing
 from ..config.choices import SIDECAR_DURATION_MODES
-from ..config.input_options import MAX_NESTING, MAX_ROW_BYTES, Options, is_scalar, nesting
+from ..config.input_options import MAX_NESTING, MAX_ROW_BYTES, Options, is_scalar, is_utf8, nesting
 
 # what a directory walk picks up: every extension a decoder reads, but not video containers
 AUDIO_EXTENSIONS = tuple(e for e in DECODED_EXTENSIONS if e not in (".mp4", ".mkv", ".3gp", ".asf", ".snd", ".au"))
@@ -259,9 +259,7 @@ def text_problem(text: str) -> str | None:
         return "contains a NUL character"
     if len(text) > MAX_NAME_BYTES // 4 and len(text.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
         return f"is longer than {MAX_NAME_BYTES} bytes"
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
+    if not is_utf8(text):
         return "is not valid Unicode (a lone surrogate)"
     return None
 

@@ -473,8 +473,8 @@ def test_tgz_in_buffer_groups_equals_loose_files(loose, loose_run, tiny_model_di
 def test_tgz_members_over_the_spill_size_go_through_temporary_files(loose, loose_run, tiny_model_dir, tmp_path,
                                                                      monkeypatch):
     """A .tar.gz member over ``SPILL_BYTES`` (64 MiB; here 50 kB, so that two of the six are) is never
-    held in memory: probing and encoding stream it into an unlinked temporary file, it sits in no
-    group, and the arrays equal the loose files'.  (The peak RSS of a real 3 GiB bomb:
+    held in memory: probing and encoding stream it into an unlinked temporary file, it sits in a group
+    of its own (its bytes alone), and the arrays equal the loose files'.  (The peak RSS of a real 3 GiB bomb:
     ``scripts/bench_memory.py``, docs/inputs.md.)"""
     import gzip as gz
 
