@@ -199,10 +199,14 @@ def test_a_forked_worker_does_not_keep_outs_lock_after_its_runner_dies(tmp_path)
             "from mimi_extract.store.lock import RunLock\n"
             f"lock = RunLock({str(tmp_path)!r})\n"
             "child = os.fork()\n"
-            "if child == 0:\n    time.sleep(60)\n    os._exit(0)\n"
+            "if child == 0:\n    print('child ready', flush=True)\n    time.sleep(60)\n    os._exit(0)\n"
             "print(child, flush=True)\ntime.sleep(60)\n")
     runner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    child = int(runner.stdout.readline())
+    # the child's fork hook has run once it prints (it runs before os.fork returns there): without
+    # waiting for that, a loaded machine could run the test's kill and lock before the child ran at all
+    lines = {runner.stdout.readline().strip() for _ in range(2)}
+    assert "child ready" in lines, lines
+    child = int(next(line for line in lines if line != "child ready"))
     try:
         with pytest.raises(OutputError, match="is in use by pid"):
             RunLock(str(tmp_path))  # the runner holds it
