@@ -183,10 +183,13 @@ def _guarded_entry(row: dict, base: str, where: str, options: Options | None) ->
 
 
 def is_nemo_manifest(path: str) -> bool:
-    """A NeMo manifest (``manifest.json``: JSON lines, each with ``audio_filepath``)."""
+    """A NeMo manifest (``manifest.json``: JSON lines, each with ``audio_filepath``), told by its
+    first line.  Read as :func:`_read_rows` reads it (bytes that are not UTF-8 as lone surrogates):
+    a strict decode fails on a bad byte anywhere in the first block read, and the whole manifest
+    was refused as "not a list" for one Latin-1 byte on any early line, which is that row's error."""
     try:
-        with open(path, encoding="utf-8") as f:
-            first = json.loads(f.readline() or "null")
+        with open(path, encoding="utf-8", errors="surrogateescape", newline="") as f:
+            first = json.loads(f.readline(MAX_ROW_BYTES + 1) or "null")
     except (OSError, ValueError):
         return False
     return isinstance(first, dict) and "audio_filepath" in first

@@ -128,3 +128,20 @@ def test_out_inside_input_is_not_an_input(tmp_path, tiny_model_dir):
     assert summary.inputs == 1 and summary.skipped == 1
     assert any("output directory" in w and str(out) in w for w in summary.warnings), summary.warnings
     check_consistency(str(out), {"a.wav"})
+
+
+@pytest.mark.parametrize("bad_line", [1, 2])
+def test_a_nemo_manifest_line_that_is_not_utf8_is_that_rows_error(tmp_path, bad_line):
+    """One Latin-1 byte on one line of a NeMo ``manifest.json`` (issue 41, item 4): that line is an
+    error row, as the same byte in a ``.jsonl`` list is; the manifest was refused whole ("not a
+    list") when the byte lay in the first block its detection decoded strictly."""
+    for name in ("a0.wav", "a1.wav", "a2.wav"):
+        write_noise(tmp_path / name, 12_000)
+    lines = [b'{"audio_filepath": "a%d.wav", "duration": 0.5, "text": "%s"}' % (n, b"caf\xe9" if n + 1 == bad_line
+                                                                                 else b"plain") for n in range(3)]
+    (tmp_path / "manifest.json").write_bytes(b"\n".join(lines) + b"\n")
+    found = discover(str(tmp_path / "manifest.json"))
+    assert sorted(it.key for it in found.items) == sorted({"a0.wav", "a1.wav", "a2.wav"} - {f"a{bad_line - 1}.wav"})
+    (bad,) = found.bad
+    assert bad.error.startswith(f"line {bad_line}:") and "not valid UTF-8" in bad.error, bad.error
+    assert {it.meta["text"] for it in found.items} == {"plain"}
