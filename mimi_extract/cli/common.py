@@ -19,6 +19,7 @@ from rich.text import Text
 
 from .._version import __version__
 from . import limits
+from ..common.messages import bounded
 from ..config.choices import (CHANNEL_MODES, DTYPES, ENGINES, FEATURE_DTYPES, FRAMINGS, KEY_MODES, LIST_KEY_MODES,
                               RESAMPLE_ON, RESAMPLERS, SIDECAR_DURATION_MODES, TOKEN_LAYOUTS)
 
@@ -56,7 +57,9 @@ console = Console(stderr=True, highlight=False)
 
 
 def say(*parts: str | tuple[str, str], out: Console | None = None) -> None:
-    """Print plain strings and (text, style) pairs; nothing is parsed as markup."""
+    """Print plain strings and (text, style) pairs; nothing is parsed as markup, and no line is
+    over :data:`~mimi_extract.common.messages.MESSAGE_LIMIT` characters (a message quoting its input)."""
+    parts = tuple(bounded(p) if isinstance(p, str) else (bounded(p[0]), p[1]) for p in parts)
     (out or console).print(Text.assemble(*parts), soft_wrap=True)
 
 

@@ -1,2 +1,3 @@
 """What the layers below the run share: the file calls for local paths and object storage
-(``remote``) and the optional dependencies, imported when first needed (``optional``)."""
+(``remote``), the optional dependencies, imported when first needed (``optional``), and the bound
+on a message's lines (``messages``)."""

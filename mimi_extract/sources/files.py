@@ -8,7 +8,7 @@ import os
 
 from ..config.input_options import CSV_FIELD_LIMIT, MAX_ROW_BYTES
 from .base import (AUDIO_EXTENSIONS, ITEM_FIELDS, Entry, Options, Source, _printable, id_text, json_object, printable,
-                   register, row_failed, segment_fields, text_problem)
+                   register, row_failed, segment_fields, shown_value, text_problem)
 
 LIST_EXTENSIONS = (".txt", ".lst", ".scp", ".jsonl", ".csv", ".tsv")
 
@@ -151,7 +151,7 @@ def _read_rows(path: str, options: Options | None = None) -> list[Entry]:
             csv.field_size_limit(max(csv.field_size_limit(), CSV_FIELD_LIMIT))
             reader = csv.DictReader(f, delimiter="\t" if name.endswith(".tsv") else ",")
             if "path" not in (reader.fieldnames or []):
-                raise ValueError(f"{path}: a CSV list needs a 'path' column (has {reader.fieldnames})")
+                raise ValueError(f"{path}: a CSV list needs a 'path' column (has {shown_value(reader.fieldnames, 200)})")
             while True:
                 where = f"line {reader.line_num + 1}"
                 try:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..common import remote
+from ..common.messages import bounded
 from ..formats import registry
 from ..formats.base import Format, array_checksum, bytes_checksum
 from ..formats.registry import format_of
@@ -142,7 +143,7 @@ class ManifestRow:
 
     def failed(self, message: str, shard: str | None = None) -> ManifestRow:
         """An error row; ``shard``: the shard holding its placeholder (``--shar-extend``)."""
-        return replace(self, shard=shard, status="error", error=message)
+        return replace(self, shard=shard, status="error", error=bounded(message))
 
     def as_dict(self) -> dict:
         """Its JSON: the input's fields always (``null`` when unknown), the others when they apply."""

@@ -145,3 +145,30 @@ def test_a_nemo_manifest_line_that_is_not_utf8_is_that_rows_error(tmp_path, bad_
     (bad,) = found.bad
     assert bad.error.startswith(f"line {bad_line}:") and "not valid UTF-8" in bad.error, bad.error
     assert {it.meta["text"] for it in found.items} == {"plain"}
+
+
+def test_messages_are_bounded(tmp_path, tiny_model_dir):
+    """A CSV list refused for a 2 MB header name (issue 41, item 5) printed the whole name, in a
+    2,000,067-character line: the refusal quotes it cut, and every line the CLI prints or an error
+    row stores is bounded whatever a site quotes (``common.messages``)."""
+    from rich.console import Console
+
+    from support import cli
+    from mimi_extract.cli import common
+    from mimi_extract.common.messages import MESSAGE_LIMIT
+    from mimi_extract.store.manifest import ManifestRow
+
+    write_noise(tmp_path / "a.wav", 12_000)
+    (tmp_path / "list.csv").write_text("x" * 2_000_000 + ",id\na.wav,a\n")
+    result = cli("codes", tmp_path / "list.csv", tmp_path / "out", "--model", tiny_model_dir, "--device", "cpu")
+    assert result.exit_code == 2 and "needs a 'path' column" in result.output, result.output[:500]
+    assert max(map(len, result.output.splitlines())) < 500, len(result.output)
+
+    console = Console(record=True, width=80, force_terminal=False)
+    common.say(("error: ", "red"), "why: " + "y" * 10**6 + " end", out=console)
+    common.say(("z" * 10**6, "red"), out=console)
+    lines = console.export_text().splitlines()
+    assert len(lines) == 2 and all(len(line) <= MESSAGE_LIMIT + 60 for line in lines), [len(x) for x in lines]
+    assert lines[0].startswith("error: why: yyy") and lines[0].endswith("yyy end") and "characters left out" in lines[0]
+    row = ManifestRow(path="a.wav", key="a").failed("first line\n" + "q" * 10**6)
+    assert row.error.startswith("first line\nqqq") and len(row.error) <= MESSAGE_LIMIT + 60
