@@ -1,14 +1,15 @@
 """``--metadata FILE``: transcripts and fields that ship beside the audio (a VoxPopuli-style TSV beside
 its ``.tar.gz`` parts, a CSV of speakers, a JSONL of texts), joined to the items of any input.
 
-A row joins the item whose id is its key column's value (``--metadata-key``, default ``id``), or, for
-an item without an id, whose file or member name's stem is (``en/x/abc.flac`` -> ``abc``, the
-WebDataset sample key).  The row's other fields become the item's metadata -- beside what the input
+A row joins the item whose id is its key column's value (``--metadata-key``, default ``id``), or whose
+file or member name it is: the name with its extension, a relative path to it, or its stem
+(``en/x/abc.flac`` -> ``abc``, the WebDataset sample key); see :func:`names_of`.  The row's other fields become the item's metadata -- beside what the input
 itself says, which wins where both name a field -- and go where every kept field goes (the manifest
 row's ``meta``, the cuts' supervisions and custom fields, Parquet columns), chosen by
 ``--keep-fields`` as the input's own.  What matched nothing, and how many items found no row, is said
 in the run's warnings (rows matching nothing only when the whole input was read, not in a part of a
-job array).  CSV and TSV are read by Python's ``csv``, JSONL row by row (``json_object``): a malformed
+job array), with how the keys were compared; a join of the whole input that matches nothing is an
+error before anything is encoded.  CSV and TSV are read by Python's ``csv``, JSONL row by row (``json_object``): a malformed
 row is skipped and counted, never the run's end."""
 
 from __future__ import annotations
@@ -93,16 +94,21 @@ class MetadataTable:
     def join(self, entries: list[Entry], keep: Keep, whole_input: bool = True) -> list[str]:
         """Each entry's row, the fields ``keep`` keeps (``--keep-fields``), added to its ``meta`` (the
         input's own fields win); the warnings to show.  A row over the bounds a row's fields may take
-        is its item's error."""
+        is its item's error.  An entry's row is the first of :func:`names_of` that a row's key value
+        is, or ends with after a '/' (Common Voice's ``path`` column names ``x.mp3``, an item is
+        keyed ``clips/x.mp3`` or ``x.mp3``; a value ``clips/x.mp3`` names the item ``x.mp3``).  A join
+        of the whole input that matches no row to any item is a ValueError that shows how the keys
+        were compared: a wrong ``--metadata-key`` or file, before anything is encoded."""
         used: set[str] = set()
-        without = []
+        without: list[Entry] = []
+        tails = self._tails()
         for e in entries:
-            candidates = [e.key] if e.key is not None else []
-            candidates.append(key_stem(e.loc.name if e.loc is not None else e.rel))
-            ident = next((c for c in candidates if c in self.rows), None)
+            names = names_of(e)
+            ident = next((n for n in names if n in self.rows), None) or next((tails[n] for n in names if n in tails),
+                                                                              None)
             if ident is None:
                 if e.error is None:
-                    without.append(e.key or e.rel)
+                    without.append(e)
                 continue
             used.add(ident)
             try:
@@ -114,10 +120,13 @@ class MetadataTable:
                 e.meta = {**picked, **(e.meta or {})}
         warnings = []
         name = os.path.basename(self.path)
-        if without:
-            warnings.append(f"--metadata {name}: {len(without)} item(s) have no row (first: "
-                            f"{', '.join(map(shown_value, without[:_SHOWN]))})")
         unused = [k for k in self.rows if k not in used]
+        if without and not used and self.rows and whole_input:
+            raise ValueError(f"--metadata {name}: no row matches any of the {len(without)} item(s) ("
+                             f"{self._compared(without, unused)}); name the column that holds the items' ids or "
+                             "file names with --metadata-key")
+        if without:
+            warnings.append(f"--metadata {name}: {len(without)} item(s) have no row ({self._compared(without, unused)})")
         if unused and whole_input:
             warnings.append(f"--metadata {name}: {len(unused)} row(s) match no item (first: "
                             f"{', '.join(map(shown_value, unused[:_SHOWN]))})")
@@ -127,3 +136,36 @@ class MetadataTable:
         if self.malformed:
             warnings.append(f"--metadata {name}: {len(self.malformed)} line(s) skipped ({self.malformed[0]})")
         return warnings
+
+    def _tails(self) -> dict[str, str]:
+        """A row key value that is a relative path (``clips/x.mp3``) by each of its trailing parts
+        (``x.mp3``), where no other value has the same one (an ambiguous part names no row)."""
+        tails: dict[str, str | None] = {}
+        for ident in self.rows:
+            parts = ident.removeprefix("./").split("/")
+            for i in range(len(parts)):
+                tail = "/".join(parts[i:])
+                if tail and tail != ident:
+                    tails[tail] = None if tail in tails and tails[tail] != ident else ident
+        return {t: ident for t, ident in tails.items() if ident is not None}
+
+    def _compared(self, without: list[Entry], unused: list[str]) -> str:
+        """How the first items without a row were looked up, and the first values left unmatched:
+        the two sides of a join that failed, so a wrong column or a wrong form shows at once."""
+        items = ", ".join(shown_value(e.key or e.rel) for e in without[:_SHOWN])
+        names = " or ".join(map(shown_value, names_of(without[0])))
+        rows = ", ".join(map(shown_value, unused[:_SHOWN])) or "none"
+        return (f"first: {items}; the first looked up as {names} in column {shown_value(self.key)}, whose first "
+                f"unmatched values are {rows}")
+
+
+def names_of(e: Entry) -> list[str]:
+    """What a metadata row's key value may be to name entry ``e``, most specific first: its id, its
+    file or member name (a path relative to the input) and each trailing part of it after a '/'
+    (``clips/x.mp3``, ``x.mp3``), and its stem (``x``: the WebDataset sample key, VoxPopuli's id)."""
+    name = e.loc.name if e.loc is not None else e.rel
+    parts = name.strip("/").split("/")
+    names = [e.key] if e.key is not None else []
+    names += ["/".join(parts[i:]) for i in range(len(parts))]
+    names.append(key_stem(name))
+    return list(dict.fromkeys(n for n in names if n))

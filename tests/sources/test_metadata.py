@@ -278,7 +278,9 @@ def test_a_corpus_tsv_joins_a_tar_gz_part_by_member_stem(tmp_path, tiny_model_di
     result = cli("codes", part, out, "--model", tiny_model_dir, *ONE_WORKER, "--format", "parquet",
                  "--metadata", tsv, "--keep-fields", "raw_text,speaker_id,gender")
     assert result.exit_code == 0, result.output
-    assert "--metadata asr_train.tsv: 1 item(s) have no row (first: 'train_part_0.tar.gz/no-row')" in result.text
+    assert ("--metadata asr_train.tsv: 1 item(s) have no row (first: 'train_part_0.tar.gz/no-row'; the first "
+            "looked up as 'train_part_0.tar.gz/no-row' or 'no-row.ogg' or 'no-row' in column 'id', whose first "
+            "unmatched values are '20180101-0900-PLENARY-9_en')") in result.text
     assert "--metadata asr_train.tsv: 1 row(s) match no item (first: '20180101-0900-PLENARY-9_en')" in result.text
     rows = {r["key"]: r for r in read_manifest(out)}
     first = rows["train_part_0.tar.gz/20180101-0900-PLENARY-1_en"]
@@ -314,3 +316,45 @@ def test_metadata_by_id_jsonl_and_a_wrong_key_column(tmp_path):
     assert any("1 line(s) skipped (line 2 is not valid JSON" in w for w in found.warnings), found.warnings
     with pytest.raises(ValueError, match="no row has a 'id' column"):
         discover(str(listing), options=Options(metadata=str(meta)))
+
+
+def test_common_voice_transcripts_join_by_file_name(tmp_path, tiny_model_dir):
+    """Common Voice's ``train.tsv`` names each clip in its ``path`` column with the extension
+    (``common_voice_en_1.mp3``) (issue 41, item 7: 0 of the clips matched, by stem, and the run went
+    on without text): a value naming the file, with its extension or as a relative path, joins,
+    whether INPUT is ``clips/`` or the corpus folder; a join that matches nothing is an error before
+    OUT is touched, showing both sides; a partial one says how the keys were compared."""
+    rng = np.random.default_rng(3)
+    clips = tmp_path / "cv" / "clips"
+    clips.mkdir(parents=True)
+    for n in range(1, 4):
+        sf.write(clips / f"common_voice_en_{n}.mp3", (0.2 * rng.standard_normal(24_000)).astype(np.float32), 24_000)
+    header = "client_id\tpath\tsentence_id\tsentence\tup_votes\tdown_votes\tage\tgender\taccents\tlocale\n"
+    rows = "".join(f"c{n}\tcommon_voice_en_{n}.mp3\ts{n}\tSentence {n}.\t2\t0\t\t\t\ten\n" for n in range(1, 4))
+    tsv = tmp_path / "cv" / "train.tsv"
+    tsv.write_text(header + rows)
+    for source, prefix in ((clips, ""), (tmp_path / "cv", "clips/")):
+        found = discover(str(source), options=Options(metadata=str(tsv), metadata_key="path"))
+        assert {it.key: it.meta["sentence"] for it in found.items} == {
+            f"{prefix}common_voice_en_{n}.mp3": f"Sentence {n}." for n in range(1, 4)}, found.warnings
+        assert not found.warnings, found.warnings
+    # a value that is a relative path ('clips/x.mp3') names the item 'x.mp3' of INPUT clips/
+    paths = tmp_path / "paths.jsonl"
+    paths.write_text("".join(json.dumps({"path": f"clips/common_voice_en_{n}.mp3", "text": f"t{n}"}) + "\n"
+                             for n in (1, 2)))
+    found = discover(str(clips), options=Options(metadata=str(paths), metadata_key="path"))
+    assert {it.key: (it.meta or {}).get("text") for it in found.items} == {
+        "common_voice_en_1.mp3": "t1", "common_voice_en_2.mp3": "t2", "common_voice_en_3.mp3": None}
+    (warning,) = found.warnings
+    assert warning == ("--metadata paths.jsonl: 1 item(s) have no row (first: 'common_voice_en_3.mp3'; the "
+                       "first looked up as 'common_voice_en_3.mp3' or 'common_voice_en_3' in column 'path', whose first "
+                       "unmatched values are none)"), warning
+    # the wrong column: an error naming both sides, and OUT never made
+    out = tmp_path / "out"
+    result = cli("codes", clips, out, "--model", tiny_model_dir, *ONE_WORKER, "--metadata", tsv,
+                 "--metadata-key", "client_id")
+    assert result.exit_code == 2, result.output
+    assert ("no row matches any of the 3 item(s) (first: 'common_voice_en_1.mp3', 'common_voice_en_2.mp3', "
+            "'common_voice_en_3.mp3'; the first looked up as 'common_voice_en_1.mp3' or 'common_voice_en_1' in column "
+            "'client_id'") in result.text and "first unmatched values are 'c1', 'c2', 'c3'" in result.text
+    assert not out.exists()
