@@ -1,5 +1,6 @@
 """The real-shapes table of docs/inputs.md: every shape of tests/support/shapes.py generated, probed and
-read by the tool, and compared with FFmpeg's whole decode (PyAV's plain loop).
+read by the tool, and compared with FFmpeg's whole decode (PyAV's plain loop; of a file with tags
+appended, its audio alone: ``Shape.audio``).
 
     python scripts/real_shapes.py [--before CHECKOUT] [--folder DIR]
 
@@ -23,7 +24,7 @@ sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
 
 import numpy as np  # noqa: E402
 
-from support.shapes import ffmpeg_decode, shapes  # noqa: E402
+from support.shapes import ffmpeg_decode, reference_file, shapes  # noqa: E402
 
 PROBE = """
 import json, sys
@@ -71,10 +72,11 @@ def main() -> None:
     head = "| shape | bytes | FFmpeg samples |" + (" before |" if before else "") + " now | max \\|Δ\\| whole / segment |"
     print(head)
     print("|" + "---|" * head.count(" |"))
+    references = Path(tempfile.mkdtemp(prefix="shape-references-"))  # (not in the corpus: no input)
     for shape in shapes():
         path = folder / shape.filename
         try:
-            ref = ffmpeg_decode(path)
+            ref = ffmpeg_decode(reference_file(shape, path, references))
         except Exception as e:  # FFmpeg fails too
             ref, ff = None, f"fails ({type(e).__name__})"
         else:

@@ -2,8 +2,9 @@
 libsndfile through ``soundfile``, FFmpeg through :class:`PyAVFile` -- behind one interface
 (:func:`open_decoder`: ``samplerate``, ``channels``, ``frames``, ``read``, ``seek``, ``close``), with
 the seeks that give exactly the samples a decode from the start gives (:func:`_seek`).  MPEG audio
-(MP3) goes through FFmpeg (see the decoder table below); an undecodable packet becomes silence of
-its length, counted in the item's ``decoder_warnings``."""
+(MP3) goes through FFmpeg (see the decoder table below), cut before the tags appended to it
+(:mod:`.trailing`); an undecodable packet becomes silence of its length, counted in the item's
+``decoder_warnings``."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import os
 
 import numpy as np
 import soundfile as sf
+
+from .trailing import Window, audio_end
 
 _BLOCK = 1 << 16  # source frames decoded per read of a stream
 
@@ -143,6 +146,8 @@ class PyAVFile:
         self.tail_counted = str(self.name).lower().endswith(TAIL_COUNTED_EXTENSIONS)
         self._skipped: list[str] = []  # why each undecodable packet was silenced
         self.container = None
+        # what FFmpeg reads: an MPEG file's bytes before its trailing APEv2 / ID3v2 tags (audio.trailing)
+        self._input = _before_trailing_tags(source) if self.mpeg else source
         self._open(av)
         ctx = self.stream.codec_context
         self.samplerate = int(ctx.sample_rate or 0)
@@ -154,11 +159,11 @@ class PyAVFile:
         self._origin = None  # the stream time of the first decoded sample (MPEG seeks count from it)
 
     def _open(self, av) -> None:
-        if not isinstance(self.source, (str, os.PathLike)):
-            self.source.seek(0)
+        if not isinstance(self._input, (str, os.PathLike)):
+            self._input.seek(0)
         # the MP3 demuxer seeks by its index of frame headers (exact times), never by a Xing TOC
         options = {"usetoc": "0"} if self.mpeg else {}
-        self.container = av.open(self.source, mode="r", metadata_errors="ignore", options=options)
+        self.container = av.open(self._input, mode="r", metadata_errors="ignore", options=options)
         if not self.container.streams.audio:
             self.container.close()
             raise AudioError("no audio stream")
@@ -217,6 +222,7 @@ class PyAVFile:
 
             counter = PyAVFile.__new__(PyAVFile)
             counter.source, counter.name, counter.mpeg, counter._skipped = self.source, self.name, self.mpeg, []
+            counter._input = self._input
             counter.tail_counted = self.tail_counted
             counter.samplerate, counter.channels = self.samplerate, self.channels
             counter._open(av)
@@ -319,6 +325,24 @@ class PyAVFile:
         if container is not None:
             container.close()
             self.container = None
+
+
+def _before_trailing_tags(source):
+    """``source`` (a path or a seekable binary file object) as FFmpeg is to read it: cut before the
+    APEv2 / ID3v2 tags appended to it (:func:`~mimi_extract.audio.trailing.audio_end`) -- a path by
+    FFmpeg's ``subfile`` protocol (still read by FFmpeg's own file calls), a file object by a
+    :class:`~mimi_extract.audio.trailing.Window` -- or ``source`` itself when it has none (the common
+    case: FFmpeg reads it as before)."""
+    if isinstance(source, (str, os.PathLike)):
+        path = os.fspath(source)
+        with open(path, "rb") as f:
+            end = audio_end(lambda at, n: (f.seek(at), f.read(n))[1], os.fstat(f.fileno()).st_size)
+            size = f.seek(0, os.SEEK_END)
+        return source if end == size else f"subfile,,start,0,end,{end},,:file:{path}"
+    size = source.seek(0, os.SEEK_END)
+    end = audio_end(lambda at, n: (source.seek(at), source.read(n))[1], size)
+    source.seek(0)
+    return source if end == size else Window(source, end)
 
 
 def open_decoder(source, name: str | None = None, shown: str | None = None):

@@ -4,7 +4,8 @@ and scripts/real_shapes.py (the table in docs/inputs.md).
 MP3 of every MPEG version and rate class (8-48 kHz), mono and joint stereo, CBR/VBR/ABR, with a
 Xing, Info or VBRI length header or none, with and without the LAME gapless tag; ID3v2.2/2.3/2.4 tags
 from 10 bytes to 500 KB (cover art, unsynchronisation, extended header, footer, two tags stacked),
-ID3v1 and APEv2 at the end, junk between the tag and the first frame; M4A with its gapless edit list
+ID3v1, APEv2 (text, or a binary cover with no ID3v1 after it) and an appended ID3v2.4 tag (cover,
+footer) at the end, junk between the tag and the first frame; M4A with its gapless edit list
 and cover art; Ogg Opus/Vorbis and FLAC with large picture and comment blocks, FLAC behind an ID3v2
 tag; WAV with LIST/bext/iXML chunks (before and after the data), WAVE_FORMAT_EXTENSIBLE, 24-bit
 and float.  Audio is encoded by FFmpeg's encoders (PyAV) or libsndfile; the tags and chunks the
@@ -27,12 +28,27 @@ import soundfile as sf
 @dataclass(frozen=True)
 class Shape:
     """One file shape: ``name`` (the table's row), ``filename``, how to ``make`` it at a path, and
-    whether FFmpeg itself fails on it (``ffmpeg_fails``: the only shapes allowed to be error rows)."""
+    whether FFmpeg itself fails on it (``ffmpeg_fails``: the only shapes allowed to be error rows).
+    ``audio``: for a file with tags appended (APEv2, ID3v2 at the end), its bytes without them, as a
+    well-kept parser (mutagen) or the fixture itself strips them: what the reference decodes, and
+    then libsndfile's length is checked too; None: the whole file."""
 
     name: str
     filename: str
     make: Callable[[Path], None]
     ffmpeg_fails: bool = False
+    audio: Callable[[Path], bytes] | None = None
+
+
+def reference_file(shape: Shape, path: Path, folder: Path) -> Path:
+    """The file FFmpeg's reference decode reads: ``path`` itself, or its audio alone (``shape.audio``)
+    written into ``folder`` (not the corpus: it would be an input)."""
+    if shape.audio is None:
+        return path
+    folder.mkdir(parents=True, exist_ok=True)
+    out = folder / path.name
+    out.write_bytes(shape.audio(path))
+    return out
 
 
 def signal(rate: int, n: int, channels: int, seed: int) -> np.ndarray:
@@ -193,14 +209,33 @@ def id3v1() -> bytes:
     return b"TAG" + b"a title".ljust(30, b"\0") + b"an artist".ljust(30, b"\0") + bytes(30 + 4 + 30) + b"\x0c"
 
 
-def apev2(path: Path) -> None:
-    """An APEv2 tag appended by mutagen (after any ID3v1 it moves behind)."""
-    from mutagen.apev2 import APEv2
+def apev2(path: Path, cover_size: int = 0) -> None:
+    """An APEv2 tag appended by mutagen (after any ID3v1 it moves behind); ``cover_size``: with a
+    binary item of that many bytes of cover art, as foobar2000 writes it (``Cover Art (Front)``:
+    the file name, a NUL, the picture), else a 3,000-character text comment."""
+    from mutagen.apev2 import BINARY, APEv2, APEValue
 
     tag = APEv2()
     tag["Title"] = "a title"
-    tag["Comment"] = "x" * 3000
+    if cover_size:
+        tag["Cover Art (Front)"] = APEValue(b"cover.jpg\x00" + cover(cover_size), BINARY)
+    else:
+        tag["Comment"] = "x" * 3000
     tag.save(str(path))
+
+
+def without_apev2(path: Path) -> bytes:
+    """The file's bytes with its APEv2 tag removed by mutagen (a copy; any ID3v1 stays)."""
+    import shutil
+    import tempfile
+
+    from mutagen.apev2 import delete
+
+    with tempfile.TemporaryDirectory() as folder:
+        copy = Path(folder) / path.name
+        shutil.copyfile(path, copy)
+        delete(str(copy))
+        return copy.read_bytes()
 
 
 def check_id3(path: Path, title: str | None = "a title") -> None:
@@ -215,7 +250,10 @@ def check_id3(path: Path, title: str | None = "a title") -> None:
 
 def mp3(name: str, rate: int, channels: int, mode: str, seconds: float = 3.0, *, xing: bool = True, tag: bytes = b"",
         junk: bytes = b"", tail: bytes = b"", vbri: bool = False, lame_tag: bool = True, ape: bool = False,
-        fails: bool = False, seed: int = 0) -> Shape:
+        ape_cover: int = 0, fails: bool = False, seed: int = 0) -> Shape:
+    """An MP3 shape: ``tag`` + ``junk`` + the stream + ``tail``, then an APEv2 tag (``ape``, with a
+    binary cover of ``ape_cover`` bytes).  A file with tags appended (APEv2, an ID3v2 ``tail``) is
+    decoded by the reference without them (``Shape.audio``)."""
     def make(path: Path) -> None:
         stream = lame(rate, channels, mode, seconds, xing=xing and not vbri, seed=seed)
         if vbri:
@@ -225,9 +263,19 @@ def mp3(name: str, rate: int, channels: int, mode: str, seconds: float = 3.0, *,
         path.write_bytes(tag + junk + stream + tail)
         if tag.startswith(b"ID3"):
             check_id3(path, "a title" if len(tag) > 10 else None)
+        if tail.startswith(b"ID3"):  # (mutagen reads no tag at the end: the same bytes in front)
+            front = path.with_name(path.name + ".front")
+            front.write_bytes(tail + stream)
+            check_id3(front)
+            front.unlink()
         if ape:
-            apev2(path)
-    return Shape(name, f"{name}.mp3", make, fails)
+            apev2(path, ape_cover)
+    audio = None
+    if ape:
+        audio = without_apev2
+    elif tail.startswith(b"ID3"):
+        audio = lambda path: path.read_bytes()[:-len(tail)]  # noqa: E731
+    return Shape(name, f"{name}.mp3", make, fails, audio)
 
 
 # -- other containers ------------------------------------------------------------------------
@@ -350,6 +398,9 @@ def shapes() -> list[Shape]:
         # tags at the end, junk after the tag
         mp3("id3v1-at-end", 44_100, 2, "cbr", tag=id3v2(3), tail=id3v1()),
         mp3("apev2-and-id3v1-at-end", 48_000, 1, "vbr", tail=id3v1(), ape=True),
+        mp3("apev2-binary-cover-at-end", 44_100, 2, "vbr", tag=id3v2(3), ape=True, ape_cover=3_000),
+        mp3("id3v24-appended-cover-300k", 44_100, 1, "cbr", seconds=3.7, tail=id3v2(4, picture=300_000, footer=True),
+            seed=1),
         mp3("junk-between-tag-and-audio", 44_100, 2, "cbr", tag=id3v2(3, padding=100), junk=bytes(700) + b"junk" * 50),
         mp3("long-40s-podcast-cover", 44_100, 1, "cbr", seconds=40.0, tag=id3v2(3, picture=250_000)),
         # other containers
