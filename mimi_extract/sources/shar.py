@@ -16,7 +16,7 @@ import re
 from ..common import remote
 from .base import Entry, Source, printable, register, row_failed, supervisions_for_channel, text_problem
 from .lhotse import _manifest_items, cut_meta
-from .tar import MemberLoc, index_tar, shard_identity
+from .tar import SPARSE, MemberLoc, index_tar, shard_identity
 
 _CUTS = re.compile(r"cuts\.(\d+)\.jsonl(\.gz)?$")
 
@@ -73,8 +73,12 @@ class SharSource(Source):
                     entries.append(Entry(full, f"{shown_tar}/{key}", key=key, where=where, kind="tar",
                                          error=f"no audio for this cut: {why}"))
                     continue
-                name, offset, size = data[n][:3]
+                name, offset, size, kept = data[n]
                 base = f"{shown_tar}/{name}"
+                if kept is SPARSE:
+                    entries.append(Entry(full, base, key=key, where=where, kind="tar",
+                                         error=f"member {printable(name)!r} is a sparse file (tar -S): not read"))
+                    continue
                 if not name.startswith(cut.id + "."):
                     entries.append(Entry(full, base, key=key, where=where, kind="tar",
                                          error=f"member {name!r} does not belong to cut {cut.id!r}"))

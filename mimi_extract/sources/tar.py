@@ -99,6 +99,18 @@ def open_member(path: str, offset: int, size: int, name: str):
 _PROBE_IN_MEMORY = 4 << 20
 
 
+class _Sparse:
+    """The ``data`` an index gives a sparse member (``tar -S``: GNU ``S`` headers, PAX sparse 0.0,
+    0.1 and 1.0): its holes are not stored, so its bytes are no range of the shard and it is never
+    read in place; its sample is an error row that names it (:func:`sample_entries`)."""
+
+    def __repr__(self) -> str:
+        return "SPARSE"
+
+
+SPARSE = _Sparse()
+
+
 def read_member(path: str, offset: int, size: int, name: str) -> io.BytesIO:
     """The member's bytes in memory (a small member, for its header probe); SourceError as
     :func:`open_member` if the shard no longer holds them."""
@@ -197,7 +209,8 @@ def index_tar(path: str, keep=lambda name: False, keep_max: int = 1 << 20):
 
     ustar, GNU and PAX headers are parsed here (a 512-byte read and a seek per member, several
     times faster than ``tarfile``'s iteration); what this parser does not know (a PAX global path,
-    a malformed PAX record) is indexed by ``tarfile`` instead."""
+    a malformed PAX record, a sparse member of any GNU or PAX kind) is indexed by ``tarfile``
+    instead, whose sparse members get ``data`` :data:`SPARSE`."""
     members, damage = [], None
     total = remote.getsize(path)
     long_name, long_size = None, None  # from a PAX or GNU long-name header, for the next member
@@ -234,7 +247,7 @@ def index_tar(path: str, keep=lambda name: False, keep_max: int = 1 << 20):
                 data = f.read(size)
                 if kind == b"x":
                     records = _pax_records(data)
-                    if records is None:
+                    if records is None or any(k.startswith(b"GNU.sparse.") for k in records):
                         return _index_with_tarfile(path, keep, keep_max)
                     long_name = records.get(b"path", long_name)
                     long_size = int(records[b"size"]) if b"size" in records else long_size
@@ -243,6 +256,8 @@ def index_tar(path: str, keep=lambda name: False, keep_max: int = 1 << 20):
                 elif kind == b"g" and b"path" in (_pax_records(data) or {}):
                     return _index_with_tarfile(path, keep, keep_max)
                 continue
+            if kind == b"S":  # a GNU sparse member: its map and extension headers, read by tarfile
+                return _index_with_tarfile(path, keep, keep_max)
             if long_size is not None:
                 size, pos = long_size, data_at + -(-long_size // 512) * 512
             if long_name is not None:
@@ -330,15 +345,24 @@ def _index_with_tarfile(path: str, keep=lambda name: False, keep_max: int = 1 <<
                 break
             if not info.isfile():
                 continue
-            if info.offset_data + info.size > size:
-                damage = f"truncated at byte {size}: member {info.name!r} needs bytes up to {info.offset_data + info.size}"
+            stored = stored_size(info)
+            if info.offset_data + stored > size:
+                damage = f"truncated at byte {size}: member {info.name!r} needs bytes up to {info.offset_data + stored}"
                 break
             data = None
-            if keep(info.name) and info.size <= keep_max:
+            if info.sparse is not None:
+                data = SPARSE
+            elif keep(info.name) and info.size <= keep_max:
                 f.seek(info.offset_data)
                 data = f.read(info.size)
             members.append((info.name, info.offset_data, info.size, data))
     return members, damage
+
+
+def stored_size(info: tarfile.TarInfo) -> int:
+    """The bytes a member's data takes in the archive after ``info.offset_data``: its size, or for a
+    sparse member (whose ``size`` is the file's, holes included) the data blocks its map lists."""
+    return info.size if info.sparse is None else sum(n for _, n in info.sparse)
 
 
 def split_name(name: str) -> tuple[str, str]:
@@ -393,6 +417,11 @@ def sample_entries(shard: str, shown: str, key: str, parts: dict, options, kind:
     key = clean
     where = f"{shown}:{key}"
     default_key = key_stem(key) if options.key == "stem" else f"{shown}/{key}"
+    sparse = next((m[0] for m in parts.values() if m[3] is SPARSE), None)
+    if sparse is not None:
+        return Entry(shard, f"{shown}/{sparse}", key=default_key, where=where, kind=kind,
+                     error=f"member {printable(sparse)!r} is a sparse file (tar -S / --sparse): its holes are not "
+                           "stored, so it is not read; pack the shard without -S")
     audio = _audio_member(parts, options.audio_ext)
     if audio is None:
         wanted = ", ".join(options.audio_ext) if options.audio_ext else "an audio extension"

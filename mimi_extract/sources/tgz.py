@@ -33,8 +33,8 @@ from types import SimpleNamespace
 from ..common import remote
 from ..config.input_options import MAX_ROW_BYTES
 from .base import Entry, Loc, Source, SourceError, register
-from .tar import COMPRESSED_TAR_EXTENSIONS, audio_candidate, _is_shard_input, _shown_names, check_first_samples, guarded_sample, \
-    missing_end, shard_identity, split_name, tar_shards
+from .tar import COMPRESSED_TAR_EXTENSIONS, SPARSE, audio_candidate, _is_shard_input, _shown_names, check_first_samples, \
+    guarded_sample, missing_end, shard_identity, split_name, stored_size, tar_shards
 
 FIRST_SAMPLES = 64  # --id-field and --audio-ext are checked against this many first samples (a stream)
 
@@ -240,7 +240,8 @@ class CompressedTarSource(Source):
                 if sample_key is None or not parts:
                     return
                 first = min(m[1] for m in parts.values())
-                alone = max(m[2] for m in parts.values()) > SPILL_BYTES  # in no group: its audio is read alone
+                # in no group: its audio is read alone (a sparse member is never read: see tar.SPARSE)
+                alone = max((m[2] for m in parts.values() if m[3] is not SPARSE), default=0) > SPILL_BYTES
                 if state["open"] and (alone or end - state["start"] > budget):
                     close_group(first)
                     state["group"] += 1
@@ -263,7 +264,7 @@ class CompressedTarSource(Source):
                     entries.append(entry)
                 finally:
                     for m in parts.values():
-                        if m[3] is not None and not isinstance(m[3], bytes):
+                        if m[3] is not None and m[3] is not SPARSE and not isinstance(m[3], bytes):
                             m[3].close()  # a spilled member's temporary file
                 if alone:
                     state["group"] += 1
@@ -275,7 +276,8 @@ class CompressedTarSource(Source):
             try:
                 with _Counted(full) as stream, tarfile.open(fileobj=stream, mode="r|") as tf:
                     for info in tf:
-                        header_at = info.offset_data + -(-info.size // 512) * 512
+                        stored = stored_size(info)  # (a sparse member's size counts its holes, not stored)
+                        header_at = info.offset_data + -(-stored // 512) * 512
                         if not info.isfile():
                             continue
                         key, ext = split_name(info.name)
@@ -283,12 +285,13 @@ class CompressedTarSource(Source):
                             flush()
                             sample_key, parts = key, {}
                         reading = True
-                        data = self._member_data(tf, info, ext, ext in parts, f"{shown}: member {info.name!r}")
+                        data = SPARSE if info.sparse is not None else \
+                            self._member_data(tf, info, ext, ext in parts, f"{shown}: member {info.name!r}")
                         reading = False
-                        if ext in parts and data is not None and not isinstance(data, bytes):
+                        if ext in parts and data is not None and data is not SPARSE and not isinstance(data, bytes):
                             data.close()
                         parts.setdefault(ext, (info.name, info.offset_data, info.size, data))
-                        end = info.offset_data + info.size
+                        end = info.offset_data + stored
                     # tarfile stops silently where the stream ends, marker or not: a tar cut at a
                     # member boundary or in a member's padding would lose the rest of the shard unsaid
                     damage = stream.end_damage(header_at, max(parts.values(), key=lambda m: m[1])[0] if parts else None)

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from support.shapes import check_id3, id3v1, id3v2, lame
 from mimi_extract.audio.trailing import Window, audio_end
 
-SETTINGS = settings(deadline=None, max_examples=150, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @functools.cache
