@@ -1,10 +1,11 @@
 """Peak memory on hostile sizes (docs/inputs.md#bounded-memory): a ``.tar.gz`` whose members expand
-to gigabytes (a few MiB compressed), a Parquet file with one 300 MB cell, and a plain WAV shard for
-comparison; each probed (``discover``, what planning does) and its largest item read through
+to gigabytes (a few MiB compressed), a ``.tar.gz`` sample of 2,000 members repeated under one name,
+a Parquet file with one 300 MB cell (alone in its row group, and sharing one), and a plain WAV shard
+for comparison; each probed (``discover``, what planning does) and its largest item read through
 (``AudioReader`` chunk by chunk, what an encoder process does), in a fresh interpreter whose peak
 RSS (``VmHWM``) is reported.
 
-    python scripts/bench_memory.py [--before CHECKOUT] [--gib 3] [--cell-mb 300] [--folder DIR]
+    python scripts/bench_memory.py [--before CHECKOUT] [--gib 3] [--cell-mb 300] [--folder DIR] [--only plain,dup]
 
 ``--before``: a checkout of an older commit, measured the same way, side by side.
 """
@@ -86,7 +87,7 @@ def make_bomb(path: str, gib: float) -> None:
             tf.addfile(info, io.BytesIO(meta))
 
 
-def make_parquet(path: str, cell_mb: float) -> None:
+def make_parquet(path: str, cell_mb: float, row_group_size: int = 1) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -94,7 +95,22 @@ def make_parquet(path: str, cell_mb: float) -> None:
     small = wav_bytes(1.0)
     table = pa.table({"audio": [{"bytes": small, "path": "a.wav"}, {"bytes": big, "path": "big.wav"},
                                 {"bytes": small, "path": "c.wav"}], "text": ["a", "big", "c"]})
-    pq.write_table(table, path, row_group_size=1)
+    pq.write_table(table, path, row_group_size=row_group_size)
+
+
+def make_dup(path: str, count: int = 2000) -> None:
+    """A sample of ``count`` consecutive 1 MiB ``dup.wav`` members (silence: a few MiB in all),
+    between two 1 s samples: only its first ``dup.wav`` is its audio (the largest item, read through)."""
+    with tarfile.open(path, "w:gz", compresslevel=6) as tf:
+        def add(name: str, data: bytes) -> None:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+        add("a.wav", wav_bytes(1.0))
+        one = wav_bytes((1 << 20) / (48_000 * 4), noise=False)
+        for _ in range(count):
+            add("dup.wav", one)
+        add("z.wav", wav_bytes(1.0))
 
 
 def make_plain(path: str) -> None:
@@ -120,23 +136,32 @@ def main() -> None:
     parser.add_argument("--gib", type=float, default=3.0, help="decompressed size of the .tar.gz bomb's members")
     parser.add_argument("--cell-mb", type=float, default=300.0, help="size of the large Parquet cell")
     parser.add_argument("--folder", help="where to write the inputs (default: a temporary folder)")
+    parser.add_argument("--only", help="comma-separated inputs to measure: plain, bomb, dup, cells, cells-shared "
+                                       "(default: all)")
     args = parser.parse_args()
     folder = args.folder or tempfile.mkdtemp(prefix="bench-memory-")
     os.makedirs(folder, exist_ok=True)
     paths = {"plain": os.path.join(folder, "plain.tar"), "bomb": os.path.join(folder, "bomb.tar.gz"),
-             "cells": os.path.join(folder, "cells.parquet")}
-    makers = {"plain": make_plain, "bomb": lambda p: make_bomb(p, args.gib),
-              "cells": lambda p: make_parquet(p, args.cell_mb)}
+             "dup": os.path.join(folder, "dup.tar.gz"), "cells": os.path.join(folder, "cells.parquet"),
+             "cells-shared": os.path.join(folder, "cells-shared.parquet")}
+    makers = {"plain": make_plain, "bomb": lambda p: make_bomb(p, args.gib), "dup": make_dup,
+              "cells": lambda p: make_parquet(p, args.cell_mb),
+              "cells-shared": lambda p: make_parquet(p, args.cell_mb, row_group_size=3)}
+    only = args.only.split(",") if args.only else list(paths)
+    paths = {k: v for k, v in paths.items() if k in only}
     for what, path in paths.items():
         if not os.path.exists(path):
             makers[what](path)
         print(f"{what}: {os.path.getsize(path) / (1 << 20):.1f} MiB on disk", file=sys.stderr)
     raised = {"MIMI_EXTRACT_MAX_CELL_MB": str(args.cell_mb * 2)}
-    inputs = {"plain .tar (20 x 10 s WAV)": (paths["plain"], {}),
-              f".tar.gz bomb ({args.gib:g} GiB of WAV in {os.path.getsize(paths['bomb']) / (1 << 20):.0f} MiB)":
-                  (paths["bomb"], {}),
-              f"Parquet, one {args.cell_mb:g} MB cell (default limit: refused)": (paths["cells"], {}),
-              f"Parquet, one {args.cell_mb:g} MB cell (limit raised: read)": (paths["cells"], raised)}
+    inputs = {"plain": ("plain .tar (20 x 10 s WAV)", {}),
+              "bomb": (f".tar.gz bomb ({args.gib:g} GiB of WAV)", {}),
+              "dup": (".tar.gz, a sample of 2,000 x 1 MiB members named dup.wav", {}),
+              "cells": (f"Parquet, one {args.cell_mb:g} MB cell (default limit: refused)", {}),
+              "cells-raised": (f"Parquet, one {args.cell_mb:g} MB cell (limit raised: read)", raised),
+              "cells-shared": (f"Parquet, one {args.cell_mb:g} MB cell sharing its row group (refused)", {})}
+    inputs = {name: (paths[what.removesuffix("-raised")], env) for what, (name, env) in inputs.items()
+              if what.removesuffix("-raised") in paths}
     checkouts = {"now": ROOT, **({"before": os.path.abspath(args.before)} if args.before else {})}
     print("| input | " + " | ".join(f"{c}: peak RSS probing / reading (MiB)" for c in checkouts) + " |")
     print("|---|" + "---|" * len(checkouts))

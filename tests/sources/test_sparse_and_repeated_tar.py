@@ -14,7 +14,7 @@ import pytest
 
 from support import check_consistency, extract
 from support.corpora import FILES, assert_equal_arrays, settings
-from mimi_extract.sources import discover
+from mimi_extract.sources import Options, discover
 from mimi_extract.store.manifest import read_manifest
 
 GNU_TAR = shutil.which("tar")
@@ -65,3 +65,43 @@ def test_a_sparse_member_is_one_error_row_naming_it_and_its_neighbours_are_read(
         assert (summary.ok, summary.errors) == (len(FILES), 1)
         assert [r["key"] for r in read_manifest(str(out)) if r["status"] == "error"] == [f"{shard.name}/big"]
         assert_equal_arrays(check_consistency(str(out)), loose_run, lambda k: stems[k.rpartition("/")[2]])
+
+
+def test_members_repeated_under_one_name_are_not_held_in_a_tgz_group(loose, loose_run, tiny_model_dir, tmp_path,
+                                                                      monkeypatch):
+    """A sample made of many consecutive members of one name (``tar -r`` of the same file, again and
+    again) in a ``.tar.gz``: only the first is its audio, and the group its sample sits in ends with
+    that member (issue 41, item 2: 2,000 x 1 MiB ``dup.wav`` members made one 2 GiB group, read whole
+    into memory by the encoder, 2.47 GiB of peak RSS; scripts/bench_memory.py measures it).  With a
+    40 kB ``--sort-buffer-mb`` (the repeated members, 6 MB, are over it, as 2 GiB is over 256 MiB),
+    every group read holds only the audio members it serves; the arrays equal the loose files'."""
+    import io
+    import tarfile
+
+    from mimi_extract.sources import tgz
+
+    def add(tf, name, data):
+        info = tarfile.TarInfo(name)
+        info.size = len(data)
+        tf.addfile(info, io.BytesIO(data))
+
+    first, again, last = (open(os.path.join(loose, n), "rb").read() for n in ("b.wav", "d.wav", "c.flac"))
+    shard = tmp_path / "dup.tar.gz"
+    with tarfile.open(shard, "w:gz") as tf:
+        add(tf, "a.flac", open(os.path.join(loose, "a.flac"), "rb").read())
+        add(tf, "dup.wav", first)
+        for _ in range(60):
+            add(tf, "dup.wav", again)
+        add(tf, "z.flac", last)
+    read = []
+    real = tgz.group_bytes
+    monkeypatch.setattr(tgz, "group_bytes", lambda *a: read.append(a[3] - a[2]) or real(*a))
+    out = tmp_path / "out"
+    summary = extract(str(shard), str(out), settings(tiny_model_dir), options=Options(sort_buffer_mb=0.04))
+    assert (summary.ok, summary.errors) == (3, 0)
+    names = {"dup.tar.gz/a": "a.flac", "dup.tar.gz/dup": "b.wav", "dup.tar.gz/z": "c.flac"}
+    got = check_consistency(str(out))
+    for key, name in names.items():
+        assert (got[key] == loose_run[name]).all(), key
+    audio = len(first) + len(last) + os.path.getsize(os.path.join(loose, "a.flac"))
+    assert read and sum(read) <= audio + 3 * 1536, (read, audio)  # (headers and padding: 1,536 bytes a member)
