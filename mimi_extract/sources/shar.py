@@ -16,7 +16,7 @@ import re
 from ..common import remote
 from .base import Entry, Source, printable, register, row_failed, supervisions_for_channel, text_problem
 from .lhotse import _manifest_items, cut_meta
-from .tar import SPARSE, MemberLoc, index_tar, shard_identity
+from .tar import SPARSE, MemberLoc, index_tar, shard_identity, sparse_error
 
 _CUTS = re.compile(r"cuts\.(\d+)\.jsonl(\.gz)?$")
 
@@ -76,8 +76,7 @@ class SharSource(Source):
                 name, offset, size, kept = data[n]
                 base = f"{shown_tar}/{name}"
                 if kept is SPARSE:
-                    entries.append(Entry(full, base, key=key, where=where, kind="tar",
-                                         error=f"member {printable(name)!r} is a sparse file (tar -S): not read"))
+                    entries.append(Entry(full, base, key=key, where=where, kind="tar", error=sparse_error(name)))
                     continue
                 if not name.startswith(cut.id + "."):
                     entries.append(Entry(full, base, key=key, where=where, kind="tar",

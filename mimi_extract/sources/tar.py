@@ -111,6 +111,12 @@ class _Sparse:
 SPARSE = _Sparse()
 
 
+def sparse_error(name: str) -> str:
+    """The error row of a sample whose member ``name`` is sparse (:data:`SPARSE`)."""
+    return (f"member {printable(name)!r} is a sparse file (tar -S / --sparse): its holes are not stored, so it is "
+            "not read; pack the shard without -S")
+
+
 def read_member(path: str, offset: int, size: int, name: str) -> io.BytesIO:
     """The member's bytes in memory (a small member, for its header probe); SourceError as
     :func:`open_member` if the shard no longer holds them."""
@@ -419,9 +425,7 @@ def sample_entries(shard: str, shown: str, key: str, parts: dict, options, kind:
     default_key = key_stem(key) if options.key == "stem" else f"{shown}/{key}"
     sparse = next((m[0] for m in parts.values() if m[3] is SPARSE), None)
     if sparse is not None:
-        return Entry(shard, f"{shown}/{sparse}", key=default_key, where=where, kind=kind,
-                     error=f"member {printable(sparse)!r} is a sparse file (tar -S / --sparse): its holes are not "
-                           "stored, so it is not read; pack the shard without -S")
+        return Entry(shard, f"{shown}/{sparse}", key=default_key, where=where, kind=kind, error=sparse_error(sparse))
     audio = _audio_member(parts, options.audio_ext)
     if audio is None:
         wanted = ", ".join(options.audio_ext) if options.audio_ext else "an audio extension"

@@ -105,3 +105,27 @@ def test_members_repeated_under_one_name_are_not_held_in_a_tgz_group(loose, loos
         assert (got[key] == loose_run[name]).all(), key
     audio = len(first) + len(last) + os.path.getsize(os.path.join(loose, "a.flac"))
     assert read and sum(read) <= audio + 3 * 1536, (read, audio)  # (headers and padding: 1,536 bytes a member)
+
+
+def test_a_sparse_member_of_a_shar_recording_tar_is_its_cuts_error_row(shar, tmp_path):
+    """A Shar's recording tar repacked by GNU tar with one member sparse: that cut is an error row
+    naming the member (the offsets of a sparse member are no range of the shard to decode), the
+    other cuts are read."""
+    import tarfile
+
+    copy = tmp_path / "shar"
+    shutil.copytree(shar, copy)
+    with tarfile.open(copy / "recording.000000.tar") as tf:
+        names = tf.getnames()
+        tf.extractall(tmp_path / "members", filter="data")
+    audio = [n for n in names if not n.endswith(".json")]
+    sparse_wav(tmp_path / "members" / audio[1], 100 << 20)
+    subprocess.run([GNU_TAR, "-S", "--format=gnu", "-cf", str(copy / "recording.000000.tar"), "-C",
+                    str(tmp_path / "members"), *names], check=True)
+    found = discover(str(copy))
+    (bad,) = found.bad
+    cut = audio[1].partition(".")[0]
+    assert bad.key == cut and bad.error == (f"cuts.000000.jsonl.gz:line 2: member '{audio[1]}' is a sparse file (tar "
+                                            "-S / --sparse): its holes are not stored, so it is not read; pack the "
+                                            "shard without -S"), bad.error
+    assert sorted(it.key for it in found.items) == sorted(n.partition(".")[0] for n in FILES if n.partition(".")[0] != cut)
