@@ -15,6 +15,7 @@ import torch
 
 import av
 from support.shapes import ffmpeg_decode
+from support.waits import HANG_S
 from mimi_extract.audio.decoders import _BLOCK, _seek, open_decoder
 from mimi_extract.audio.reader import AudioReader, load
 
@@ -300,7 +301,7 @@ def test_decoder_warnings_go_into_the_manifest_row(tmp_path, tiny_model_dir):
     out = tmp_path / "out"
     proc = cli_process("codes", tmp_path / "in", out, "--model", tiny_model_dir, "--device", "cpu",
                        "--cpu-workers", "1", "--num-workers", "2")
-    output, _ = proc.communicate(timeout=300)
+    output, _ = proc.communicate(timeout=HANG_S)
     assert proc.returncode == 0, output
     assert "Invalid data" not in output and "undecodable" not in output and "mpg123" not in output, output
     rows = {r["key"]: r for r in read_manifest(out)}
