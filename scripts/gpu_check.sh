@@ -50,10 +50,12 @@ if [ "$DEVICE" = cpu ]; then  # dry run: the same phases on the tiny model, size
   # no phase limits: they protect the GPU's 15-minute budget, and on a CPU they would only measure the
   # machine's load (a busy CI machine ran bench and precision past 240 s / 120 s, every number right)
   T_TESTS=0; T_BENCH=0; T_RESAMPLE=0; T_PREC=0; T_COMPILE=0
+  TESTS_K="cpu and padded_batch"  # the phase's command, run once: the suite runs every one of these on the CPU itself
 else
   MODEL=random-default; BENCH_ARGS="--files 384 --min-seconds 1 --max-seconds 20"; SHAPES="64x4.6,128x10"
   CSHAPES="64x4.6"; REPS=10; RESAMPLE_ARGS="--model random-default --q 32 --rows 16 --step-seconds 120 --chunk-seconds 30"
   T_TESTS=100; T_BENCH=210; T_RESAMPLE=60; T_PREC=75; T_COMPILE=45
+  TESTS_K=$DEVICE
 fi
 
 phase() {  # phase NAME SECONDS COMMAND...: run under timeout (0: none), log everything, record rc and time
@@ -82,7 +84,7 @@ print(\"python\", sys.version.split()[0], \"| torch\", torch.__version__, \"| cu
 print(\"device:\", torch.cuda.get_device_name() if torch.cuda.is_available() else \"no CUDA\")
 '"
 phase tests "$T_TESTS" "$PY" -m pytest tests/engines/test_device.py tests/audio/test_device_resample.py -q \
-  -k "$DEVICE" -p no:cacheprovider
+  -k "$TESTS_K" -p no:cacheprovider
 phase bench "$T_BENCH" "$PY" scripts/bench.py --device "$DEVICE" --model "$MODEL" $BENCH_ARGS --tool-args "--feeders-per-gpu 1" \
   --json "$OUT/bench.json"
 if [ "$DEVICE" = cpu ]; then  # (the dry run's tiny model, saved where bench_resample.py loads it from)
