@@ -15,6 +15,7 @@ share of its wall time its encoders sat idle waiting for input or output.  Codes
 compared.
 """
 
+import host_facts  # scripts/host_facts.py: the host a run's figures belong to
 import argparse
 import json
 import os
@@ -50,6 +51,7 @@ p.add_argument("--tool-args", action="append", default=[],
 p.add_argument("--baseline", help="another checkout of mimi-extract to run end to end as well (e.g. the last release)")
 p.add_argument("--json", help="also write the results here")
 args = p.parse_args()
+print(host_facts.header(), flush=True)
 cuda = args.device.startswith("cuda")
 threads = cpu_cores()
 torch.set_num_threads(threads)
@@ -225,5 +227,6 @@ if args.json:
                "tool_seconds": t_tool, "loop_seconds": t_loop, "loop_script_seconds": t_loop_script,
                "variants": variants, "audio_seconds": total, "mismatch": mismatch,
                "gpu_util": {k: mean_util(k) for k in util}, "device": args.device, "files": args.files,
-               "gpu": torch.cuda.get_device_name() if cuda else None},
+               "gpu": torch.cuda.get_device_name() if cuda else None, "host": host_facts.report()},
               open(args.json, "w"), indent=2)
+print(host_facts.footer(), flush=True)

@@ -40,6 +40,7 @@ Sections:
 
 from __future__ import annotations
 
+import host_facts  # scripts/host_facts.py: the host a run's figures belong to
 import argparse
 import json
 import os
@@ -498,12 +499,12 @@ def main() -> None:
     args = p.parse_args()
     os.makedirs(args.workdir, exist_ok=True)
     torch.set_num_threads(args.torch_threads)
-    results = {"cores": os.cpu_count(), "torch": torch.__version__}
+    results = {"cores": os.cpu_count(), "torch": torch.__version__, "host": host_facts.report()}
     sections = args.sections.split(",")
 
     def save():  # after each section: a later one failing (Ray's start on a loaded machine) loses nothing
         if args.json:
-            json.dump(results, open(args.json, "w"), indent=2)
+            json.dump({**results, "host": host_facts.report()}, open(args.json, "w"), indent=2)
     if "feed" in sections:
         model_dir = os.path.join(args.workdir, "tiny-model")
         if not os.path.exists(model_dir):
@@ -526,4 +527,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    print(host_facts.header(), flush=True)
     main()
+    print(host_facts.footer(), flush=True)

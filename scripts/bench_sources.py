@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import host_facts  # scripts/host_facts.py: the host a run's figures belong to
 import argparse
 import json
 import os
@@ -356,8 +357,10 @@ def main():
             result[part] = fn(args)
             print(json.dumps({part: result[part]}, indent=1), flush=True)
     with open(os.path.join(args.out, "result.json"), "w") as f:
-        json.dump(result, f, indent=1)
+        json.dump({**result, "host": host_facts.report()}, f, indent=1)
 
 
 if __name__ == "__main__":
+    print(host_facts.header(), flush=True)
     main()
+    print(host_facts.footer(), flush=True)
