@@ -24,9 +24,14 @@ import sys
 import tempfile
 import time
 
-import numpy as np
-import soundfile as sf
-import torch
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from mimi_extract.common.threads import passive_openmp  # noqa: E402
+
+passive_openmp()  # torch's threads wait as in the tool's own processes: set before torch loads libgomp
+
+import numpy as np  # noqa: E402
+import soundfile as sf  # noqa: E402
+import torch  # noqa: E402
 from transformers import MimiConfig
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
