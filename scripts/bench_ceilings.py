@@ -44,6 +44,7 @@ import host_facts  # scripts/host_facts.py: the host a run's figures belong to
 import argparse
 import json
 import os
+import resource
 import shutil
 import sys
 import threading
@@ -247,9 +248,11 @@ def feed(args, model_dir: str) -> dict:
                             chunk_seconds=30, num_workers=args.decode_threads, resample_on=where,
                             threads=args.torch_threads)
         CPU.clear()
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         t_proc, t_wall = time.process_time(), time.perf_counter()
         summary = run_request(RunRequest(folder, out, settings))
         total_cpu, wall = time.process_time() - t_proc, time.perf_counter() - t_wall
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults  # fresh pages touched (the run's)
         assert summary.ok == summary.todo, f"{name}: {summary.ok} of {summary.todo} items written"
         device_work = CPU.get(DEVICE_WORK, 0.0)
         phase = CPU.get("process, encoding phase", total_cpu) - device_work  # the host's share
@@ -261,6 +264,7 @@ def feed(args, model_dir: str) -> dict:
         results[key] = {
             "resample_on": where, "device_work_cpu_s": device_work,
             "audio_seconds": seconds, "items": summary.ok, "wall_s": wall, "cpu_s_total": total_cpu,
+            "minor_page_faults_per_audio_s": faults / seconds,
             "cpu_s_encoding_phase": phase, "startup_and_planning_cpu_s": total_cpu - phase - device_work,
             "per_core_x": seconds / phase, "cores_for_target": TARGET * phase / seconds,
             "cpu_per_audio_s": per_audio,
@@ -273,7 +277,8 @@ def feed(args, model_dir: str) -> dict:
                              "beyond_decoding_us_per_audio_s": (host - floor) * 1e6})
         r = results[key]
         print(f"feed {name:>8} {where:>6}: decoder alone {floor * 1e6:6.0f} us / audio s ({1 / floor:6.0f} x per core); "
-              f"feed {host * 1e6:6.0f} us = {host / floor:4.2f}x the decoder, {(host - floor) * 1e6:5.0f} us beyond it", flush=True)
+              f"feed {host * 1e6:6.0f} us = {host / floor:4.2f}x the decoder, {(host - floor) * 1e6:5.0f} us beyond it; "
+              f"{faults / seconds:.0f} minor page faults / audio s", flush=True)
         print(f"feed {name:>8} {where:>6}: {seconds:6.0f} audio s, {phase:6.2f} CPU s -> {r['per_core_x']:7.0f} x per core, "
               f"{r['cores_for_target']:5.1f} cores for {TARGET}x; feeder thread alone caps at "
               f"{r['serial_ceilings_x']['feeder thread']:.0f} x, writer thread at "
