@@ -38,7 +38,12 @@ def ignore_stop_signals() -> None:
 
 def worker_main(parent: int, settings, main: str, *args) -> None:
     """Tie this process to ``parent``, then run ``main`` (``"module:function"``, named rather than
-    imported here: this module imports nothing of the package) with the settings and ``args``."""
+    imported here: this module imports nothing heavy of the package) with the settings and ``args``.
+    OpenMP's wait policy is set before those imports (a parent that is not the console entry
+    point, e.g. a library caller, may not have set it: see :mod:`.common.threads`)."""
+    from .common.threads import passive_openmp
+
+    passive_openmp()
     die_with_parent(parent)
     ignore_stop_signals()
     import importlib

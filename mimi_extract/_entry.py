@@ -1,11 +1,13 @@
 """Console entry point, kept import-light: Ctrl-C during start-up (torch imports take seconds) ends
 with a one-line message and exit 130, not a traceback; an address-space limit too small for torch
-(``ulimit -v``) ends with a one-line message and exit 5 (see :mod:`.cli.limits`)."""
+(``ulimit -v``) ends with a one-line message and exit 5 (see :mod:`.cli.limits`).  OpenMP's wait
+policy is set before anything imports torch (see :mod:`.common.threads`)."""
 
 import os
 import sys
 
 from .cli import limits
+from .common.threads import passive_openmp
 
 TORCH_COMMANDS = ("codes", "features", "verify", "decode")  # the others never import torch
 
@@ -22,6 +24,7 @@ def _leave(message: str, code: int) -> None:
 
 
 def run() -> int:
+    passive_openmp()  # before torch's libgomp reads the environment (this process, and the workers it starts)
     if _needs_torch(sys.argv[1:]):
         problem = limits.check()
         if problem:

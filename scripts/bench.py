@@ -15,6 +15,7 @@ share of its wall time its encoders sat idle waiting for input or output.  Codes
 compared.
 """
 
+import host_facts  # scripts/host_facts.py: the host a run's figures belong to
 import argparse
 import json
 import os
@@ -23,9 +24,14 @@ import sys
 import tempfile
 import time
 
-import numpy as np
-import soundfile as sf
-import torch
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from mimi_extract.common.threads import passive_openmp  # noqa: E402
+
+passive_openmp()  # torch's threads wait as in the tool's own processes: set before torch loads libgomp
+
+import numpy as np  # noqa: E402
+import soundfile as sf  # noqa: E402
+import torch  # noqa: E402
 from transformers import MimiConfig
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -50,6 +56,7 @@ p.add_argument("--tool-args", action="append", default=[],
 p.add_argument("--baseline", help="another checkout of mimi-extract to run end to end as well (e.g. the last release)")
 p.add_argument("--json", help="also write the results here")
 args = p.parse_args()
+print(host_facts.header(), flush=True)
 cuda = args.device.startswith("cuda")
 threads = cpu_cores()
 torch.set_num_threads(threads)
@@ -225,5 +232,6 @@ if args.json:
                "tool_seconds": t_tool, "loop_seconds": t_loop, "loop_script_seconds": t_loop_script,
                "variants": variants, "audio_seconds": total, "mismatch": mismatch,
                "gpu_util": {k: mean_util(k) for k in util}, "device": args.device, "files": args.files,
-               "gpu": torch.cuda.get_device_name() if cuda else None},
+               "gpu": torch.cuda.get_device_name() if cuda else None, "host": host_facts.report()},
               open(args.json, "w"), indent=2)
+print(host_facts.footer(), flush=True)

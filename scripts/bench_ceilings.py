@@ -40,18 +40,25 @@ Sections:
 
 from __future__ import annotations
 
+import host_facts  # scripts/host_facts.py: the host a run's figures belong to
 import argparse
 import json
 import os
+import resource
 import shutil
 import sys
 import threading
 import time
 from types import SimpleNamespace
 
-import numpy as np
-import soundfile as sf
-import torch
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from mimi_extract.common.threads import passive_openmp  # noqa: E402
+
+passive_openmp()  # torch's threads wait as in the tool's own processes: set before torch loads libgomp
+
+import numpy as np  # noqa: E402
+import soundfile as sf  # noqa: E402
+import torch  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -71,6 +78,7 @@ FORMATS = {
     "mp3-48k": (".mp3", 48_000, dict(format="MP3", subtype="MPEG_LAYER_III")),
     "flac48k": (".flac", 48_000, dict(format="FLAC", subtype="PCM_16")),
     "opus48k": (".opus", 48_000, dict(format="OGG", subtype="OPUS")),
+    "opus16k": (".opus", 16_000, dict(format="OGG", subtype="OPUS")),  # speech corpora's Opus: 16 kHz stated
 }
 
 
@@ -201,6 +209,32 @@ def install_probes() -> None:
     InProcessEngine.run = run
 
 
+def decoder_alone(folder: str, where: str, passes: int = 3) -> float:
+    """CPU seconds per audio second of the decoder library alone on ``folder`` (one thread, best of
+    ``passes``): each file opened with the decoder the tool picks and read to its end in the tool's
+    blocks, as the samples the run transports (int16 where the device path takes it: 16-bit mono
+    through libsndfile), nothing else -- the floor the feed's cost is compared with."""
+    from mimi_extract.audio.decoders import _BLOCK, _read, open_decoder
+
+    paths = sorted(os.path.join(d, f) for d, _, files in os.walk(folder) for f in files if not f.startswith("."))
+    best, audio = float("inf"), 0.0
+    for _ in range(passes):
+        t, audio = time.process_time(), 0.0
+        for path in paths:
+            f = open_decoder(path)
+            int16 = where == "device" and isinstance(f, sf.SoundFile) and f.subtype == "PCM_16" and f.channels == 1
+            n = 0
+            while True:
+                got = len(_read(f, _BLOCK, "int16" if int16 else "float32"))
+                n += got
+                if got < _BLOCK:
+                    break
+            audio += n / f.samplerate
+            f.close()
+        best = min(best, time.process_time() - t)
+    return best / audio
+
+
 def feed(args, model_dir: str) -> dict:
     from mimi_extract.config.request import RunRequest
     from mimi_extract.run.runner import run_request
@@ -214,9 +248,11 @@ def feed(args, model_dir: str) -> dict:
                             chunk_seconds=30, num_workers=args.decode_threads, resample_on=where,
                             threads=args.torch_threads)
         CPU.clear()
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         t_proc, t_wall = time.process_time(), time.perf_counter()
         summary = run_request(RunRequest(folder, out, settings))
         total_cpu, wall = time.process_time() - t_proc, time.perf_counter() - t_wall
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults  # fresh pages touched (the run's)
         assert summary.ok == summary.todo, f"{name}: {summary.ok} of {summary.todo} items written"
         device_work = CPU.get(DEVICE_WORK, 0.0)
         phase = CPU.get("process, encoding phase", total_cpu) - device_work  # the host's share
@@ -228,13 +264,21 @@ def feed(args, model_dir: str) -> dict:
         results[key] = {
             "resample_on": where, "device_work_cpu_s": device_work,
             "audio_seconds": seconds, "items": summary.ok, "wall_s": wall, "cpu_s_total": total_cpu,
+            "minor_page_faults_per_audio_s": faults / seconds,
             "cpu_s_encoding_phase": phase, "startup_and_planning_cpu_s": total_cpu - phase - device_work,
             "per_core_x": seconds / phase, "cores_for_target": TARGET * phase / seconds,
             "cpu_per_audio_s": per_audio,
             "serial_ceilings_x": {"feeder thread": 1 / max(per_audio["feeder thread"], 1e-12),
                                   "writer thread (caller)": 1 / max(per_audio["writer thread (caller)"], 1e-12)},
         }
+        floor = decoder_alone(folder, where)  # side by side: right after the run, on the same files
+        host = phase / seconds
+        results[key].update({"decoder_alone_cpu_per_audio_s": floor, "feed_over_decoder": host / floor,
+                             "beyond_decoding_us_per_audio_s": (host - floor) * 1e6})
         r = results[key]
+        print(f"feed {name:>8} {where:>6}: decoder alone {floor * 1e6:6.0f} us / audio s ({1 / floor:6.0f} x per core); "
+              f"feed {host * 1e6:6.0f} us = {host / floor:4.2f}x the decoder, {(host - floor) * 1e6:5.0f} us beyond it; "
+              f"{faults / seconds:.0f} minor page faults / audio s", flush=True)
         print(f"feed {name:>8} {where:>6}: {seconds:6.0f} audio s, {phase:6.2f} CPU s -> {r['per_core_x']:7.0f} x per core, "
               f"{r['cores_for_target']:5.1f} cores for {TARGET}x; feeder thread alone caps at "
               f"{r['serial_ceilings_x']['feeder thread']:.0f} x, writer thread at "
@@ -498,12 +542,12 @@ def main() -> None:
     args = p.parse_args()
     os.makedirs(args.workdir, exist_ok=True)
     torch.set_num_threads(args.torch_threads)
-    results = {"cores": os.cpu_count(), "torch": torch.__version__}
+    results = {"cores": os.cpu_count(), "torch": torch.__version__, "host": host_facts.report()}
     sections = args.sections.split(",")
 
     def save():  # after each section: a later one failing (Ray's start on a loaded machine) loses nothing
         if args.json:
-            json.dump(results, open(args.json, "w"), indent=2)
+            json.dump({**results, "host": host_facts.report()}, open(args.json, "w"), indent=2)
     if "feed" in sections:
         model_dir = os.path.join(args.workdir, "tiny-model")
         if not os.path.exists(model_dir):
@@ -526,4 +570,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    print(host_facts.header(), flush=True)
     main()
+    print(host_facts.footer(), flush=True)

@@ -23,6 +23,7 @@ Prints one table (markdown) and writes it to WORKDIR/bench_formats.json.
 
 from __future__ import annotations
 
+import host_facts  # scripts/host_facts.py: the host a run's figures belong to
 import argparse
 import json
 import os
@@ -234,8 +235,10 @@ def main():
     print(f"\n{args.items} items of int16 codes [25..250 frames, 8]; {base['write']['array_mib']:.1f} MiB of arrays\n")
     print(table)
     with open(os.path.join(args.workdir, "bench_formats.json"), "w") as f:
-        json.dump({"results": results, "table": table}, f, indent=2)
+        json.dump({"results": results, "table": table, "host": host_facts.report()}, f, indent=2)
 
 
 if __name__ == "__main__":
+    print(host_facts.header(), flush=True)
     main()
+    print(host_facts.footer(), flush=True)

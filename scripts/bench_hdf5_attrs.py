@@ -6,6 +6,7 @@
 1,000 items of codes (int16 [25..250, 8]) into one in-memory shard, as the writer builds it; items
 per CPU second (median of 6 builds each) and the shard's bytes. Figures: docs/integrity.md."""
 
+import host_facts  # scripts/host_facts.py: the host a run's figures belong to
 import os
 import sys
 import time
@@ -48,4 +49,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    print(host_facts.header(), flush=True)
     main()
+    print(host_facts.footer(), flush=True)

@@ -15,6 +15,7 @@ speed: the same files end to end (``mimi-extract codes``), chunked (the default)
 (``--chunk-seconds`` past the file's length), and with ``--code``, that checkout too, side by side.
 """
 
+import host_facts  # scripts/host_facts.py: the host a run's figures belong to
 import argparse
 import json
 import os
@@ -41,6 +42,7 @@ p.add_argument("--seconds", type=float, default=60)
 p.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "mimi-bench-long"))
 p.add_argument("--json")
 args = p.parse_args()
+print(host_facts.header(), flush=True)
 os.makedirs(args.work, exist_ok=True)
 results = []
 
@@ -146,4 +148,5 @@ else:  # speed: end to end, as a user runs it, side by side
             results.append({"model": kind, "path": label, "speed": total / wall, "rss_gb": rss, "rc": rc})
 
 if args.json:
-    json.dump(results, open(args.json, "w"), indent=2)
+    json.dump({"results": results, "host": host_facts.report()}, open(args.json, "w"), indent=2)
+print(host_facts.footer(), flush=True)

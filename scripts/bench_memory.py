@@ -12,6 +12,7 @@ RSS (``VmHWM``) is reported.
 
 from __future__ import annotations
 
+import host_facts  # scripts/host_facts.py: the host a run's figures belong to
 import argparse
 import io
 import json
@@ -175,4 +176,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    print(host_facts.header(), flush=True)
     main()
+    print(host_facts.footer(), flush=True)

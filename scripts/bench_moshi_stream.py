@@ -11,6 +11,7 @@ streaming encode, N frames (1920 samples) per call, and compared per codebook wi
 
 from __future__ import annotations
 
+import host_facts  # scripts/host_facts.py: the host a run's figures belong to
 import argparse
 import os
 import sys
@@ -57,4 +58,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    print(host_facts.header(), flush=True)
     main()
+    print(host_facts.footer(), flush=True)

@@ -9,6 +9,7 @@ ratio is a floor for what fsspec's ranged reads cost, not a prediction for AWS.
 
 from __future__ import annotations
 
+import host_facts  # scripts/host_facts.py: the host a run's figures belong to
 import argparse
 import io
 import json
@@ -116,4 +117,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    print(host_facts.header(), flush=True)
     main()
+    print(host_facts.footer(), flush=True)

@@ -16,6 +16,7 @@ in this process (its request log counts what each command asked for).
 
 from __future__ import annotations
 
+import host_facts  # scripts/host_facts.py: the host a run's figures belong to
 import argparse
 import json
 import os
@@ -186,4 +187,6 @@ def remote(seed: str, args) -> None:
 
 
 if __name__ == "__main__":
+    print(host_facts.header(), flush=True)
     main()
+    print(host_facts.footer(), flush=True)

@@ -18,6 +18,7 @@ perturbation |Δr| is measured from this mode's latent against strict fp32's).  
 noise: this measures mechanics and rounding drift, not real-speech code statistics.
 """
 
+import host_facts  # scripts/host_facts.py: the host a run's figures belong to
 import argparse
 import copy
 import json
@@ -44,6 +45,7 @@ p.add_argument("--num-quantizers", type=int, default=8)
 p.add_argument("--seed", type=int, default=0)
 p.add_argument("--json", help="write the results here (rewritten after each mode: a later failure keeps them)")
 args = p.parse_args()
+print(host_facts.header(), flush=True)
 cuda = args.device.startswith("cuda")
 SR = 24_000
 
@@ -87,7 +89,7 @@ results = {"device": torch.cuda.get_device_name() if cuda else "cpu", "torch": t
 
 def save():
     if args.json:
-        json.dump(results, open(args.json, "w"), indent=2)
+        json.dump({**results, "host": host_facts.report()}, open(args.json, "w"), indent=2)
 
 
 def run_mode(name: str, encoder, dtype, shape) -> dict:
@@ -168,3 +170,4 @@ for mode in modes:
         print(f"{mode}: FAILED {entry['error']}", file=sys.stderr, flush=True)
 set_tf32(False)
 save()
+print(host_facts.footer(), flush=True)

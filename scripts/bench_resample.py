@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import host_facts  # scripts/host_facts.py: the host a run's figures belong to
 import argparse
 import json
 import os
@@ -200,8 +201,10 @@ def main() -> None:
         if name in args.sections.split(","):
             results[name] = fn(args)
             if args.json:
-                json.dump(results, open(args.json, "w"), indent=1)
+                json.dump({**results, "host": host_facts.report()}, open(args.json, "w"), indent=1)
 
 
 if __name__ == "__main__":
+    print(host_facts.header(), flush=True)
     main()
+    print(host_facts.footer(), flush=True)

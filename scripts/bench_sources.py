@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import host_facts  # scripts/host_facts.py: the host a run's figures belong to
 import argparse
 import json
 import os
@@ -227,7 +228,11 @@ def decoders(args):
     --reps): libsndfile's float32 and int16 reads (blocks of 65,536 frames, as AudioReader reads),
     FFmpeg's frames as PyAV returns them (``raw``: the decoder's own speed), and PyAVFile, the
     tool's PyAV reader (what a run would pay); the samples compared with libsndfile's decode
-    (length, max |difference|).  Speech-like mono, --decode-seconds long."""
+    (length, max |difference|).  Speech-like mono, --decode-seconds long.  Ogg Opus twice: stated
+    48 kHz and 16 kHz (libsndfile decodes at the stated rate, FFmpeg always at 48 kHz).  FLAC also
+    through the faster decoders that were candidates (issue 40): dr_flac (the ``miniaudio``
+    package) and ``pedalboard`` (JUCE's libFLAC), where installed, with what each makes of a FLAC
+    cut in half and of one with 1,000 zeroed bytes (``damaged``): libsndfile refuses both."""
     import av
 
     from mimi_extract.audio.decoders import PyAVFile
@@ -240,6 +245,7 @@ def decoders(args):
     for name, rate, kw in (("flac16k.flac", 16_000, {"subtype": "PCM_16"}), ("flac48k.flac", 48_000, {"subtype": "PCM_16"}),
                            ("mp3_48k.mp3", 48_000, {"format": "MP3", "subtype": "MPEG_LAYER_III"}),
                            ("opus48k.opus", 48_000, {"format": "OGG", "subtype": "OPUS"}),
+                           ("opus16k.opus", 16_000, {"format": "OGG", "subtype": "OPUS"}),
                            ("vorbis48k.ogg", 48_000, {"format": "OGG", "subtype": "VORBIS"})):
         path = os.path.join(root, name)
         if not os.path.exists(path):
@@ -275,6 +281,34 @@ def decoders(args):
         data = np.concatenate(parts, axis=-1)[0]
         return data.astype(np.float32) / 32768 if data.dtype == np.int16 else data.astype(np.float32)
 
+    def dr_flac(path):  # miniaudio's dr_flac, whole file at once (its streaming API is a Python generator)
+        import miniaudio
+
+        d = miniaudio.flac_read_file_s16(path)
+        return np.frombuffer(d.samples, np.int16).reshape(-1, d.nchannels)[:, 0].astype(np.float32) / 32768
+
+    def pedalboard_raw(path):  # JUCE's libFLAC: int16 as in the file, in the tool's blocks
+        import pedalboard.io
+
+        with pedalboard.io.AudioFile(path) as f:
+            parts = []
+            while (block := f.read_raw(1 << 16)).shape[1]:
+                parts.append(block[0])
+        return np.concatenate(parts).astype(np.float32) / 32768
+
+    def damaged(read, path):
+        """What ``read`` makes of ``path`` cut in half, and with 1,000 bytes zeroed in the middle."""
+        data, said = open(path, "rb").read(), {}
+        for label, blob in (("cut in half", data[: len(data) // 2]),
+                            ("1,000 bytes zeroed", data[: len(data) // 2] + bytes(1000) + data[len(data) // 2 + 1000:])):
+            bad = os.path.join(root, "damaged.flac")
+            open(bad, "wb").write(blob)
+            try:
+                said[label] = f"{len(read(bad))} samples, no error"
+            except Exception as e:  # noqa: BLE001 -- what each library raises is the finding
+                said[label] = f"error: {str(e)[:80]}"
+        return said
+
     def pyav_file(path):
         f = PyAVFile(path)
         parts = []
@@ -291,14 +325,22 @@ def decoders(args):
             readers = [("soundfile float32", lambda p: soundfile_read(p, "float32"))] + readers
             if name.startswith("flac"):
                 readers.insert(1, ("soundfile int16", lambda p: soundfile_read(p, "int16")))
+                for label, module, fn in (("dr_flac (miniaudio)", "miniaudio", dr_flac),
+                                          ("pedalboard read_raw", "pedalboard", pedalboard_raw)):
+                    try:
+                        __import__(module)
+                    except ImportError:
+                        continue
+                    readers.append((label, fn))
         for label, read in readers:
             data, cpu = best(lambda: read(path))
             r = {"x_per_core": round(seconds / cpu, 1), "frames": len(data)}
             if ref is None:
                 ref = data
-            else:
-                n = min(len(data), len(ref))
-                r["max_abs_diff_vs_first"] = float(np.abs(data[:n] - ref[:n]).max())
+            elif len(data) == len(ref):  # (Opus stated at 16 kHz: libsndfile's 16 kHz against FFmpeg's 48)
+                r["max_abs_diff_vs_first"] = float(np.abs(data - ref).max())
+            if name == "flac16k.flac" and label != "pyav raw":
+                r["damaged"] = damaged(read, path)
             row[label] = r
         rows[name] = row
         print(name, {k: v["x_per_core"] for k, v in row.items() if isinstance(v, dict)}, flush=True)
@@ -356,8 +398,10 @@ def main():
             result[part] = fn(args)
             print(json.dumps({part: result[part]}, indent=1), flush=True)
     with open(os.path.join(args.out, "result.json"), "w") as f:
-        json.dump(result, f, indent=1)
+        json.dump({**result, "host": host_facts.report()}, f, indent=1)
 
 
 if __name__ == "__main__":
+    print(host_facts.header(), flush=True)
     main()
+    print(host_facts.footer(), flush=True)

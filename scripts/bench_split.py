@@ -13,6 +13,7 @@ Uses a seeded random model of kyutai/mimi's architecture (no weights can be down
 
 from __future__ import annotations
 
+import host_facts  # scripts/host_facts.py: the host a run's figures belong to
 import argparse
 import json
 import os
@@ -110,4 +111,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    print(host_facts.header(), flush=True)
     main()
+    print(host_facts.footer(), flush=True)

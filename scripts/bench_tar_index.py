@@ -8,6 +8,7 @@ sidecar per sample).  Process CPU time, best of ``--reps``; both see the page ca
 
 from __future__ import annotations
 
+import host_facts  # scripts/host_facts.py: the host a run's figures belong to
 import argparse
 import io
 import json
@@ -54,4 +55,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    print(host_facts.header(), flush=True)
     main()
+    print(host_facts.footer(), flush=True)

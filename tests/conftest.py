@@ -5,8 +5,13 @@ module or this file."""
 
 import os
 
-import hypothesis
-import torch
+# torch's OpenMP threads wait passively (before torch loads libgomp; the CLI subprocesses inherit it): two
+# spinning threads on a busy machine burn the cores the rest of the suite needs (issue 40 measured
+# 0.11-0.15x one thread's CPU efficiency spinning, 0.94x passive)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import hypothesis  # noqa: E402
+import torch  # noqa: E402
 
 pytest_plugins = ("support.fixtures", "support.corpora")
 

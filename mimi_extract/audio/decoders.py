@@ -2,9 +2,9 @@
 libsndfile through ``soundfile``, FFmpeg through :class:`PyAVFile` -- behind one interface
 (:func:`open_decoder`: ``samplerate``, ``channels``, ``frames``, ``read``, ``seek``, ``close``), with
 the seeks that give exactly the samples a decode from the start gives (:func:`_seek`).  MPEG audio
-(MP3) goes through FFmpeg (see the decoder table below), cut before the tags appended to it
-(:mod:`.trailing`); an undecodable packet becomes silence of its length, counted in the item's
-``decoder_warnings``."""
+(MP3) and Ogg Opus (``.opus``) go through FFmpeg (see the decoder table below), MP3 cut before the
+tags appended to it (:mod:`.trailing`); an undecodable packet becomes silence of its length,
+counted in the item's ``decoder_warnings``."""
 
 from __future__ import annotations
 
@@ -64,19 +64,33 @@ def open_soundfile(source, info_only: bool = False, shown: str | None = None):
 # (libmpg123 prints its warnings on the process's fd 2, which had to be captured under one lock).
 # Measured per core (docs/inputs.md): FFmpeg decodes MP3 at 0.84-0.95x libsndfile's speed alone,
 # and the tool's old libsndfile path ran one MP3 read at a time per process.
-SOUNDFILE_EXTENSIONS = (".wav", ".flac", ".ogg", ".oga", ".opus", ".aiff", ".aif", ".aifc", ".caf", ".w64", ".rf64",
+#
+# Ogg Opus (``.opus``) goes through FFmpeg's native Opus decoder since 0.4: 2.2-2.6x libsndfile's
+# libopus per core (docs/performance.md).  It decodes at 48 kHz, Opus's own rate, whatever rate the
+# header states: RFC 7845 5.1 makes that field informational (the encoder's input rate) and says to
+# play at 48 kHz; libsndfile asked libopus for the stated rate instead (16 kHz for most speech
+# corpora), so a 0.3 OUT's .opus items had other samples: run.json's ``decoders`` refuses that resume.
+# The reference is FFmpeg's whole-file decode: the length is counted from the stream's tail (Ogg
+# granule positions give every page's exact time, end trimming applied) and a segment seeks through
+# the pre-roll, both equal to the whole decode (tests/audio/test_decoding.py).  An Opus stream named
+# ``.ogg`` or ``.oga`` stays with libsndfile, by the extension rule above.
+SOUNDFILE_EXTENSIONS = (".wav", ".flac", ".ogg", ".oga", ".aiff", ".aif", ".aifc", ".caf", ".w64", ".rf64",
                         ".au", ".snd")
 MPEG_EXTENSIONS = (".mp3", ".mp2", ".mp1", ".mpga")
+OPUS_EXTENSIONS = (".opus",)
 # containers whose frames carry exact times, so their decoded length is counted from the stream's tail
-# (MPEG audio by its demuxer's frame index; MP4/M4A by its sample table, edit lists applied)
-TAIL_COUNTED_EXTENSIONS = MPEG_EXTENSIONS + (".m4a", ".mp4")
-PYAV_EXTENSIONS = MPEG_EXTENSIONS + (".m4a", ".mp4", ".aac", ".alac", ".wma", ".asf", ".webm", ".mka", ".mkv", ".ac3",
-                                     ".amr", ".3gp")
+# (MPEG audio by its demuxer's frame index; MP4/M4A by its sample table, edit lists applied; Ogg Opus
+# by its pages' granule positions)
+TAIL_COUNTED_EXTENSIONS = MPEG_EXTENSIONS + OPUS_EXTENSIONS + (".m4a", ".mp4")
+# ... and those a segment read seeks into through the pre-roll (see _PREROLL), exact
+PREROLL_SEEK_EXTENSIONS = MPEG_EXTENSIONS + OPUS_EXTENSIONS
+PYAV_EXTENSIONS = MPEG_EXTENSIONS + OPUS_EXTENSIONS + (".m4a", ".mp4", ".aac", ".alac", ".wma", ".asf", ".webm",
+                                                       ".mka", ".mkv", ".ac3", ".amr", ".3gp")
 DECODED_EXTENSIONS = SOUNDFILE_EXTENSIONS + PYAV_EXTENSIONS
 
 
 def decoder_for(name: str) -> str:
-    """"pyav" for MPEG audio and the containers libsndfile cannot read (by extension), else
+    """"pyav" for MPEG audio, Ogg Opus and the containers libsndfile cannot read (by extension), else
     "soundfile" (also for a name without a known extension: libsndfile then identifies the format
     from the bytes)."""
     return "pyav" if name.lower().endswith(PYAV_EXTENSIONS) else "soundfile"
@@ -128,12 +142,12 @@ class PyAVFile:
 
     ``frames``, the decoded length, is what the decoder outputs, which no header of these formats
     states exactly for every file (AAC priming and edit lists; an MP3 without a Xing/VBRI header,
-    or a LAME gapless tag).  For MPEG audio and MP4/M4A it is counted from the time of the first
+    or a LAME gapless tag).  For MPEG audio, Ogg Opus and MP4/M4A it is counted from the time of the first
     decoded sample to the end of the last frame, decoding only the stream's last :data:`_PREROLL`
-    samples (the packet times come from the demuxer's frame index or the MP4 sample table, read
-    without decoding); for the other containers by a full decode.  Both are checked against a
-    whole decode in tests/audio/test_real_shapes.py.  ``seek`` of MPEG audio seeks (see
-    ``_PREROLL``); of the others, decodes and drops from where the stream is (an AAC frame read
+    samples (the packet times come from the demuxer's frame index, the MP4 sample table or the Ogg
+    pages' granule positions, read without decoding); for the other containers by a full decode.
+    Both are checked against a whole decode in tests/audio/test_real_shapes.py.  ``seek`` of MPEG
+    audio and Ogg Opus seeks (see ``_PREROLL``); of the others, decodes and drops from where the stream is (an AAC frame read
     after a container seek differs from the whole decode by up to 8e-3 even after a pre-roll:
     measured, so AAC is not sought)."""
 
@@ -144,6 +158,7 @@ class PyAVFile:
         self.name = name or (os.fspath(source) if isinstance(source, (str, os.PathLike)) else getattr(source, "name", ""))
         self.mpeg = str(self.name).lower().endswith(MPEG_EXTENSIONS)
         self.tail_counted = str(self.name).lower().endswith(TAIL_COUNTED_EXTENSIONS)
+        self.preroll_seek = str(self.name).lower().endswith(PREROLL_SEEK_EXTENSIONS)
         self._skipped: list[str] = []  # why each undecodable packet was silenced
         self.container = None
         # what FFmpeg reads: an MPEG file's bytes before its trailing APEv2 / ID3v2 tags (audio.trailing)
@@ -223,7 +238,7 @@ class PyAVFile:
             counter = PyAVFile.__new__(PyAVFile)
             counter.source, counter.name, counter.mpeg, counter._skipped = self.source, self.name, self.mpeg, []
             counter._input = self._input
-            counter.tail_counted = self.tail_counted
+            counter.tail_counted, counter.preroll_seek = self.tail_counted, self.preroll_seek
             counter.samplerate, counter.channels = self.samplerate, self.channels
             counter._open(av)
             try:
@@ -285,7 +300,7 @@ class PyAVFile:
 
     def seek(self, frames: int) -> int:
         """Position at source sample ``frames`` (from the start only: the reader seeks once)."""
-        if self.mpeg and self.position == 0 and frames > 2 * _PREROLL and self._mpeg_seek(frames):
+        if self.preroll_seek and self.position == 0 and frames > 2 * _PREROLL and self._preroll_seek(frames):
             return frames
         left = frames - self.position
         while left > 0:
@@ -295,7 +310,7 @@ class PyAVFile:
             left -= got
         return frames
 
-    def _mpeg_seek(self, target: int) -> bool:
+    def _preroll_seek(self, target: int) -> bool:
         """Seek to ``target`` through a pre-roll (see ``_PREROLL``); False (nothing consumed that a
         decode from the start needs: the stream is reopened) where frame times are missing."""
         import av
@@ -368,7 +383,8 @@ def open_decoder(source, name: str | None = None, shown: str | None = None):
 # Vorbis and Opus carry decoder state across packets (overlapped transforms), which libsndfile's
 # seek does not fully rebuild: they are read from _PREROLL samples before the start and the pre-roll
 # dropped, and then equal the whole-file decode exactly (measured, see tests/audio/test_decoding.py).
-# MPEG audio seeks through FFmpeg the same way (PyAVFile).
+# MPEG audio and .opus seek through FFmpeg the same way (PyAVFile); OPUS below is an Opus stream
+# named .ogg or .oga, which libsndfile decodes.
 _PREROLL_SUBTYPES = ("VORBIS", "OPUS")
 EXACT_SEEK_EXTENSIONS = (".wav", ".flac", ".aiff", ".aif", ".aifc", ".caf", ".w64", ".rf64", ".au", ".snd")
 

@@ -4,9 +4,9 @@ against FFmpeg's own whole-file decode (PyAV's plain loop, written here independ
 the probe's sample count, every sample of a whole read and of a segment read after a seek, the 24 kHz
 encoder input; then the whole corpus end to end (directory and tar shard) through the CLI.
 
-A file is an error row only where FFmpeg fails too.  Bounds are measured: MP3 and M4A are decoded by
-FFmpeg itself (0), FLAC and WAV by libsndfile (0), Ogg Vorbis / Opus by libsndfile within 9e-8 /
-3.5e-7 of FFmpeg's decoders (bounds 3e-7 / 5e-7)."""
+A file is an error row only where FFmpeg fails too.  Bounds are measured: MP3, M4A and Ogg Opus are
+decoded by FFmpeg itself (0), FLAC and WAV by libsndfile (0), Ogg Vorbis by libsndfile within 9e-8
+of FFmpeg's decoder (bound 3e-7)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from mimi_extract.audio.decoders import _seek, open_decoder
 from mimi_extract.audio.reader import load
 
 SHAPES = {s.name: s for s in shapes()}
-BOUND = {".ogg": 3e-7, ".opus": 5e-7}  # libsndfile vs FFmpeg (Vorbis, Opus); every other shape: 0
+BOUND = {".ogg": 3e-7}  # libsndfile vs FFmpeg (Vorbis); every other shape: 0
 
 
 @pytest.fixture(scope="module")

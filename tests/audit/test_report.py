@@ -14,6 +14,7 @@ import pytest
 
 import mimi_extract
 from support import ONE_WORKER, cli, cli_process
+from support.waits import HANG_S
 from mimi_extract import read_manifest
 from mimi_extract.audit.report import (CARD_BEGIN, CARD_END, DURATION_EDGES, PNG_ERROR_REASONS, PNG_ERROR_SUBSETS,
                                        SCHEMA, corpus_report, error_panel, write_png)
@@ -277,6 +278,6 @@ def test_worker_processes_and_manifest_only_agree(outs):
 def test_cli_process_with_worker_processes(outs):
     """The real CLI (``python -m mimi_extract``) with spawned workers: same report as one process."""
     p = cli_process("report", outs["parquet"], "--json", "--workers", "2")
-    stdout, _ = p.communicate(timeout=300)
+    stdout, _ = p.communicate(timeout=HANG_S)
     assert p.returncode == 0, stdout
     assert json.loads(stdout) == json.loads(json.dumps(corpus_report(outs["parquet"], workers=1)))

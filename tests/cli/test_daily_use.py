@@ -15,6 +15,7 @@ import soundfile as sf
 import torch
 
 from support import ROOT, cli, write_noise
+from support.waits import HANG_S
 from support.outs import make_out
 
 FAST = ["--device", "cpu", "--cpu-workers", "1", "--num-workers", "1"]
@@ -143,7 +144,7 @@ def test_failing_items_named_with_true_decoder_errors(tmp_path, tiny_model_dir):
     write_noise(corpus / "good.wav", 4000)
     out = tmp_path / "out"
     p = cli_process("codes", corpus, out, "--model", tiny_model_dir, *FAST, cwd=tmp_path)
-    log, _ = p.communicate(timeout=300)
+    log, _ = p.communicate(timeout=HANG_S)
     assert p.returncode == 0, log
     assert "Invalid data" not in log and "mp3float" not in log, log  # the decoder's words are not in the log
     row = next(json.loads(l) for l in open(out / "manifest.jsonl") if "broken" in l)

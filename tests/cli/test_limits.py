@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 from support import ROOT
+from support.waits import HANG_S
 from mimi_extract.cli import limits
 
 MIB = 1 << 20
@@ -35,7 +36,7 @@ def run_limited(limit: int, *args, env=None, tmp_path=None):
         env["IMPORTED_TORCH"] = str(tmp_path / "imported-torch")
         command = [sys.executable, "-c", PROBE]
     p = subprocess.run([*command, *map(str, args)], env=env, capture_output=True, text=True, preexec_fn=cap,
-                       timeout=120)
+                       timeout=HANG_S)
     if tmp_path is None:
         return p, None
     return p, (tmp_path / "imported-torch").read_text()

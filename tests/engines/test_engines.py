@@ -56,13 +56,15 @@ def test_mixed_directory_streams_long_files(tmp_path, tiny_model, tiny_model_dir
     moves while the long file is encoded; everything equals the single-item reference."""
     root = tmp_path / "mixed"
     root.mkdir()
-    write(str(root), [FRAME * 3, 7000, 24_000 * 2])
-    write_noise(root / "long16k.wav", 16_000 * 41 + 3, 16_000, np.random.default_rng(1), 0.1, subtype="FLOAT")
+    write(str(root), [FRAME * 3, 7000, 20_000])  # (each shorter than a 1 s chunk)
+    # 11 s in 1 s chunks: the same 12 chunks as 41 s in the default 4 s ones, at a quarter of the cost
+    write_noise(root / "long16k.wav", 16_000 * 11 + 3, 16_000, np.random.default_rng(1), 0.1, subtype="FLOAT")
     calls = []
-    summary = extract(str(root), str(tmp_path / "out"), Settings(model=tiny_model_dir, tap="codes", num_workers=1),
+    summary = extract(str(root), str(tmp_path / "out"),
+                      Settings(model=tiny_model_dir, tap="codes", num_workers=1, chunk_seconds=1),
                       on_progress=lambda items, seconds, errors: calls.append((items, seconds)))
     assert summary.streamed == 1 and summary.ok == 4
-    assert sum(1 for items, seconds in calls if items == 0 and seconds > 0) >= 10  # 4 s chunks of the long file
+    assert sum(1 for items, seconds in calls if items == 0 and seconds > 0) >= 10  # 1 s chunks of the long file
     assert abs(sum(s for _, s in calls) - summary.seconds) < 1e-6
     out = str(tmp_path / "out")
     for row in read_manifest(out):

@@ -1,6 +1,7 @@
 """No run may hang: a failing stream, a slow step, the end of the work -- every engine ends, and
 every failing item becomes an error row.  Each test bounds its wait (a thread join, a subprocess
-timeout), so a regression fails instead of hanging the suite."""
+timeout) by ``HANG_QUICK_S``, so a regression fails instead of hanging the suite, and a busy machine
+(runs 10x slower) does not fail them."""
 
 import json
 import os
@@ -12,6 +13,7 @@ import pytest
 import soundfile as sf
 
 from support import cli_process
+from support.waits import HANG_QUICK_S
 from mimi_extract.engines import LATER, DeviceRunner
 from mimi_extract.engines.plan import plan_units
 from mimi_extract.config.settings import Settings
@@ -40,7 +42,7 @@ def rows_of(out):
         return {r["key"]: r for r in map(json.loads, f)}
 
 
-def run_cli(args, timeout=150):
+def run_cli(args, timeout=HANG_QUICK_S):
     """The CLI in a subprocess; a hang is a failure (killed after ``timeout`` seconds)."""
     proc = cli_process(*args)
     try:
@@ -79,7 +81,7 @@ def test_feeder_delivers_a_stream_error_before_waiting_for_work(tmp_path, tiny_m
 
     thread = threading.Thread(target=runner.run, args=(next_unit, emit, threading.Event()), daemon=True)
     thread.start()
-    thread.join(timeout=60)
+    thread.join(timeout=HANG_QUICK_S)
     hung = thread.is_alive()
     all_final.set()  # release it, whatever happened
     assert not hung, "the feeder waited for work while holding the only item's error"
@@ -150,6 +152,6 @@ def test_run_ends_after_a_step_slower_than_any_timeout(tmp_path, tiny_model_dir,
     thread = threading.Thread(target=runner.run, daemon=True,
                               args=(lambda block=True: next(units, None), lambda p: finals.append(p), threading.Event()))
     thread.start()
-    thread.join(timeout=45)
+    thread.join(timeout=HANG_QUICK_S)
     assert not thread.is_alive(), "the run never ended after a step slower than 10 s"
     assert sorted(p.item.key for p in finals if p.final and p.error is None) == ["0.wav", "1.wav", "2.wav"]

@@ -5,7 +5,6 @@ import os
 import signal
 import subprocess
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -16,6 +15,7 @@ from support import extract  # noqa: E402
 from mimi_extract.config.settings import Settings  # noqa: E402
 from support import check_consistency  # noqa: E402
 from support import write_noise  # noqa: E402
+from support.waits import wait_for  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -60,9 +60,7 @@ def test_ray_actor_killed_mid_run(corpus60, tiny_model_dir, in_process, ray_clus
         done.append(items)
 
     def killer():
-        deadline = time.time() + 120
-        while sum(done) < 10 and time.time() < deadline:
-            time.sleep(0.05)
+        wait_for(lambda: sum(done) >= 10, "10 items done", poll=0.05)
         pids = subprocess.run(["pgrep", "-f", "ray::RayEncoder"], capture_output=True, text=True).stdout.split()
         if pids:
             os.kill(int(pids[0]), signal.SIGKILL)
@@ -123,13 +121,13 @@ def test_ray_driver_killed_takes_its_private_cluster(corpus60, tiny_model_dir, t
             except psutil.Error:
                 pass
 
-    deadline = time.time() + 120
-    while time.time() < deadline and not any("RayEncoder" in cmd for _, cmd in tree.values()):
+    def started():  # every process of the private cluster the reaper must take down, not a guessed second more
         assert driver.poll() is None, driver.stdout.read()
         look()
-        time.sleep(0.2)
-    time.sleep(1)
-    look()
+        names = " ".join(cmd for _, cmd in tree.values())
+        return all(n in names for n in ("RayEncoder", "DashboardAgent", "RuntimeEnvAgent"))
+
+    wait_for(started, "the private cluster's processes", poll=0.2)
     names = " ".join(cmd for _, cmd in tree.values())
     assert "RayEncoder" in names and "DashboardAgent" in names and "RuntimeEnvAgent" in names, names
     os.kill(driver.pid, signal.SIGKILL)
@@ -146,9 +144,10 @@ def test_ray_driver_killed_takes_its_private_cluster(corpus60, tiny_model_dir, t
                 pass
         return left
 
-    deadline = time.time() + 20
-    while alive() and time.time() < deadline:
-        time.sleep(0.5)
+    try:
+        wait_for(lambda: not alive(), "the private cluster taken down", poll=0.5)
+    except AssertionError:
+        pass  # (named below, after they are killed)
     left = alive()
     for pid, (created, _) in tree.items():  # never leave them to the next test
         try:

@@ -13,6 +13,7 @@ import h5py
 import numpy as np
 import pytest
 
+from support.waits import HANG_QUICK_S
 from mimi_extract.formats.hdf5 import HDF5, HDF5Shard
 from mimi_extract.sources.base import dataset_name
 
@@ -90,11 +91,11 @@ def test_no_single_flipped_byte_makes_a_read_hang_or_lie(tmp_path):
     path = str(tmp_path / "shard-00000.h5")
     rows = build_shard(path)
     progress = tmp_path / "progress"
-    with open(progress, "w") as err:  # ~30 s in all; a read that makes no progress for 2 min is a hang
+    with open(progress, "w") as err:  # ~30 s in all; a read that makes no progress for HANG_QUICK_S is a hang
         child = subprocess.Popen([sys.executable, "-c", FLIP_LOOP, path, json.dumps(rows)], stdout=subprocess.PIPE,
                                  stderr=err, text=True)
         seen, still = -1, 0
-        while child.poll() is None and still < 120:
+        while child.poll() is None and still < HANG_QUICK_S:
             time.sleep(1)
             size = progress.stat().st_size
             seen, still = size, (still + 1 if size == seen else 0)

@@ -17,6 +17,7 @@ lhotse = pytest.importorskip("lhotse")
 
 import mimi_extract  # noqa: E402
 from support import ONE_WORKER, cli, write_noise  # noqa: E402
+from support.waits import HANG_S
 from mimi_extract import read, read_cuts, read_manifest  # noqa: E402
 from mimi_extract.audio.reader import load  # noqa: E402
 from mimi_extract.codec.reference import reference_single  # noqa: E402
@@ -361,7 +362,7 @@ def test_shar_extend_adds_a_field_aligned_with_each_input_shard(shar_dataset, ti
         def __iter__(self):
             for unit in super().__iter__():
                 if armed.is_set() and any(self.shard_of[it.key] == self.last for it in unit.items):
-                    assert stop.wait(timeout=300), "the shards before the last never completed"
+                    assert stop.wait(timeout=HANG_S), "the shards before the last never completed"
                     return
                 yield unit
 

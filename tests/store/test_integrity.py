@@ -22,6 +22,7 @@ from mimi_extract.config.settings import Settings
 from mimi_extract.codec.demo import random_model, tiny_config
 from support import check_consistency
 from support.kill_trials import KillTrial, kill_9_then_resume
+from support.waits import HANG_S, read_until, wait_for
 from mimi_extract.store.files import LockedError
 from mimi_extract.store.lock import RunLock
 
@@ -57,31 +58,17 @@ def assert_same(out, reference):
 
 def start(many, out, model_dir, *extra):
     proc = cli_process("codes", many, out, "--model", model_dir, "--shard-size", 7, *extra, start_new_session=True)
-    lines = []
-    deadline = time.time() + 120
-    while time.time() < deadline:  # wait until start-up is over and encoding begins
-        line = proc.stdout.readline()
-        if not line:
-            break
-        lines.append(line)
-        if "to encode" in line:
-            return proc, lines
-    raise AssertionError("".join(lines) or "no output")
+    return proc, read_until(proc.stdout, "to encode", "start-up")  # start-up over, encoding begins
 
 
-def wait_for_rows(out, n, timeout=60.0):
+def wait_for_rows(out, n):
     """Until OUT's manifest has ``n`` rows (so a signal lands mid-run, whatever the machine's speed)."""
     path = os.path.join(out, "manifest.jsonl")
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if os.path.exists(path) and sum(1 for _ in open(path)) >= n:
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"{n} rows never appeared")
+    wait_for(lambda: os.path.exists(path) and sum(1 for _ in open(path)) >= n, f"{n} manifest rows")
 
 
-def finish(proc, timeout=120):
-    out, _ = proc.communicate(timeout=timeout)
+def finish(proc):
+    out, _ = proc.communicate(timeout=HANG_S)
     return proc.returncode, out
 
 
@@ -159,7 +146,7 @@ def test_second_signal_stops_at_once_and_startup_interrupt_is_clean(many, tiny_m
     extract(many, out, Settings(model=tiny_model_dir, tap="codes", num_workers=1), shard_size=7)
     assert_same(out, reference_run)
     early = cli_process("codes", many, str(tmp_path / "early"), "--model", tiny_model_dir, *ONE_WORKER)
-    time.sleep(1.0)  # still importing torch
+    wait_for(lambda: importing_torch(early.pid) or early.poll() is not None, "the run importing torch")  # start-up: the interrupt lands there
     early.send_signal(signal.SIGINT)
     code, text = finish(early)
     assert code == 130 and "Traceback" not in text, text
@@ -177,7 +164,7 @@ def test_second_run_is_refused_while_the_first_holds_out(many, tiny_model_dir, r
     assert_same(out, reference_run)
     # the lock dies with its holder: after kill -9 the next run proceeds
     holder = subprocess.Popen(["python3", "-c", f"import fcntl,time; f=open({os.path.join(out, 'lock')!r},'a');"
-                                                "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)"],
+                                                "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(3600)"],
                               stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"
     with pytest.raises(LockedError):
@@ -391,3 +378,13 @@ def test_float_features_after_a_disk_full_resume_differ_by_batch_composition_onl
     assert _fill_disk_run(str(rest), fresh, tiny_model_dir).exit_code == 0
     for key, data in check_consistency(fresh).items():
         assert np.array_equal(data, resumed[key]), key
+
+
+def importing_torch(pid: int) -> bool:
+    """Whether process ``pid`` has torch's library mapped (its import has begun: Python runs, its
+    signal handlers are in place), read from /proc: a state, where a sleep guessed a time."""
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            return "libtorch" in f.read()
+    except OSError:
+        return False

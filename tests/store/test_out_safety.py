@@ -24,6 +24,7 @@ from mimi_extract.store.files import OutputError
 from mimi_extract.store.lock import RunLock
 from mimi_extract.store.manifest import committed_rows
 from support import check_consistency
+from support.waits import wait_for
 
 
 @pytest.fixture(scope="module")
@@ -61,10 +62,8 @@ def test_whole_and_part_runs_never_both_complete(small, tiny_model_dir, tmp_path
 
     whole = threading.Thread(target=run, args=("whole",))
     whole.start()
-    deadline = time.time() + 30
-    while not os.path.exists(os.path.join(out, "lock")) and time.time() < deadline:
-        time.sleep(0.01)
-    time.sleep(0.2)
+    wait_for(lambda: os.path.exists(os.path.join(out, "lock")), "the whole run's lock")
+    time.sleep(0.2)  # (either order of the two runs is asserted below: this only makes the lock's side likelier)
     run("part", part=Part(0, 2))
     whole.join()
     assert results["whole"] == 8, results
@@ -199,8 +198,8 @@ def test_a_forked_worker_does_not_keep_outs_lock_after_its_runner_dies(tmp_path)
             "from mimi_extract.store.lock import RunLock\n"
             f"lock = RunLock({str(tmp_path)!r})\n"
             "child = os.fork()\n"
-            "if child == 0:\n    print('child ready', flush=True)\n    time.sleep(60)\n    os._exit(0)\n"
-            "print(child, flush=True)\ntime.sleep(60)\n")
+            "if child == 0:\n    print('child ready', flush=True)\n    time.sleep(3600)\n    os._exit(0)\n"
+            "print(child, flush=True)\ntime.sleep(3600)\n")
     runner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     # the child's fork hook has run once it prints (it runs before os.fork returns there): without
     # waiting for that, a loaded machine could run the test's kill and lock before the child ran at all

@@ -4,7 +4,6 @@ import json
 import os
 import shutil
 import signal
-import time
 
 import numpy as np
 import pytest
@@ -17,6 +16,7 @@ from mimi_extract.engines.plan import part_of
 from support import extract
 from mimi_extract.config.settings import Settings
 from support import check_consistency
+from support.waits import wait_for
 
 
 @pytest.fixture(scope="module")
@@ -68,9 +68,7 @@ def test_part_killed_and_rerun_alone(files, tiny_model_dir, tmp_path):
     part1 = os.path.join(out, Part(1, 3).dirname)
     in_part1 = sum(part_of(k, 3) == 1 for k in whole)
     proc = cli_process("codes", files, out, "--model", tiny_model_dir, "--part", "1/3", "--shard-size", 1, *ONE_WORKER)
-    deadline = time.time() + 120
-    while committed_ok(part1) == 0 and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.005)
+    wait_for(lambda: committed_ok(part1) > 0 or proc.poll() is not None, "part 1's first shard", poll=0.005)
     proc.send_signal(signal.SIGSTOP)
     done_before_kill = committed_ok(part1)
     proc.send_signal(signal.SIGKILL)

@@ -14,6 +14,7 @@ from typing import Callable
 import numpy as np
 
 from support import cli_process
+from support.waits import read_until, wait_for
 from support import check_consistency
 from mimi_extract import read_manifest
 from support import extract
@@ -31,15 +32,15 @@ class KillTrial:
     rows: tuple[int, int]
 
 
-def no_processes_left(pgid, timeout=10.0) -> bool:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
+def no_processes_left(pgid) -> bool:
+    def gone():
         try:
             os.killpg(pgid, 0)
         except ProcessLookupError:
             return True
-        time.sleep(0.2)
-    return False
+        return False
+
+    return wait_for(gone, f"process group {pgid} gone", poll=0.2)
 
 
 def committed_ok(out) -> int:
@@ -51,31 +52,26 @@ def start_kill_trial(many, out, model_dir, workers, fmt="hdf5"):
     once start-up is over, with the number of items it found already done."""
     proc = cli_process("codes", many, out, "--model", model_dir, "--shard-size", 3, "--device", "cpu",
                        "--cpu-workers", workers, "--num-workers", "1", "--format", fmt, start_new_session=True)
-    lines = []
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        lines.append(line)
-        if "to encode" in line:
-            text = " ".join("".join(lines).split())
-            done = text.split(" already done)")[0].rsplit("(", 1)[-1]
-            assert done.isdigit(), text
-            return proc, int(done)
-    proc.kill()
-    raise AssertionError("".join(lines) or "no output")
+    try:
+        lines = read_until(proc.stdout, "to encode", "the kill trial's start-up")
+    except AssertionError:
+        proc.kill()
+        raise
+    text = " ".join("".join(lines).split())
+    done = text.split(" already done)")[0].rsplit("(", 1)[-1]
+    assert done.isdigit(), text
+    return proc, int(done)
 
 
 def kill_9_part_way(proc, out, target, rng, group, total=120) -> int:
     """Wait until ``target`` ok rows are committed, then a random few ms (so the kill lands
     anywhere: encoding, writing a shard, between its commit steps); assert that the run is still
     going part-way through (alive, 0 < committed < total), then kill -9 it.  Returns the count."""
-    deadline = time.time() + 60
-    while committed_ok(out) < target:
+    def reached():
         assert proc.poll() is None, f"the run exited ({proc.returncode}) before {target} rows were committed"
-        assert time.time() < deadline, f"{target} committed rows never appeared"
-        time.sleep(0.002)
+        return committed_ok(out) >= target
+
+    wait_for(reached, f"{target} committed rows", poll=0.002)
     time.sleep(rng.uniform(0.0, 0.03))
     committed = committed_ok(out)
     assert proc.poll() is None and 0 < committed < total, (
