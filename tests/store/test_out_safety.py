@@ -198,8 +198,10 @@ def test_a_forked_worker_does_not_keep_outs_lock_after_its_runner_dies(tmp_path)
             "from mimi_extract.store.lock import RunLock\n"
             f"lock = RunLock({str(tmp_path)!r})\n"
             "child = os.fork()\n"
-            "if child == 0:\n    print('child ready', flush=True)\n    time.sleep(3600)\n    os._exit(0)\n"
-            "print(child, flush=True)\ntime.sleep(3600)\n")
+            # each line in one write(2): the two processes share the pipe (print may write a line in two
+            # pieces, and a busy machine interleaved them: '21866child ready')
+            "if child == 0:\n    os.write(1, b'child ready\\n')\n    time.sleep(3600)\n    os._exit(0)\n"
+            "os.write(1, f'{child}\\n'.encode())\ntime.sleep(3600)\n")
     runner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     # the child's fork hook has run once it prints (it runs before os.fork returns there): without
     # waiting for that, a loaded machine could run the test's kill and lock before the child ran at all
