@@ -289,6 +289,7 @@ def test_16k_default_is_what_torchaudio_plus_mimimodel_gives(tmp_path, tiny_mode
     out = tmp_path / "out"
     assert cli("codes", tmp_path / "in", out, "--model", tiny_model_dir, *FAST).exit_code == 0
     assert json.load(open(out / "run.json"))["causal_16k"] is False
+    assert json.load(open(out / "run.json"))["resample_on"] == "host"  # (auto on a CPU)
     with torch.no_grad():  # the user's own loop: torchaudio's resample, MimiModel on the item alone
         user = tiny_model.encode(taf.resample(wav, 16_000, 24_000)[None, None], num_quantizers=8).audio_codes[0].T
         delayed = taf.resample(torch.nn.functional.pad(wav, (causal_lookahead(16_000, 24_000), 0)), 16_000, 24_000)
@@ -299,6 +300,12 @@ def test_16k_default_is_what_torchaudio_plus_mimimodel_gives(tmp_path, tiny_mode
     out2 = tmp_path / "out2"
     assert cli("codes", tmp_path / "in", out2, "--model", tiny_model_dir, *FAST, "--resampler", "causal").exit_code == 0
     assert json.load(open(out2 / "run.json"))["causal_16k"] is True
+    # where it resampled is recorded, as provenance: the same OUT resumed resampling on the device
+    out3 = tmp_path / "out3"
+    assert cli("codes", tmp_path / "in", out3, "--model", tiny_model_dir, *FAST, "--resample-on", "device").exit_code == 0
+    assert json.load(open(out3 / "run.json"))["resample_on"] == "device"
+    resumed = cli("codes", tmp_path / "in", out3, "--model", tiny_model_dir, *FAST, "--resample-on", "host")
+    assert resumed.exit_code == 0, resumed.output
     got2 = torch.from_numpy(read(out2, "a16k.wav").astype(np.int64))
     assert torch.equal(got2, causal) and not torch.equal(got2[0], user[0])
 
