@@ -326,7 +326,7 @@ def decode(
     out_dir: Annotated[str, typer.Argument(metavar="OUT")],
     keys: Annotated[Optional[list[str]], typer.Argument(metavar="[KEY]...", help="Items to decode.")] = None,
     output: Annotated[Optional[str], typer.Option("-o", "--output", help="A .wav file (one key) or a folder (several keys, --all). \\[default for one key: KEY's name + .wav, here]")] = None,
-    all_items: Annotated[bool, typer.Option("--all", help="Every ok item of OUT (into the -o folder).")] = False,
+    all_items: Annotated[bool, typer.Option("--all", help="Every ok item of OUT, into the -o folder, each key's folders mirrored (sub/x.flac -> FOLDER/sub/x.flac.wav).")] = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace existing files (refused by default, before anything is decoded).")] = False,
     model: Annotated[Optional[str], typer.Option("--model", "-m", help="\\[default: the model OUT was made with]")] = None,
     device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N (auto = first GPU, else cpu).")] = "auto",
