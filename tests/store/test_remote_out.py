@@ -175,6 +175,15 @@ def test_a_job_array_on_s3_is_the_union_of_its_parts(s3, loose, tiny_model_dir, 
     missing = cli("status", url, "--missing")
     assert missing.exit_code == 1 and missing.stdout.strip() == "1", missing.output
     assert "part 1/2: not started" in cli("status", url).stdout
+    # status pointed at the complete part's own folder: that part, complete (it said "whole run", "part 1/2:
+    # not started", "incomplete"); --missing has nothing for it
+    alone = cli("status", f"{url}/part-0-of-2")
+    assert alone.exit_code == 0 and "not started" not in alone.stdout and "whole run" not in alone.stdout, alone.output
+    assert alone.stdout.startswith(f"part-0-of-2: {first} ok") and "\ncomplete" in alone.stdout, alone.output
+    part = ok_json("status", f"{url}/part-0-of-2", "--json")
+    assert (part["complete"], part["missing_parts"], part["incomplete_parts"], part["parts"]) == (True, [], [], 2)
+    done = cli("status", f"{url}/part-0-of-2", "--missing")
+    assert done.exit_code == 0 and done.stdout.strip() == "", done.output
     assert first + run(parse_part("1/2")).ok == len(FILES) and 0 < first < len(FILES)
     status = ok_json("status", url, "--json")
     assert status["complete"] and set(status["runs"]) == {"part-0-of-2", "part-1-of-2"} and status["ok"] == len(FILES)
