@@ -30,10 +30,43 @@ def _samples_24k(row: dict, info: dict) -> int:
     return max(1, framing.resampled_length(frames, rate))
 
 
+def mirrored_paths(folder: str, keys: list[str]) -> dict[str, str]:
+    """Where each key's wav goes under ``folder``: the key's own folders (``sub/x.flac`` ->
+    ``folder/sub/x.flac.wav``), so a decoded corpus looks like its source.  Each part of the key is
+    escaped as :func:`~mimi_extract.sources.dataset_name` escapes a whole key ('%' -> %25, a leading
+    '.' -> %2E: no ``..`` leaves ``folder``, no hidden file), an empty part (``a//b``, a leading '/')
+    is '%' (what no escaped part is).  ValueError, before anything is written, when two keys would
+    share a file (``x`` and ``x.wav``: '.wav' is not repeated) or one key's file would be another's
+    folder (``a.wav`` and ``a.wav/b``)."""
+    from ..sources import dataset_name
+
+    def part(name: str) -> str:
+        return dataset_name(name) if name else "%"
+
+    paths = {}
+    for key in keys:
+        *dirs, name = key.split("/")
+        paths[key] = os.path.join(folder, *map(part, dirs), part(name).removesuffix(".wav") + ".wav")
+    files: dict[str, str] = {}
+    for key, path in paths.items():
+        other = files.setdefault(os.path.relpath(path, folder), key)
+        if other != key:
+            raise ValueError(f"keys {other!r} and {key!r} would both be {path}; decode them one at a time with -o FILE")
+    for key, path in paths.items():
+        parent = os.path.dirname(os.path.relpath(path, folder))
+        while parent:
+            if parent in files:
+                raise ValueError(f"keys {files[parent]!r} and {key!r}: the first's file would be the second's "
+                                 "folder; decode them one at a time with -o FILE")
+            parent = os.path.dirname(parent)
+    return paths
+
+
 def decode_items(out_dir: str, keys: list[str] | None, output: str | None, model: str | None = None,
                  device: str = "cpu", on_item=None, overwrite: bool = False) -> list[str]:
     """Decode stored items to 24 kHz wav files; returns the written paths.  ``output``: a file (one
-    key; by default ``<key>.wav`` here) or a folder (needed for several).  An existing file is never
+    key; by default ``<key>.wav`` here) or a folder (needed for several), where each key's file
+    mirrors its folders (:func:`mirrored_paths`).  An existing file is never
     replaced unless ``overwrite`` (FileExistsError, before anything is decoded): the default name
     of one key is the source's own name, and decoding in the corpus's folder replaced the source."""
     import soundfile as sf
@@ -55,14 +88,14 @@ def decode_items(out_dir: str, keys: list[str] | None, output: str | None, model
             raise ValueError(f"{len(keys)} items to decode: name a folder for them with -o")
         output = dataset_name(keys[0]).removesuffix(".wav") + ".wav"
     folder = len(keys) > 1 or os.path.isdir(output) or output.endswith(os.sep)
-    paths = {key: os.path.join(output, dataset_name(key).removesuffix(".wav") + ".wav") if folder else output
-             for key in keys}
+    paths = mirrored_paths(output, keys) if folder else {keys[0]: output}
     taken = [p for p in paths.values() if os.path.exists(p)]
     if taken and not overwrite:
         raise FileExistsError(f"{taken[0]} exists" + (f" (and {len(taken) - 1} more)" if len(taken) > 1 else "")
                               + ": decode writes no file over another; choose another -o, or pass --overwrite")
     if folder:
-        os.makedirs(output, exist_ok=True)
+        for path in paths.values():
+            os.makedirs(os.path.dirname(path), exist_ok=True)
     mimi = load_model(model or info["model"], device)
     reader = Reader(out_dir)
     written = []

@@ -23,6 +23,7 @@ from ..audio.framing import Framing
 from ..config.input_options import Options
 from .report import _duration_histogram
 from ..config.settings import cpu_cores
+from ..formats.megatron import Tokens
 from ..sources import bytes_name, discover
 
 TAPS = ("codes", "latent", "encoder")
@@ -41,6 +42,12 @@ class PlanAsk:
     gpu_rate: float | None = None  # x real time per GPU (None: the measured one, unmeasured so far)
     output_format: str = "hdf5"  # the format the time estimate's writer cap is that of
     limit: int | None = None
+    token_layout: str = "flat"  # --format megatron's ids (--token-layout, --token-offset): their width
+    token_offset: int = 0
+
+    @property
+    def tokens(self) -> Tokens:
+        return Tokens(self.token_layout, self.token_offset, rates.CODEBOOK_SIZE, self.num_quantizers)
 
 
 def frames(samples: np.ndarray, tap: str) -> np.ndarray:
@@ -52,13 +59,18 @@ def frames(samples: np.ndarray, tap: str) -> np.ndarray:
 
 def _bytes(frame_count: int, tap: str, ask: PlanAsk) -> dict[str, int]:
     """Output bytes of ``frame_count`` frames of ``tap`` per format: the arrays' bytes times the
-    format's measured overhead (``rates.BYTES_PER_ARRAY_BYTE``)."""
+    format's measured overhead (``rates.BYTES_PER_ARRAY_BYTE``).  Megatron's was measured with
+    uint16 ids (2 bytes a code, as the int16 arrays); ids wider than that (``ask.tokens.dtype``:
+    int32 past 65,500 ids) add their extra bytes per token to the ``.bin``."""
     if tap == "codes":
         raw, kind = frame_count * ask.num_quantizers * 2, "codes"
     else:
         raw, kind = frame_count * rates.FEATURE_DIMS * (2 if ask.feature_dtype == "float16" else 4), "features"
-    return {"arrays": int(raw), **{f: int(raw * rates.BYTES_PER_ARRAY_BYTE[f, kind]) for f in FORMATS
-                                   if (f, kind) in rates.BYTES_PER_ARRAY_BYTE}}
+    found = {"arrays": int(raw), **{f: int(raw * rates.BYTES_PER_ARRAY_BYTE[f, kind]) for f in FORMATS
+                                    if (f, kind) in rates.BYTES_PER_ARRAY_BYTE}}
+    if "megatron" in found:
+        found["megatron"] += frame_count * ask.num_quantizers * (np.dtype(ask.tokens.dtype).itemsize - 2)
+    return found
 
 
 def plan_report(source: str, options: Options | None = None, channel: str = "mix", framing: Framing = Framing(),
@@ -109,6 +121,7 @@ def plan_report(source: str, options: Options | None = None, channel: str = "mix
         "hours": hours, "durations": _duration_histogram(seconds),
         "frames": {"12.5 Hz (latent, codes)": counts["codes"], "25 Hz (encoder)": counts["encoder"]},
         "tokens": counts["codes"] * ask.num_quantizers, "num_quantizers": ask.num_quantizers,
+        "token_ids": {"layout": ask.token_layout, "offset": ask.token_offset, "dtype": ask.tokens.dtype},
         "bytes": {tap: _bytes(counts[tap], tap, ask) for tap in TAPS},
         "codecs": mix,
         "host": {"us_per_audio_s": us, "us_per_audio_s_host_resampling": us_host, "target_x": target,

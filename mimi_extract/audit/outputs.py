@@ -40,8 +40,11 @@ def _require(out_dir: str, files: list[RunFiles] | None = None) -> list[RunFiles
 
 
 def _name(run_dir: str, out_dir: str) -> str:
-    """A run directory as ``status`` names it: ``whole run``, or its part's folder."""
+    """A run directory as ``status`` names it: ``whole run``, or its part's folder (also when OUT
+    is that folder itself: ``status OUT/part-0-of-16``)."""
     name = remote.relpath(run_dir, out_dir)
+    if name == "." and (m := PART_RE.search(run_dir.rstrip("/"))):
+        return m.group(0)
     return "whole run" if name == "." else name
 
 
@@ -78,6 +81,7 @@ def status_report(out_dir: str) -> dict:
             counts.add((int(m.group(1)), int(m.group(2))))
     dirs = [f for f in files if f.exists(RUN_INFO)] if starting else _require(out_dir, files)
     read_ahead(dirs, (PLAN_INFO, RUN_INFO))
+    alone = None  # OUT is one part's own folder (status OUT/part-3-of-16): that part, not its array
     for f in dirs:
         d = f.path
         plan = read_plan(f)
@@ -88,8 +92,11 @@ def status_report(out_dir: str) -> dict:
         inputs = plan.get("inputs")  # (never fewer than the items stored: see info_report's "unplanned")
         runs[name] = {"inputs": None if inputs is None else max(inputs, len(ok) + errors), "ok": len(ok),
                       "errors": errors, "updated": plan.get("updated")}
-        if (m := PART_RE.search(d)):
-            counts.add((int(m.group(1)), int(m.group(2))))
+        if (m := PART_RE.search(d.rstrip("/"))):
+            if remote.relpath(d, out_dir) == ".":
+                alone = (int(m.group(1)), int(m.group(2)))
+            else:
+                counts.add((int(m.group(1)), int(m.group(2))))
     missing = []
     if counts:
         n = next(iter(counts))[1]
@@ -99,9 +106,9 @@ def status_report(out_dir: str) -> dict:
     ok = sum(p["ok"] for p in runs.values())
     errors = sum(p["errors"] for p in runs.values())
     complete = not starting and not missing and remaining == 0 and all(p["inputs"] is not None for p in runs.values())
-    count = next(iter(counts))[1] if counts else 1
+    count = next(iter(counts))[1] if counts else alone[1] if alone else 1
     names = {int(m.group(1)) if (m := PART_RE.search(name)) else 0: name for name in runs}
-    todo = [i for i in range(count) if i not in names or not _run_done(runs[names[i]])]
+    todo = [i for i in ([alone[0]] if alone else range(count)) if i not in names or not _run_done(runs[names[i]])]
     # parts of whole input shards: part I took shards I, I+N, I+2N... of the list every part records
     shards = next((info["part_shards"] for f in dirs
                    if (info := read_run_info(f.path, f.read) or {}).get("part_shards") is not None), None)

@@ -11,7 +11,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from .common import (Channel, ChannelOpt, EXIT_FAILED, FeatureDType, FramingArg, FramingOpt, INPUT_OPTIONS, InputArg, LimitOpt, OutFormat, Resampler, ResamplerOpt, _OneInput, _fail, _hours, _reading_errors, _report, _say_common_failures, _size, _with_options, app, console, say)
+from ..config.choices import MAX_TOKEN_ID
+from .common import (Channel, ChannelOpt, EXIT_FAILED, FeatureDType, FramingArg, FramingOpt, INPUT_OPTIONS, InputArg, LimitOpt, OutFormat, Resampler, ResamplerOpt, TokenLayout, _OneInput, _fail, _hours, _reading_errors, _report, _say_common_failures, _size, _with_options, app, console, say)
 
 
 def _say_durations(d: dict, out) -> None:
@@ -91,6 +92,8 @@ def plan(
     cores: Annotated[Optional[int], typer.Option(min=1, help="Host CPU cores of the machine to plan for \\[default: this one's].")] = None,
     gpus: Annotated[int, typer.Option(min=1, help="GPUs of that machine.")] = 1,
     gpu_rate: Annotated[Optional[float], typer.Option(min=1, help="A GPU's encoding rate, x real time (from scripts/gpu_check.sh on your GPU) \\[default: the measured one; unmeasured so far].")] = None,
+    token_layout: Annotated[TokenLayout, typer.Option(help="--format megatron's token layout (the ids' width).")] = TokenLayout["flat"],
+    token_offset: Annotated[int, typer.Option(min=0, max=MAX_TOKEN_ID - 2**16, help="--format megatron's --token-offset: ids past 65,500 are int32, twice the .bin.")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
     **inputs,
 ):
@@ -115,7 +118,8 @@ def plan(
     try:
         options = input_options({**inputs, "recordings": recordings})
         rule = Framing(framing.value, resampler.value == "causal")
-        ask = PlanAsk(num_quantizers, feature_dtype.value, part_hours, cores, gpus, gpu_rate, output_format.value, limit)
+        ask = PlanAsk(num_quantizers, feature_dtype.value, part_hours, cores, gpus, gpu_rate, output_format.value, limit,
+                      token_layout.value, token_offset)
         report = plan_report(input_path, options, channel.value, rule, ask)
     except (ValueError, FileNotFoundError, OSError) as e:
         _fail(e)
@@ -135,7 +139,7 @@ def plan(
     table = Table(title="output size (estimated from measured format overheads)")
     columns = ("arrays", "hdf5", "parquet", "shar", "megatron")
     for name in ("tap",) + columns:
-        table.add_column(name + (" (uint16 ids)" if name == "megatron" else ""),
+        table.add_column(name + (f" ({report['token_ids']['dtype']} ids)" if name == "megatron" else ""),
                          justify="left" if name == "tap" else "right")
     for tap, b in report["bytes"].items():
         label = f"codes (-q {report['num_quantizers']})" if tap == "codes" else f"{tap} ({feature_dtype.value})"
@@ -322,7 +326,7 @@ def decode(
     out_dir: Annotated[str, typer.Argument(metavar="OUT")],
     keys: Annotated[Optional[list[str]], typer.Argument(metavar="[KEY]...", help="Items to decode.")] = None,
     output: Annotated[Optional[str], typer.Option("-o", "--output", help="A .wav file (one key) or a folder (several keys, --all). \\[default for one key: KEY's name + .wav, here]")] = None,
-    all_items: Annotated[bool, typer.Option("--all", help="Every ok item of OUT (into the -o folder).")] = False,
+    all_items: Annotated[bool, typer.Option("--all", help="Every ok item of OUT, into the -o folder, each key's folders mirrored (sub/x.flac -> FOLDER/sub/x.flac.wav).")] = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace existing files (refused by default, before anything is decoded).")] = False,
     model: Annotated[Optional[str], typer.Option("--model", "-m", help="\\[default: the model OUT was made with]")] = None,
     device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N (auto = first GPU, else cpu).")] = "auto",

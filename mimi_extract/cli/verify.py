@@ -176,12 +176,16 @@ def _verify_checksums(out: str) -> None:
         _fail(str(e))
     for d in report["damaged"]:
         say((d["key"], "bold red"), f" in {d['shard']}: {d['problem']}")
+    for problem in report["problems"]:
+        say(("run.json", "bold red"), f": {problem}")
     total = report["checked"] + report["unchecked"]
     line = (f"{total} stored items read, {report['checked']} against their checksums"
             + (f" ({report['unchecked']} written before checksums existed: format checks only)" if report["unchecked"] else "")
-            + f"; {len(report['damaged'])} damaged")
-    if report["damaged"]:
+            + f"; {len(report['damaged'])} damaged"
+            + (f"; {len(report['problems'])} unreadable run.json" if report["problems"] else ""))
+    if report["damaged"] or report["problems"]:
         say(line + "; ", ("FAIL", "bold red"))
-        say(f"to encode them again: re-run the command that made {out} with --reencode-damaged")
+        if report["damaged"]:
+            say(f"to encode them again: re-run the command that made {out} with --reencode-damaged")
         raise typer.Exit(EXIT_FAILED)
     say(line + "; ", ("PASS", "green"))

@@ -96,3 +96,4 @@ BYTES_PER_ARRAY_BYTE = {
     ("megatron", "codes"): 1.25,
 }
 FEATURE_DIMS = 512  # kyutai/mimi's encoder and latent features
+CODEBOOK_SIZE = 2048  # kyutai/mimi's codes per codebook (plan's token ids; a test holds it to the model's config)

@@ -110,6 +110,13 @@ class Tokens:
         """One more than the largest id this layout writes."""
         return self.offset + self.codebook_size * (self.num_quantizers if self.layout == "flat" else 1)
 
+    @property
+    def dtype(self) -> str:
+        """The ids' dtype, by name: megatron-core's choice for this vocabulary
+        (``DType.optimal_dtype``, what its ``preprocess_data.py`` uses), restated here so that ``plan``
+        can size a run without importing megatron-core and torch; a test holds the two equal."""
+        return "uint16" if self.vocab_size < 65_500 else "int32"
+
     def lengths(self, frames: int) -> list[int]:
         """The lengths of the sequences of a document of ``frames`` frames."""
         return [frames * self.num_quantizers] if self.layout == "flat" else [frames] * self.num_quantizers
@@ -142,12 +149,6 @@ class Tokens:
         if codes.size and (codes.min() < 0 or codes.max() >= self.codebook_size):
             raise ValueError(f"token ids outside this layout's range ({self.offset}..{self.vocab_size - 1})")
         return codes.astype(np.int16)
-
-
-def token_dtype(tokens: Tokens) -> str:
-    """megatron-core's dtype for this vocabulary (``DType.optimal_dtype``: what its
-    ``preprocess_data.py`` uses for a tokenizer's vocabulary), by name."""
-    return np.dtype(indexed_dataset().DType.optimal_dtype(tokens.vocab_size)).name
 
 
 # -- the .idx file, read without megatron-core (and torch) ----------------------------------------
@@ -353,7 +354,7 @@ class Megatron(Format):
             if tokens.vocab_size - 1 > MAX_TOKEN_ID:
                 raise ValueError(f"--token-offset {settings.token_offset}: the largest id, {tokens.vocab_size - 1}, "
                                  f"does not fit megatron-core's widest token dtype (int32)")
-            found.update(codebook_size=tokens.codebook_size, token_dtype=token_dtype(tokens))
+            found.update(codebook_size=tokens.codebook_size, token_dtype=tokens.dtype)
         return found
 
     def companions(self, shard: str) -> list[str]:

@@ -46,16 +46,30 @@ def load_identity(settings: Settings):
     from transformers.models.mimi.modeling_mimi import MimiModel
 
     model = from_pretrained(MimiModel, settings.model, attn_implementation="sdpa").eval()
-    config = model.config
+    _check_codebooks(settings, model.config)
+    stream_frames = Framing.of(settings).stream_frames
+    if stream_frames is not None:
+        PaddedMimiEncoder(model, stream_frames)  # refuses more steps per call than the window
+    return model, ModelIdentity.of(model)
+
+
+def _check_codebooks(settings: Settings, config) -> None:
+    """``-q`` within the model's codebooks (at least its semantic ones): ValueError if not."""
     if settings.tap == "codes":
         low, high = config.num_semantic_quantizers, config.num_quantizers
         if not low <= settings.num_quantizers <= high:
             raise ValueError(f"--num-quantizers must be in {low}..{high} for this model "
                              f"({low} semantic + {high - low} acoustic codebooks)")
-    stream_frames = Framing.of(settings).stream_frames
-    if stream_frames is not None:
-        PaddedMimiEncoder(model, stream_frames)  # refuses more steps per call than the window
-    return model, ModelIdentity.of(model)
+
+
+def check_model_config(settings: Settings) -> None:
+    """What the model's config alone refuses (``-q`` past its codebooks), from its ``config.json``
+    (no weights), before OUT is created or locked: a run refused for it leaves nothing behind (it
+    left a lock file in an empty OUT, after loading the weights)."""
+    if settings.tap == "codes":
+        from transformers import MimiConfig
+
+        _check_codebooks(settings, from_pretrained(MimiConfig, settings.model))
 
 
 class NoInputError(ValueError):
@@ -115,6 +129,7 @@ def run_request(request: RunRequest, *, on_plan=None, on_progress=None, on_signa
     callbacks = dict(on_plan=on_plan, on_progress=on_progress, on_signal=on_signal, stop=stop, on_phase=on_phase)
     if not remote.is_url(request.out_dir):
         return _run(request, on_commit=on_commit, **callbacks)
+    check_model_config(request.settings)  # (before the lock object: _run checks it again, in no time)
     with mirrored(request.out_dir, None if request.part.whole else request.part.dirname) as staged:
         summary = _run(replace(request, out_dir=staged.path), on_commit=staged.push, **callbacks)
     return replace(summary, remote=staged.url, staging=staged.path, engine_notes=summary.engine_notes + staged.notes)
@@ -140,6 +155,7 @@ def _run(request: RunRequest, on_plan, on_progress, on_signal, stop, on_phase, o
     if not found.items and not found.bad:
         raise NoInputError(no_input_message(source))
     RunDirectory.refuse_other_run(request, found)
+    check_model_config(settings)
     with RunDirectory.open(out_dir, part) as run, _Signals(stop, on_signal) as signals:
         on_phase(f"starting {len(settings.devices)} encoder worker(s) on {', '.join(sorted(set(settings.devices)))}"
                  if settings.engine == "local" else f"starting the {settings.engine} engine")

@@ -79,9 +79,10 @@ _ITEMS_EXPLAIN = "an option that decides the items and their keys: the same audi
 
 
 # what made the OUT, recorded and never compared: a resume or another part with another tool version or
-# other torch/transformers/torchaudio versions (``versions``) is not refused for it (``verify --out`` says
-# when the installed transformers differs); run.json keeps the first run's
-PROVENANCE = ("tool_version", "versions")
+# other torch/transformers/torchaudio versions (``versions``), or resampling elsewhere (``resample_on``:
+# host or device, equal up to float noise) is not refused for it (``verify --out`` says when the
+# installed transformers differs); run.json keeps the first run's
+PROVENANCE = ("tool_version", "versions", "resample_on")
 
 # keys run.json gained after OUT directories existed: an OUT written before them lacks them, and is
 # resumed (it cannot say otherwise); once recorded they are compared like every other key

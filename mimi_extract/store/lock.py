@@ -119,6 +119,46 @@ def live_holder(lock: str) -> str | None:
     return who
 
 
+# -- a lock's holder process, told apart from any other (the lock object of an OUT on object storage) --
+def process_identity(pid: int | None = None) -> dict:
+    """What tells process ``pid`` (default: this one) apart on this machine, for a lock's holder
+    record: its host, the kernel's boot id and PID namespace (the same host name can be a container
+    sharing it, with PIDs of its own), and its start time in clock ticks since boot (a PID reused by
+    a later process starts later).  Fields that cannot be read (no /proc) are left out."""
+    pid = os.getpid() if pid is None else pid
+    found: dict = {"pid": pid, "host": socket.gethostname()}
+    for key, read in (("boot", lambda: open("/proc/sys/kernel/random/boot_id").read().strip()),
+                      ("pidns", lambda: os.readlink(f"/proc/{pid}/ns/pid")),
+                      ("start", lambda: int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[19]))):
+        try:
+            found[key] = read()
+        except (OSError, ValueError, IndexError):
+            pass
+    return found
+
+
+def holder_gone(holder: dict) -> bool:
+    """Whether the process a holder record names (:func:`process_identity`, written when it took a
+    lock) is certainly gone: it ran on this host, since this boot, in this PID namespace, and no
+    process of its PID runs now, or the one that does started at another time.  False whenever that
+    cannot be told (another host or container, a record without these fields): then only the lock's
+    own expiry says the holder is gone."""
+    if not isinstance(holder, dict) or not isinstance(holder.get("pid"), int) or isinstance(holder["pid"], bool):
+        return False
+    mine = process_identity()
+    if any(holder.get(k) is None or holder.get(k) != mine.get(k) for k in ("host", "boot", "pidns")):
+        return False
+    try:
+        os.kill(holder["pid"], 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, OverflowError, ValueError):
+        return False
+    now = process_identity(holder["pid"])  # alive: the same process, or a later one given its PID?
+    return "start" in now and holder.get("start") is not None and now["start"] != holder["start"] \
+        and now.get("pidns") == holder["pidns"]
+
+
 def _flock_held(path: str) -> bool | None:
     """Whether some process of this machine holds a ``flock`` on ``path`` (Linux's /proc/locks lists
     them by device and inode; read-only, unlike a probing lock); None where that cannot be told."""

@@ -21,8 +21,9 @@ sees the old object, the new one, or none; never a part) and S3 has conditional 
   deletes the older generations and the orphans (after its commit point: a kill leaves only garbage).
 * The lock is an object (``lock``) created only if absent (``If-None-Match: *``, atomic on S3),
   holding its holder and an expiry that a heartbeat renews; a lock whose expiry has passed (its
-  holder was killed) is taken over with a PUT conditional on its ETag, so two runs cannot both
-  take it.  On stores without conditional writes the lock is only advisory (docs/object-storage.md).
+  holder was killed), or whose holder ran on this machine and is certainly gone (its PID runs no
+  more: a Slurm requeue or a resume right after a kill -9, ``lock.holder_gone``), is taken over
+  with a PUT conditional on its ETag, so two runs cannot both take it.  On stores without conditional writes the lock is only advisory (docs/object-storage.md).
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ import json
 import os
 import posixpath
 import re
-import socket
 import sys
 import tempfile
 import threading
@@ -47,6 +47,7 @@ from . import files as store_files
 from .files import CUTS, LOCK, MANIFEST, SEGMENT_RE, SEGMENTS, LockedError, OutputError
 from .cuts import write_cuts
 from .identity import read_run_info
+from .lock import holder_gone, process_identity
 from .manifest import manifest_segments, out_rows, run_dirs
 
 STAGING_ENV = "MIMI_EXTRACT_STAGING"
@@ -89,7 +90,7 @@ class RemoteLock:
         self._beat: threading.Thread | None = None
 
     def _body(self) -> bytes:
-        return json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "command": " ".join(sys.argv),
+        return json.dumps({**process_identity(), "command": " ".join(sys.argv),
                            "expires": time.time() + _lease()}).encode()
 
     def acquire(self, wait: float = 0.0) -> None:
@@ -124,11 +125,20 @@ class RemoteLock:
                     from None
         except ValueError:
             held = {}
-        expires = float(held.get("expires", 0))
+        if not isinstance(held, dict):
+            held = {}
+        try:
+            expires = float(held.get("expires", 0))
+        except (TypeError, ValueError):
+            expires = 0.0
         who = f"pid {held.get('pid')} on {held.get('host')}" if held else "another run"
-        if expires > time.time():
-            raise LockedError(f"{self.url}: {who} is writing this OUT (its lock's lease runs "
-                              f"{expires - time.time():.0f} s more); wait for it or use another OUT")
+        if expires > time.time() and not holder_gone(held):
+            left = expires - time.time()
+            raise LockedError(f"{self.url}: {who} holds this OUT's lock: it is writing this OUT, or it was stopped "
+                              f"where this machine cannot tell (another host or container); if it is gone, the lock "
+                              f"can be taken over in {left:.0f} s, at "
+                              f"{time.strftime('%H:%M:%S UTC', time.gmtime(expires))}, when its lease runs out: run "
+                              "again then (or use another OUT)")
         call = getattr(self.fs, "call_s3", None)
         if call is None or not info.get("ETag"):
             raise LockedError(f"{self.url}: an expired lock of {who} remains (its run was killed?); this store has no "

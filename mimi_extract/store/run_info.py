@@ -72,6 +72,9 @@ def run_info(request: RunRequest, found: Discovered, identity=None) -> dict:
     if Framing.of(settings).stream_frames is not None:  # the codes depend on it
         info["frames_per_call"] = settings.frames_per_call
     info["decoders"] = decoder_versions()  # a resume must decode every format the same way
+    # where items were resampled to 24 kHz (--resample-on, auto resolved: the device on a GPU): equal up
+    # to float noise, so provenance (identity.PROVENANCE), never compared: a GPU run resumes on a CPU
+    info["resample_on"] = "device" if settings.device_resample else "host"
     if identity is not None:
         info["versions"] = identity.versions  # provenance (identity.PROVENANCE): never compared
     if found.identity:  # e.g. tar shards: each shard's size and mtime

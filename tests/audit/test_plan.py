@@ -92,3 +92,25 @@ def test_frames_are_the_encoders_arithmetic(tiny_model, full_model):
 def test_plan_errors_are_one_line(tmp_path):
     result = cli("plan", tmp_path / "nothing-here")
     assert result.exit_code == 2 and "does not exist" in result.text and "Traceback" not in result.output
+
+
+def test_plan_sizes_megatron_ids_as_the_run_writes_them(corpus, tiny_model_dir, full_model, tmp_path):
+    """``--token-offset`` past uint16 (128256, after Llama 3's vocabulary): the ids are int32, as the
+    run then records and writes them, so the .bin holds 4 bytes a token and the Megatron estimate
+    grows by 2 bytes a token (it stayed at the uint16 size, 41 % under, before); a flat offset that
+    keeps 8 x 2048 ids under 65,500 stays uint16.  Mimi's codebook size is the model's."""
+    assert rates.CODEBOOK_SIZE == full_model.config.codebook_size
+    base = plan_json(corpus, "-q", 4)
+    wide = plan_json(corpus, "-q", 4, "--token-offset", 128256)
+    assert base["token_ids"]["dtype"] == "uint16" and wide["token_ids"]["dtype"] == "int32"
+    assert wide["bytes"]["codes"]["megatron"] == base["bytes"]["codes"]["megatron"] + 2 * base["tokens"]
+    assert plan_json(corpus, "--token-offset", 65_500 - 8 * 2048 - 1)["token_ids"]["dtype"] == "uint16"
+    assert plan_json(corpus, "--token-offset", 65_500 - 2048, "--token-layout", "per-codebook")["token_ids"]["dtype"] == "int32"
+    assert "int32" in cli("plan", corpus, "--token-offset", 128256).text  # (the table header: megatron (int32 ids))
+    pytest.importorskip("megatron.core")
+    out = tmp_path / "out"
+    run = cli("codes", corpus, out, "--model", tiny_model_dir, "-q", 4, "--format", "megatron",
+              "--token-offset", 128256, *ONE_WORKER)
+    assert run.exit_code == 0, run.output
+    assert json.loads((out / "run.json").read_text())["token_dtype"] == "int32"
+    assert sum(p.stat().st_size for p in out.glob("*.bin")) == 4 * wide["tokens"]

@@ -222,6 +222,28 @@ def test_a_run_that_cannot_load_its_model_leaves_no_out(tmp_path, corpus):
     assert not out.exists()
 
 
+def test_too_many_codebooks_is_refused_before_out_is_touched(tmp_path, corpus, tiny_model_dir, monkeypatch):
+    """``-q`` past the model's codebooks (the tiny model has 8) is refused from its config.json,
+    before OUT is created or locked and before the weights load or an engine starts: an empty OUT
+    made beforehand (a job script's ``mkdir -p``) stays empty (it kept a lock file), a new one is
+    not created.  The same with an OUT on object storage is refused before its lock object."""
+    from mimi_extract.run import runner
+
+    def never(*args, **kwargs):
+        raise AssertionError("the weights were loaded or an engine started")
+
+    monkeypatch.setattr(runner, "load_identity", never)
+    monkeypatch.setattr(runner, "make_engine", never)
+    monkeypatch.setattr(runner, "mirrored", never)
+    root, _ = corpus
+    made = tmp_path / "made"
+    made.mkdir()
+    for out in (made, tmp_path / "new", "s3://no-such-bucket/out"):
+        result = cli("codes", root, out, "--model", tiny_model_dir, "-q", 9, *FAST)
+        assert result.exit_code == 2 and "--num-quantizers must be in 1..8 for this model" in result.text, result.output
+    assert os.listdir(made) == [] and not (tmp_path / "new").exists()
+
+
 def test_441k_long_item_is_what_torchaudio_plus_mimimodel_gives(tmp_path, tiny_model, tiny_model_dir):
     """Issue 31 item 7: past 131,072 output samples torchaudio's resample can give one sample fewer than
     the exact ceil(n * 24000 / rate) (it rounds the quotient to float32): 240,854 samples at 44.1 kHz
@@ -290,6 +312,7 @@ def test_16k_default_is_what_torchaudio_plus_mimimodel_gives(tmp_path, tiny_mode
     out = tmp_path / "out"
     assert cli("codes", tmp_path / "in", out, "--model", tiny_model_dir, *FAST).exit_code == 0
     assert json.load(open(out / "run.json"))["causal_16k"] is False
+    assert json.load(open(out / "run.json"))["resample_on"] == "host"  # (auto on a CPU)
     with torch.no_grad():  # the user's own loop: torchaudio's resample, MimiModel on the item alone
         user = tiny_model.encode(taf.resample(wav, 16_000, 24_000)[None, None], num_quantizers=8).audio_codes[0].T
         delayed = taf.resample(torch.nn.functional.pad(wav, (causal_lookahead(16_000, 24_000), 0)), 16_000, 24_000)
@@ -300,6 +323,12 @@ def test_16k_default_is_what_torchaudio_plus_mimimodel_gives(tmp_path, tiny_mode
     out2 = tmp_path / "out2"
     assert cli("codes", tmp_path / "in", out2, "--model", tiny_model_dir, *FAST, "--resampler", "causal").exit_code == 0
     assert json.load(open(out2 / "run.json"))["causal_16k"] is True
+    # where it resampled is recorded, as provenance: the same OUT resumed resampling on the device
+    out3 = tmp_path / "out3"
+    assert cli("codes", tmp_path / "in", out3, "--model", tiny_model_dir, *FAST, "--resample-on", "device").exit_code == 0
+    assert json.load(open(out3 / "run.json"))["resample_on"] == "device"
+    resumed = cli("codes", tmp_path / "in", out3, "--model", tiny_model_dir, *FAST, "--resample-on", "host")
+    assert resumed.exit_code == 0, resumed.output
     got2 = torch.from_numpy(read(out2, "a16k.wav").astype(np.int64))
     assert torch.equal(got2, causal) and not torch.equal(got2[0], user[0])
 

@@ -24,6 +24,7 @@ from mimi_extract import read, read_manifest
 from mimi_extract.formats.megatron import DATA_ARGS, IndexFile, Tokens, indexed_dataset
 from mimi_extract.readers.reader import megatron_blend as blend
 from support import extract
+from mimi_extract.config.choices import MAX_TOKEN_ID
 from mimi_extract.config.settings import Settings
 from mimi_extract.store.files import DamagedError
 
@@ -91,6 +92,16 @@ def test_the_documented_example_and_round_trips():
         Tokens("flat", 0, 2048, 2).decode([np.array([1, 2, 3])])
     with pytest.raises(ValueError, match="2 sequences of equal length"):
         Tokens("per-codebook", 0, 2048, 2).decode([np.array([1, 2]), np.array([3])])
+
+
+def test_the_id_dtype_is_megatron_cores_choice():
+    """``Tokens.dtype`` (torch-free, for ``plan``) is megatron-core's ``DType.optimal_dtype`` for the
+    layout's vocabulary, on both sides of its uint16/int32 boundary and for both layouts."""
+    optimal = indexed_dataset().DType.optimal_dtype
+    for layout in LAYOUTS:
+        for offset in (0, 49_115, 49_116, 63_451, 63_452, 65_499, 65_500, 128_256, MAX_TOKEN_ID - 2**16):
+            tokens = Tokens(layout, offset, 2048, 8)
+            assert tokens.dtype == np.dtype(optimal(tokens.vocab_size)).name, (layout, offset)
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))

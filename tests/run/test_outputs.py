@@ -4,6 +4,7 @@ import json
 import os
 
 import numpy as np
+import pytest
 import soundfile as sf
 import torch
 
@@ -70,6 +71,27 @@ def test_muvap_framing_is_the_recipe(tmp_path, tiny_model, tiny_model_dir):
         assert got.shape == ref.shape and (got - ref).abs().max() <= tolerance(ref), key
 
 
+def test_decode_all_mirrors_the_keys_folders_and_never_leaves_its_own(tmp_path):
+    """``decode --all``'s paths: a key's folders become folders; no part of a key leaves the folder
+    or hides a file ('..', '.', a leading '.', a leading '/', an empty part), no two keys share a
+    path ('%' escaped); keys whose paths would collide are refused before anything is written."""
+    from mimi_extract.audit.decode import mirrored_paths
+
+    keys = ["sub/deeper/chirp.flac", "x.wav", "../../etc/passwd", "./a/../.hidden.wav", "/abs/path.mp3", "a//b",
+            "a/b", "p%2Fq", "p/q", "a.wav#ch0", ".."]
+    paths = mirrored_paths(str(tmp_path / "o"), keys)
+    rel = {k: os.path.relpath(p, tmp_path / "o") for k, p in paths.items()}
+    assert rel["sub/deeper/chirp.flac"] == os.path.join("sub", "deeper", "chirp.flac.wav") and rel["x.wav"] == "x.wav"
+    assert rel["p/q"] == os.path.join("p", "q.wav") and rel["p%2Fq"] == "p%252Fq.wav"
+    assert len(set(rel.values())) == len(keys), rel
+    for path in rel.values():
+        assert not any(part in ("", ".", "..") or part.startswith(".") for part in path.split(os.sep)), path
+    with pytest.raises(ValueError, match="'x' and 'x.wav' would both be"):
+        mirrored_paths(str(tmp_path), ["x", "x.wav"])
+    with pytest.raises(ValueError, match="'a.wav' and 'a.wav/b'"):
+        mirrored_paths(str(tmp_path), ["a.wav", "a.wav/b"])
+
+
 def test_decode_and_info(corpus, tiny_model, tiny_model_dir, tmp_path):
     root, _ = corpus
     out = str(tmp_path / "out")
@@ -77,7 +99,11 @@ def test_decode_and_info(corpus, tiny_model, tiny_model_dir, tmp_path):
     assert len(check_decode(out, tiny_model, str(tmp_path / "sine.wav"))) == 48_123  # the item's length at 24 kHz
     folder = str(tmp_path / "all")
     assert cli("decode", out, "--all", "-o", folder, "--device", "cpu").exit_code == 0
-    assert len(os.listdir(folder)) == 7 and "sub%2Fdeeper%2Fchirp.flac.wav" in os.listdir(folder)
+    # the keys' folders mirrored (they were escaped into one flat folder: sub%2Fdeeper%2Fchirp.flac.wav)
+    written = sorted(os.path.relpath(os.path.join(d, f), folder) for d, _, fs in os.walk(folder) for f in fs)
+    ok_keys = [r["key"] for r in read_manifest(out) if r["status"] == "ok"]
+    assert written == sorted(os.path.join(*k.removesuffix(".wav").split("/")) + ".wav" for k in ok_keys), written
+    assert os.path.join("sub", "deeper", "chirp.flac.wav") in written and len(written) == 7, written
     assert "no ok item" in cli("decode", out, "nope.wav", "--device", "cpu").text
     # no file is written over another: the default name of one key is the source's own (decoding in the
     # corpus's folder replaced the source); --all names its folder

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 
 import pytest
@@ -109,6 +110,36 @@ def test_a_malformed_file_of_out_is_one_line_naming_it(good, tmp_path, damage, n
         assert all(r.exit_code == 0 for args, r in results if args[0] in ("cuts", "report")), results
         results = [(args, r) for args, r in results if args[0] in ("info", "status")]
     assert_one_line_error(results, needle)
+
+
+@pytest.mark.parametrize("damage,needle", [
+    ("random", "run.json is not JSON"), ("list", "run.json holds JSON list, not an object"),
+    ("folder", "run.json is a folder"), ("tap", "run.json has tap 5"),
+    ("newer", "run.json has schema_version 99"), ("missing", None)])
+def test_the_checksum_audit_fails_a_run_json_every_other_command_refuses(good, tmp_path, damage, needle):
+    """``verify --out --checksums`` reads run.json too: 300 random bytes there (and the other damage
+    every other command refuses) FAIL it, exit 1, naming the file, while every item is still read and
+    checked (it passed them, PASS, before).  A missing run.json is no damage here: the checksums need
+    no settings (verify --out's message for a missing one sends users to this very audit)."""
+    out = copy(good, tmp_path)
+    path = os.path.join(out, "run.json")
+    was = json.load(open(path))
+    os.remove(path)
+    if damage == "folder":
+        os.makedirs(path)
+    elif damage != "missing":
+        content = {"random": random.Random(0).randbytes(300), "list": b"[]", "tap": json.dumps({**was, "tap": 5}).encode(),
+                   "newer": json.dumps({**was, "schema_version": 99}).encode()}[damage]
+        with open(path, "wb") as f:
+            f.write(content)
+    result = cli("verify", "--out", out, "--checksums")
+    text = " ".join(result.output.split())
+    assert f"{len(FILES)} stored items read, {len(FILES)} against their checksums; 0 damaged" in text, result.output
+    if needle is None:
+        assert result.exit_code == 0 and "PASS" in text, result.output
+        return
+    assert result.exit_code == 1 and needle in text and "1 unreadable run.json; FAIL" in text, result.output
+    assert "--reencode-damaged" not in text and "Traceback" not in result.output
 
 
 def test_a_garbage_stats_json_is_no_reader_s_business(good, tmp_path):

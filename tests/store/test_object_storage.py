@@ -7,12 +7,15 @@ import functools
 import os
 import re
 import shutil
+import subprocess
+import sys
 
 import pytest
 
 from mimi_extract.store.files import OutputError
 from mimi_extract.store.identity import read_run_info
 from mimi_extract.store.manifest import read_manifest
+from mimi_extract.store.mirror import SEGMENTS
 from support import extract
 from mimi_extract.sources import Options, discover
 from support import check_consistency, interrupt_after_items
@@ -170,6 +173,86 @@ def test_a_live_lock_object_refuses_a_second_run(s3, shards, tiny_model_dir, tmp
     monkeypatch.setenv("MIMI_EXTRACT_STAGING", str(tmp_path / "staging"))
     url = f"s3://{BUCKET}/locked"
     s3.pipe(f"{url}/lock", json.dumps({"pid": 7, "host": "elsewhere", "expires": time.time() + 600}).encode())
-    with pytest.raises(LockedError, match="pid 7 on elsewhere is writing this OUT"):
+    with pytest.raises(LockedError, match="pid 7 on elsewhere holds this OUT's lock") as refused:
         extract(shards, url, settings(tiny_model_dir), options=Options(id_field="id"))
     assert remote_names(s3, url) == ["lock"]
+    # the message says the holder may be gone, and when its lock can be taken over
+    assert "or it was stopped" in str(refused.value) and re.search(r"taken over in \d+ s, at \d\d:\d\d:\d\d UTC",
+                                                                   str(refused.value)), refused.value
+
+
+def test_a_lock_object_is_taken_over_at_once_only_from_a_holder_certainly_gone(s3, tmp_path, monkeypatch):
+    """A lock object whose lease runs is taken over before it ends only when its holder ran on this
+    host, since this boot, in this PID namespace, and is gone (its PID runs no more, or runs a
+    process started at another time: a reused PID); a live holder, or one that may be alive where
+    this machine cannot see (another host, another container's PID namespace, a record without
+    these fields), keeps it."""
+    import json
+    import time
+
+    from mimi_extract.store.files import LockedError
+    from mimi_extract.store.lock import process_identity
+    from mimi_extract.store.mirror import RemoteLock
+
+    me = process_identity()
+    assert {"pid", "host", "boot", "pidns", "start"} <= set(me)  # (Linux: /proc)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a process of this host that ran and is gone (its PID is not reused this soon)
+    url = f"s3://{BUCKET}/takeover"
+    lease = time.time() + 600
+    cases = {"alive (this process)": (me, False), "gone": ({**me, "pid": gone.pid}, True),
+             "a reused PID": ({**me, "start": me["start"] - 1}, True),
+             "another host": ({**me, "pid": gone.pid, "host": "elsewhere"}, False),
+             "another PID namespace": ({**me, "pid": gone.pid, "pidns": "pid:[1]"}, False),
+             "another boot": ({**me, "pid": gone.pid, "boot": "another"}, False),
+             "no identity (an older record)": ({"pid": gone.pid, "host": me["host"]}, False)}
+    for case, (holder, taken) in cases.items():
+        s3.pipe(f"{url}/lock", json.dumps({**holder, "expires": lease}).encode())
+        lock = RemoteLock(url)
+        if taken:
+            lock.acquire()
+            assert json.loads(s3.cat_file(f"{url}/lock"))["pid"] == os.getpid(), case
+            lock.release()
+        else:
+            with pytest.raises(LockedError, match="holds this OUT's lock"):
+                lock.acquire()
+            assert json.loads(s3.cat_file(f"{url}/lock")) == {**holder, "expires": lease}, case
+
+
+def test_a_resume_right_after_a_kill_9_on_this_host_takes_the_lock_over(s3, tiny_model_dir, tmp_path, monkeypatch):
+    """kill -9 of a run writing an s3:// OUT leaves its lock object with most of its lease (120 s)
+    to run.  The resume right after it on the same host (a Slurm requeue) takes the lock over at
+    once: its holder's PID runs no more (it was refused until the lease ran out, naming the dead
+    process as "writing this OUT").  The resumed OUT equals an uninterrupted run."""
+    import json
+    import signal
+    import time
+
+    import numpy as np
+
+    from support import cli_process, write_noise
+
+    corpus = tmp_path / "in"
+    corpus.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(60):
+        write_noise(corpus / f"f{i:02d}.wav", int(24_000 * (0.2 + rng.random())), 24_000, rng)
+    local = str(tmp_path / "local")
+    assert extract(str(corpus), local, settings(tiny_model_dir), shard_size=3).ok == 60
+    monkeypatch.setenv("MIMI_EXTRACT_STAGING", str(tmp_path / "staging"))
+    monkeypatch.delenv("MIMI_EXTRACT_LOCK_LEASE", raising=False)
+    url = f"s3://{BUCKET}/killed"
+    proc = cli_process("codes", corpus, url, "--model", tiny_model_dir, "--shard-size", 3, "--device", "cpu",
+                       "--cpu-workers", "1", "--num-workers", "1", start_new_session=True)
+    while not [n for n in remote_names(s3, url) if n.startswith(SEGMENTS)]:  # a shard committed in the bucket
+        assert proc.poll() is None, proc.stdout.read()
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL
+    s3.invalidate_cache()
+    left = json.loads(s3.cat_file(f"{url}/lock"))
+    assert left["pid"] == proc.pid and left["expires"] > time.time() + 30  # its lease runs on
+    summary = extract(str(corpus), url, settings(tiny_model_dir), shard_size=3)
+    assert summary.skipped > 0 and summary.skipped + summary.ok == 60, summary
+    assert "lock" not in remote_names(s3, url)
+    same_outputs(pulled(url, str(tmp_path / "pulled")), local)
