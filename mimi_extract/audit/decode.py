@@ -1,5 +1,6 @@
-"""``decode``: codes (or features) stored in an OUT back to 24 kHz audio with ``MimiModel.decode``,
-to listen to what they keep.  Imports torch and transformers (the light ``status`` and ``info`` are
+"""``decode``: codes (or features) stored in an OUT back to 24 kHz audio, to listen to what they
+keep: ``MimiModel.decode`` of each item alone, computed in length-sorted padded batches by the
+exact :class:`~mimi_extract.codec.decoder.PaddedMimiDecoder` (long items in chunks with state).  Imports torch and transformers (the light ``status`` and ``info`` are
 ``outputs.py``)."""
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ def decode_items(out_dir: str, keys: list[str] | None, output: str | None, model
     import soundfile as sf
     import torch
 
+    from ..codec.decoder import PaddedMimiDecoder, decode_chunked
     from ..codec.model import load_model
     from ..readers.reader import Reader
     from ..sources import dataset_name
@@ -64,27 +66,52 @@ def decode_items(out_dir: str, keys: list[str] | None, output: str | None, model
     if folder:
         os.makedirs(output, exist_ok=True)
     mimi = load_model(model or info["model"], device)
+    decoder = PaddedMimiDecoder(mimi)
     reader = Reader(out_dir)
     written = []
-    with torch.no_grad():
-        for key in keys:
-            row = rows[key]
-            tap = shard_attrs(out_dir, row["shard"]).get("tap", info["tap"])
-            data = torch.from_numpy(np.ascontiguousarray(reader[key])).to(device)
-            if tap == "codes":
-                codes = data.long().T[None]
-            else:
-                latent = data.float().T[None]  # [1, D, frames]
-                if tap == "encoder":
-                    from ..codec.internals import encoder_parts
 
-                    latent = encoder_parts(mimi)[2](latent)
-                codes = mimi.quantizer.encode(latent, mimi.config.num_quantizers).transpose(0, 1)
-            audio = mimi.decode(codes).audio_values[0, 0]
-            audio = audio[: _samples_24k(row, info)].float().cpu().numpy()
-            path = paths[key]
-            sf.write(path, audio, 24_000, subtype="FLOAT")
-            written.append(path)
-            if on_item:
-                on_item(key, path)
+    def codes_of(key: str) -> torch.Tensor:
+        """The item's codes [frames, N] (features go through the quantizer, all codebooks)."""
+        tap = shard_attrs(out_dir, rows[key]["shard"]).get("tap", info["tap"])
+        data = torch.from_numpy(np.ascontiguousarray(reader[key])).to(device)
+        if tap == "codes":
+            return data.long()
+        latent = data.float().T[None]  # [1, D, frames]
+        if tap == "encoder":
+            from ..codec.internals import encoder_parts
+
+            latent = encoder_parts(mimi)[2](latent)
+        return mimi.quantizer.encode(latent, mimi.config.num_quantizers)[:, 0].T
+
+    with torch.no_grad():
+        for batch in decode_batches(keys, [rows[k]["frames"] for k in keys]):
+            audios = decode_chunked(decoder, [codes_of(k) for k in batch], CHUNK_FRAMES)
+            for key, audio in zip(batch, audios):
+                audio = audio[: _samples_24k(rows[key], info)].float().cpu().numpy()
+                path = paths[key]
+                sf.write(path, audio, 24_000, subtype="FLOAT")
+                written.append(path)
+                if on_item:
+                    on_item(key, path)
     return written
+
+
+CHUNK_FRAMES = 375  # an item longer than 30 s is decoded in 30 s chunks with carried state
+BATCH_FRAMES = 3000  # padded frames per batch (rows x longest): 4 min of audio, 46 MB of fp32 audio out
+
+
+def decode_batches(keys: list[str], frames: list[int]) -> list[list[str]]:
+    """``keys`` in length-sorted batches of at most ``BATCH_FRAMES`` padded frames (rows x the
+    longest, in chunks for a long item): little padding, bounded memory; an item longer than
+    ``CHUNK_FRAMES`` goes alone, as a stream of chunks."""
+    batches: list[list[str]] = []
+    current: list[str] = []
+    for n, key in sorted(zip(frames, keys)):
+        if n > CHUNK_FRAMES:
+            batches.append([key])
+            continue
+        if current and (len(current) + 1) * n > BATCH_FRAMES:
+            batches.append(current)
+            current = []
+        current.append(key)
+    return batches + ([current] if current else [])
