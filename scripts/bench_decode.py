@@ -19,7 +19,7 @@ from transformers import MimiConfig
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, HERE)
 
-from mimi_extract.audit.decode import CHUNK_FRAMES, decode_batches  # noqa: E402
+from mimi_extract.audit.decode import decode_batches, decode_limits  # noqa: E402
 from mimi_extract.codec.decoder import PaddedMimiDecoder, decode_chunked  # noqa: E402
 from mimi_extract.codec.demo import random_model, tiny_config  # noqa: E402
 
@@ -32,6 +32,8 @@ p.add_argument("--threads", type=int, default=1)
 p.add_argument("--rounds", type=int, default=3)
 p.add_argument("--model", choices=["full", "tiny"], default="full")
 p.add_argument("--device", default="cpu")
+p.add_argument("--batch-frames", type=int, help="padded frames per batch [default: decode's for the device]")
+p.add_argument("--chunk-frames", type=int, help="frames per chunk of a long item [default: decode's for the device]")
 a = p.parse_args()
 torch.set_num_threads(a.threads)
 model = random_model(MimiConfig() if a.model == "full" else tiny_config(), seed=0).to(a.device)
@@ -41,6 +43,7 @@ frames = [int(12.5 * (a.min_seconds + (a.max_seconds - a.min_seconds) * i / max(
 codes = [torch.randint(0, model.config.codebook_size, (n, a.codebooks), generator=g).to(a.device) for n in frames]
 decoder = PaddedMimiDecoder(model)
 keys = [str(i) for i in range(a.items)]
+limits = (a.batch_frames or decode_limits(a.device)[0], a.chunk_frames or decode_limits(a.device)[1])
 
 
 def sync():
@@ -55,8 +58,8 @@ def alone():
 
 def batched():
     out = [None] * len(codes)
-    for batch in decode_batches(keys, frames):
-        for k, audio in zip(batch, decode_chunked(decoder, [codes[int(k)] for k in batch], CHUNK_FRAMES)):
+    for batch in decode_batches(keys, frames, *limits):
+        for k, audio in zip(batch, decode_chunked(decoder, [codes[int(k)] for k in batch], limits[1])):
             out[int(k)] = audio
     return out
 
@@ -73,7 +76,8 @@ for _ in range(a.rounds):
         sync()
         times[name].append(time.perf_counter() - t0)
 audio_s = sum(frames) / 12.5
-print(f"{a.items} items, {audio_s:.0f} s of audio, {a.model} model, {a.device}, {a.threads} thread(s); "
+print(f"{a.items} items, {audio_s:.0f} s of audio, {a.model} model, {a.device}, {a.threads} thread(s), "
+      f"batches of <= {limits[0]} padded frames, chunks of {limits[1]}; "
       f"max relative difference {worst:.2e}")
 for name, t in times.items():
     print(f"  {name:26s} best {min(t):7.2f} s  ({audio_s / min(t):6.1f}x real time)  rounds {[round(x, 2) for x in t]}")

@@ -84,8 +84,9 @@ def decode_items(out_dir: str, keys: list[str] | None, output: str | None, model
         return mimi.quantizer.encode(latent, mimi.config.num_quantizers)[:, 0].T
 
     with torch.no_grad():
-        for batch in decode_batches(keys, [rows[k]["frames"] for k in keys]):
-            audios = decode_chunked(decoder, [codes_of(k) for k in batch], CHUNK_FRAMES)
+        batch_frames, chunk_frames = decode_limits(device)
+        for batch in decode_batches(keys, [rows[k]["frames"] for k in keys], batch_frames, chunk_frames):
+            audios = decode_chunked(decoder, [codes_of(k) for k in batch], chunk_frames)
             for key, audio in zip(batch, audios):
                 audio = audio[: _samples_24k(rows[key], info)].float().cpu().numpy()
                 path = paths[key]
@@ -96,22 +97,34 @@ def decode_items(out_dir: str, keys: list[str] | None, output: str | None, model
     return written
 
 
-CHUNK_FRAMES = 375  # an item longer than 30 s is decoded in 30 s chunks with carried state
-BATCH_FRAMES = 3000  # padded frames per batch (rows x longest): 4 min of audio, 46 MB of fp32 audio out
+def decode_limits(device: str) -> tuple[int, int]:
+    """(padded frames per batch, frames per chunk of a long item) on ``device``: the encoder's step
+    and chunk (``Settings.step_seconds``, ``chunk_samples``: 4 s and 4 s on CPU, 300 s and 30 s on a
+    GPU).  On CPU a padded batch is slower than items one by one (measured with
+    scripts/bench_decode.py: the 24 kHz activations of a 64-channel SEANet stage, rows x samples,
+    leave the caches), so a CPU batch is one item and a long item goes in 4 s chunks, which keep them
+    in cache; a GPU gets the rows."""
+    from ..config.settings import Settings
+
+    settings = Settings(devices=(device,))
+    return max(1, int(settings.step_seconds * FRAME_RATE)), settings.chunk_samples(HOP) // HOP
 
 
-def decode_batches(keys: list[str], frames: list[int]) -> list[list[str]]:
-    """``keys`` in length-sorted batches of at most ``BATCH_FRAMES`` padded frames (rows x the
-    longest, in chunks for a long item): little padding, bounded memory; an item longer than
-    ``CHUNK_FRAMES`` goes alone, as a stream of chunks."""
+FRAME_RATE, HOP = 12.5, 1920
+
+
+def decode_batches(keys: list[str], frames: list[int], batch_frames: int, chunk_frames: int) -> list[list[str]]:
+    """``keys`` in length-sorted batches of at most ``batch_frames`` padded frames (rows x the
+    longest): little padding, bounded memory; an item longer than ``chunk_frames`` goes alone, as a
+    stream of chunks."""
     batches: list[list[str]] = []
     current: list[str] = []
     for n, key in sorted(zip(frames, keys)):
-        if n > CHUNK_FRAMES:
-            batches.append([key])
-            continue
-        if current and (len(current) + 1) * n > BATCH_FRAMES:
+        if current and (n > chunk_frames or (len(current) + 1) * n > batch_frames):
             batches.append(current)
             current = []
         current.append(key)
+        if n > chunk_frames:  # alone
+            batches.append(current)
+            current = []
     return batches + ([current] if current else [])

@@ -36,14 +36,15 @@ def input_24k(path: str) -> torch.Tensor:
     return audio if rate == 24_000 else torchaudio.functional.resample(audio, rate, 24_000)
 
 
-@pytest.mark.parametrize("chunk_seconds", [None, 0.48])
+@pytest.mark.parametrize("chunk_seconds,rows", [(None, None), (0.48, 2)])
 def test_stored_fidelity_equals_an_independent_recomputation(corpus, tiny_model, tiny_model_dir, tmp_path,
-                                                             chunk_seconds):
-    """Whole items in padded batches, and (0.48 s chunks) every item streamed, rows joining mid-run."""
+                                                             chunk_seconds, rows):
+    """Whole items in padded batches, and (0.48 s chunks, 2 rows) every item streamed, streams
+    joining rows that others left (the decoder's state must start afresh there)."""
     root, _ = corpus
     out = str(tmp_path / "out")
     extract(root, out, Settings(model=tiny_model_dir, tap="codes", num_quantizers=5, fidelity=True,
-                                chunk_seconds=chunk_seconds, num_workers=0))
+                                chunk_seconds=chunk_seconds, batch_size=rows, num_workers=0))
     rows = [r for r in read_manifest(out) if r["status"] == "ok"]
     assert len(rows) == 7
     checked = 0
