@@ -4,6 +4,7 @@ ratio).
 
     python scripts/bench_fidelity.py --files 16 --min-seconds 2 --max-seconds 10 --rounds 2
     python scripts/bench_fidelity.py --device cuda --files 256 --max-seconds 20   # (scripts/gpu_check.sh)
+    python scripts/bench_fidelity.py --compute 5      # the compute alone, in this process
 
 Full-size Mimi architecture with seeded random weights (speed does not depend on the weights), white
 noise at 24 kHz.  Also prints the fidelity run's median SI-SDR, as a check that it computed them.
@@ -35,7 +36,44 @@ p.add_argument("--rounds", type=int, default=2)
 p.add_argument("--model", choices=["full", "tiny"], default="full")
 p.add_argument("--device", default="cpu")
 p.add_argument("--tool-args", default="", help="more options for both runs (e.g. --cpu-workers 1)")
+p.add_argument("--compute", type=int, default=0, metavar="REPS",
+               help="instead: in this process, one step's encode vs its --fidelity work (decode + meters), "
+                    "REPS interleaved repetitions, 1 torch thread (robust on a busy machine)")
 a = p.parse_args()
+
+if a.compute:
+    import torch
+
+    from mimi_extract.codec.decoder import PaddedMimiDecoder
+    from mimi_extract.codec.encoder import PaddedMimiEncoder
+    from mimi_extract.codec.fidelity import FidelityMeter
+
+    torch.set_num_threads(1)
+    model = random_model(MimiConfig() if a.model == "full" else tiny_config(), seed=0).to(a.device)
+    encoder, decoder = PaddedMimiEncoder(model), PaddedMimiDecoder(model)
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.tensor([int(24_000 * s) for s in (2.0, 1.2, 0.5, 0.3)])  # a CPU step: 4 s of padded audio
+    audio = (0.1 * torch.randn(len(lengths), int(lengths.max()), generator=g)).to(a.device)
+    times = {"encode (codes)": [], "--fidelity: decode + meters": []}
+    for _ in range(a.compute):
+        t0 = time.perf_counter()
+        out = encoder(audio, lengths, ("codes",), 8)
+        t1 = time.perf_counter()
+        decoded = decoder(out.tensors["codes"], out.lengths["codes"]).audio
+        for r, n in enumerate(lengths.tolist()):
+            meter = FidelityMeter()
+            meter.update(audio[r, :n], decoded[r, :n])
+            meter.result()
+        t2 = time.perf_counter()
+        times["encode (codes)"].append(t1 - t0)
+        times["--fidelity: decode + meters"].append(t2 - t1)
+    print(f"one step of {len(lengths)} rows, {float(lengths.sum()) / 24_000:.1f} s of audio, {a.model} model, "
+          f"{a.device}, 1 thread, best of {a.compute}")
+    for name, t in times.items():
+        print(f"  {name:30s} best {min(t):6.3f} s  rounds {[round(x, 3) for x in t]}")
+    enc, fid = (min(t) for t in times.values())
+    print(f"  --fidelity adds {fid / enc:.2f}x the encode's time: throughput x{enc / (enc + fid):.2f}")
+    sys.exit(0)
 
 work = tempfile.mkdtemp(prefix="bench_fidelity_")
 model_dir, corpus = os.path.join(work, "model"), os.path.join(work, "corpus")
