@@ -159,3 +159,17 @@ def json_fidelity(out):
     from support import cli
 
     return json.loads(cli("info", out, "--json").output)["fidelity"]
+
+
+def test_worker_processes_carry_it(corpus, tiny_model_dir, fidelity_out, tmp_path):
+    """Two CPU worker processes (the numbers cross a process boundary with their chunks): the
+    in-process run's numbers, to float noise (other batches)."""
+    out = str(tmp_path / "out")
+    extract(corpus[0], out, Settings(model=tiny_model_dir, tap="codes", fidelity=True, num_workers=0,
+                                     devices=("cpu", "cpu")))
+    want = {r["key"]: r for r in read_manifest(fidelity_out) if r["status"] == "ok"}
+    got = {r["key"]: r for r in read_manifest(out) if r["status"] == "ok"}
+    assert got.keys() == want.keys()
+    for key, row in got.items():
+        assert abs(row["si_sdr"] - want[key]["si_sdr"]) < 1e-3, key
+        assert abs(row["mel_distance"] - want[key]["mel_distance"]) <= 1e-4 * want[key]["mel_distance"], key
