@@ -22,6 +22,8 @@
 #   precision  scripts/bench_precision.py: fp32 / TF32 / bf16 throughput on fixed step shapes,
 #              per-codebook agreement with strict fp32, mismatches classified by verify's tie rule
 #   compile    the same for torch.compile of the strict encoder: kept only if faster and exact
+#   fidelity   only with FIDELITY=1 (~100 s more): scripts/bench_fidelity.py (codes with and without
+#              --fidelity) and scripts/bench_decode.py (decode --all's batches vs per-item decode), in log.txt
 #   summary    summary.md and results.json from the above; the table is printed last
 # Files in $OUT (8 at most come back): log.txt phases.txt bench.json resample.json precision.json
 # compile.json summary.md results.json.
@@ -97,6 +99,11 @@ phase precision "$T_PREC" "$PY" scripts/bench_precision.py --device "$DEVICE" --
 if [ "$COMPILE" = 1 ]; then
   phase compile "$T_COMPILE" "$PY" scripts/bench_precision.py --device "$DEVICE" --model "$MODEL" --shapes "$CSHAPES" \
     --reps "$REPS" --modes fp32 --compile --json "$OUT/compile.json"
+fi
+if [ "${FIDELITY:-0}" = 1 ]; then  # (docs/fidelity.md; not in the default ~9 minutes)
+  ARCH=$([ "$MODEL" = random-tiny ] && echo tiny || echo full)
+  phase fidelity 60 "$PY" scripts/bench_fidelity.py --device "$DEVICE" --model "$ARCH" --files 64 --rounds 1
+  phase decode 40 "$PY" scripts/bench_decode.py --device "$DEVICE" --model "$ARCH" --items 64 --max-seconds 20 --rounds 2
 fi
 phase summary 30 "$PY" scripts/gpu_summary.py "$OUT"
 cat "$OUT/summary.md" 2>/dev/null || cat "$OUT/phases.txt"

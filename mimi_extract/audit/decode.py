@@ -1,5 +1,6 @@
-"""``decode``: codes (or features) stored in an OUT back to 24 kHz audio with ``MimiModel.decode``,
-to listen to what they keep.  Imports torch and transformers (the light ``status`` and ``info`` are
+"""``decode``: codes (or features) stored in an OUT back to 24 kHz audio, to listen to what they
+keep: ``MimiModel.decode`` of each item alone, computed in length-sorted padded batches by the
+exact :class:`~mimi_extract.codec.decoder.PaddedMimiDecoder` (long items in chunks with state).  Imports torch and transformers (the light ``status`` and ``info`` are
 ``outputs.py``)."""
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ def decode_items(out_dir: str, keys: list[str] | None, output: str | None, model
     import soundfile as sf
     import torch
 
+    from ..codec.decoder import PaddedMimiDecoder, decode_chunked
     from ..codec.model import load_model
     from ..readers.reader import Reader
     from ..sources import dataset_name
@@ -97,27 +99,65 @@ def decode_items(out_dir: str, keys: list[str] | None, output: str | None, model
         for path in paths.values():
             os.makedirs(os.path.dirname(path), exist_ok=True)
     mimi = load_model(model or info["model"], device)
+    decoder = PaddedMimiDecoder(mimi)
     reader = Reader(out_dir)
     written = []
-    with torch.no_grad():
-        for key in keys:
-            row = rows[key]
-            tap = shard_attrs(out_dir, row["shard"]).get("tap", info["tap"])
-            data = torch.from_numpy(np.ascontiguousarray(reader[key])).to(device)
-            if tap == "codes":
-                codes = data.long().T[None]
-            else:
-                latent = data.float().T[None]  # [1, D, frames]
-                if tap == "encoder":
-                    from ..codec.internals import encoder_parts
 
-                    latent = encoder_parts(mimi)[2](latent)
-                codes = mimi.quantizer.encode(latent, mimi.config.num_quantizers).transpose(0, 1)
-            audio = mimi.decode(codes).audio_values[0, 0]
-            audio = audio[: _samples_24k(row, info)].float().cpu().numpy()
-            path = paths[key]
-            sf.write(path, audio, 24_000, subtype="FLOAT")
-            written.append(path)
-            if on_item:
-                on_item(key, path)
+    def codes_of(key: str) -> torch.Tensor:
+        """The item's codes [frames, N] (features go through the quantizer, all codebooks)."""
+        tap = shard_attrs(out_dir, rows[key]["shard"]).get("tap", info["tap"])
+        data = torch.from_numpy(np.ascontiguousarray(reader[key])).to(device)
+        if tap == "codes":
+            return data.long()
+        latent = data.float().T[None]  # [1, D, frames]
+        if tap == "encoder":
+            from ..codec.internals import encoder_parts
+
+            latent = encoder_parts(mimi)[2](latent)
+        return mimi.quantizer.encode(latent, mimi.config.num_quantizers)[:, 0].T
+
+    with torch.no_grad():
+        batch_frames, chunk_frames = decode_limits(device)
+        for batch in decode_batches(keys, [rows[k]["frames"] for k in keys], batch_frames, chunk_frames):
+            audios = decode_chunked(decoder, [codes_of(k) for k in batch], chunk_frames)
+            for key, audio in zip(batch, audios):
+                audio = audio[: _samples_24k(rows[key], info)].float().cpu().numpy()
+                path = paths[key]
+                sf.write(path, audio, 24_000, subtype="FLOAT")
+                written.append(path)
+                if on_item:
+                    on_item(key, path)
     return written
+
+
+def decode_limits(device: str) -> tuple[int, int]:
+    """(padded frames per batch, frames per chunk of a long item) on ``device``: the encoder's step
+    and chunk (``Settings.step_seconds``, ``chunk_samples``: 4 s and 4 s on CPU, 300 s and 30 s on a
+    GPU).  On CPU a padded batch is slower than items one by one (measured with
+    scripts/bench_decode.py: the 24 kHz activations of a 64-channel SEANet stage, rows x samples,
+    leave the caches), so a CPU batch is one item and a long item goes in 4 s chunks, which keep them
+    in cache; a GPU gets the rows."""
+    from ..config.settings import Settings
+
+    settings = Settings(devices=(device,))
+    return max(1, int(settings.step_seconds * FRAME_RATE)), settings.chunk_samples(HOP) // HOP
+
+
+FRAME_RATE, HOP = 12.5, 1920
+
+
+def decode_batches(keys: list[str], frames: list[int], batch_frames: int, chunk_frames: int) -> list[list[str]]:
+    """``keys`` in length-sorted batches of at most ``batch_frames`` padded frames (rows x the
+    longest): little padding, bounded memory; an item longer than ``chunk_frames`` goes alone, as a
+    stream of chunks."""
+    batches: list[list[str]] = []
+    current: list[str] = []
+    for n, key in sorted(zip(frames, keys)):
+        if current and (n > chunk_frames or (len(current) + 1) * n > batch_frames):
+            batches.append(current)
+            current = []
+        current.append(key)
+        if n > chunk_frames:  # alone
+            batches.append(current)
+            current = []
+    return batches + ([current] if current else [])

@@ -213,8 +213,59 @@ def info_report(out_dir: str) -> dict:
                     "reason": r.get("error") or "unknown"} for r in errors],
         "hours": sum(r.get("duration", 0.0) for r in ok) / 3600, "frames": frames,
         "tokens": frames * nq if nq else None, "shards": {s: sizes.get(s, 0) for s in shards},
-        "bytes": sum(sizes.values()), "settings": settings,
+        "bytes": sum(sizes.values()), "settings": settings, "fidelity": fidelity_summary(ok),
     }
+
+
+SI_SDR_EDGES = tuple(range(-20, 41, 5))  # dB: the report's histogram bins (the first and last open-ended)
+WORST_SHOWN = 20  # the worst items a summary lists
+
+
+def fidelity_summary(rows) -> dict | None:
+    """``--fidelity``'s numbers over ok ``rows`` (None when none has them): for ``si_sdr`` (dB) and
+    ``mel_distance`` the items, min, 5th percentile, median, mean, 95th percentile and max; the SI-SDR
+    histogram (``edges``: bins [e_i, e_i+1), below the first and from the last open-ended); ``silent``:
+    items whose input had no energy (no SI-SDR); ``worst``: the ``WORST_SHOWN`` lowest SI-SDR items
+    (key, si_sdr, mel_distance), to listen to (``mimi-extract decode OUT KEY``)."""
+    import numpy as np
+
+    measured = [r for r in rows if r.get("mel_distance") is not None]
+    if not measured:
+        return None
+    scored = [r for r in measured if r.get("si_sdr") is not None]
+
+    def stats(values):
+        v = np.asarray(values, dtype=np.float64)
+        if not len(v):
+            return {k: None for k in ("items", "min", "p5", "median", "mean", "p95", "max")}
+        return {"items": int(len(v)), "min": float(v.min()), "p5": float(np.percentile(v, 5)),
+                "median": float(np.median(v)), "mean": float(v.mean()), "p95": float(np.percentile(v, 95)),
+                "max": float(v.max())}
+
+    si = np.asarray([r["si_sdr"] for r in scored], dtype=np.float64)
+    edges = np.asarray(SI_SDR_EDGES, dtype=np.float64)
+    bins = np.clip(np.searchsorted(edges, si, side="right"), 0, len(edges))  # 0: below the first edge
+    worst = sorted(scored, key=lambda r: r["si_sdr"])[:WORST_SHOWN]
+    return {"items": len(measured), "silent": len(measured) - len(scored),
+            "si_sdr": {**stats(si), "edges": list(SI_SDR_EDGES),
+                       "counts": [int(c) for c in np.bincount(bins, minlength=len(edges) + 1)]},
+            "mel_distance": stats([r["mel_distance"] for r in measured]),
+            "worst": [{"key": r["key"], "si_sdr": r["si_sdr"], "mel_distance": r["mel_distance"]} for r in worst]}
+
+
+def fidelity_lines(fid: dict | None, shown: int = 5) -> list[str]:
+    """``--fidelity``'s summary in a few lines (report, info): the distributions and the worst items."""
+    if not fid:
+        return []
+    s, m = fid["si_sdr"], fid["mel_distance"]
+    lines = [f"fidelity of {fid['items']} items: SI-SDR median {s['median']:.2f} dB (5th pct {s['p5']:.2f}, min "
+             f"{s['min']:.2f}); log-mel distance median {m['median']:.4f} (95th pct {m['p95']:.4f})"
+             + (f"; {fid['silent']} silent inputs (no SI-SDR)" if fid["silent"] else "")
+             if s["items"] else f"fidelity of {fid['items']} items: every input silent (no SI-SDR)"]
+    if fid["worst"]:
+        lines.append("worst SI-SDR (mimi-extract decode OUT KEY to listen): " + ", ".join(
+            f"{w['key']} {w['si_sdr']:.2f} dB" for w in fid["worst"][:shown]))
+    return lines
 
 
 def _source_path(info: dict, row: dict) -> str:

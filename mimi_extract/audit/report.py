@@ -33,7 +33,7 @@ from ..store.identity import read_run_info
 from ..store.lock import RunLock
 from ..store.manifest import RunFiles, iter_committed, out_files
 from ..store.read import close_shard, load_row, open_shard
-from .outputs import _reason, _require
+from .outputs import _reason, _require, fidelity_lines, fidelity_summary
 
 SCHEMA = 1  # bump when a key of the JSON report changes meaning or goes away
 # duration bins (seconds): left-closed, the last one open-ended; fixed, so reports compare across OUTs
@@ -265,7 +265,7 @@ def corpus_report(out_dir: str, by: str | None = None, arrays: bool = True, work
     def subset(name: str) -> dict:
         s = per.get(name)
         if s is None:
-            s = per[name] = {"items": 0, "errors": 0, "seconds": 0.0, "frames": 0, "reasons": Counter()}
+            s = per[name] = {"items": 0, "errors": 0, "seconds": 0.0, "frames": 0, "reasons": Counter(), "fidelity": []}
         return s
 
     durations = np.empty(len(winner), dtype=np.float64)
@@ -293,6 +293,8 @@ def corpus_report(out_dir: str, by: str | None = None, arrays: bool = True, work
                 s["items"] += 1
                 s["seconds"] += seconds
                 s["frames"] += frames
+                if row.get("mel_distance") is not None:  # --fidelity (kept slim: three fields a row)
+                    s["fidelity"].append({k: row.get(k) for k in ("key", "si_sdr", "mel_distance")})
                 if isinstance(row.get("dims"), int):
                     row_dims.add(row["dims"])
                 if row["shard"] != shard and rows:
@@ -348,6 +350,8 @@ def corpus_report(out_dir: str, by: str | None = None, arrays: bool = True, work
                                       "num_quantizers", "framing", "format", "tool_version")}
     model["precision"] = info.get("dtype")  # the encoder's compute dtype (--dtype); features are stored as feature_dtype
     ordered = dict(sorted(per.items()))
+    fidelity = fidelity_summary([f for s in ordered.values() for f in s["fidelity"]])
+    by_subset = {name: fidelity_summary(s["fidelity"]) for name, s in ordered.items()}
     return {
         "schema": SCHEMA,
         "out": out_dir,
@@ -364,11 +368,16 @@ def corpus_report(out_dir: str, by: str | None = None, arrays: bool = True, work
         "subsets_by": subsets.kind or ("field " + by if by else "top-level folder"),
         "subsets": {name: {"items": s["items"], "errors": s["errors"], "hours": s["seconds"] / 3600,
                            "frames": s["frames"], "tokens": s["frames"] * num_q if tokens is not None else None,
-                           "errors_by_reason": dict(s["reasons"].most_common())}
+                           "errors_by_reason": dict(s["reasons"].most_common()),
+                           **({"si_sdr_median": by_subset[name]["si_sdr"]["median"],
+                               "si_sdr_p5": by_subset[name]["si_sdr"]["p5"],
+                               "mel_distance_median": by_subset[name]["mel_distance"]["median"]}
+                              if by_subset[name] else {})}
                     for name, s in ordered.items()},
         "durations": _duration_histogram(durations),
         "errors_by_reason": dict(Counter(_reason(r.get("error")) for r in error_rows.values()).most_common()),
         "codebooks": codebooks,
+        "fidelity": fidelity,  # --fidelity: outputs.fidelity_summary (None without it)
     }
 
 
@@ -430,7 +439,8 @@ def write_png(report: dict, path: str) -> None:
 
     books = (report.get("codebooks") or {}).get("per_codebook") or []
     names, bars = error_panel(report)
-    panels = 1 + bool(books) + bool(names)
+    fid = report.get("fidelity")
+    panels = 1 + bool(books) + bool(fid) + bool(names)
     fig, axes = plt.subplots(1, panels, figsize=(6.5 * panels, 4.5), squeeze=False)
     d = report["durations"]
     labels = [f"{a:g}-{b:g}" for a, b in zip(d["edges"], d["edges"][1:])] + [f">={d['edges'][-1]:g}"]
@@ -454,6 +464,22 @@ def write_png(report: dict, path: str) -> None:
         ax.set_ylabel("frequency")
         ax.set_title("codebook usage")
         ax.legend(fontsize=7)
+    if fid:
+        ax = axes[0][1 + bool(books)]
+        h = fid["si_sdr"]
+        e = h["edges"]
+        labels = [f"<{e[0]:g}"] + [f"{a:g}-{b:g}" for a, b in zip(e, e[1:])] + [f">={e[-1]:g}"]
+        ax.bar(range(len(labels)), h["counts"], color="#55a868")
+        ax.set_xticks(range(len(labels)), labels, rotation=60, fontsize=8)
+        ax.set_xlabel("SI-SDR of the decoded codes (dB)")
+        ax.set_ylabel("items")
+        worst = fid["worst"][0] if fid["worst"] else None
+        ax.set_title(f"fidelity: median {h['median']:.1f} dB, 5th pct {h['p5']:.1f} dB"
+                     + (f"; log-mel median {fid['mel_distance']['median']:.3f}" if fid["mel_distance"]["median"] is not None
+                        else "") if h["items"] else "fidelity: every input silent", fontsize=9)
+        if worst is not None:
+            ax.text(0.02, 0.95, f"worst: {worst['key'][-40:]} ({worst['si_sdr']:.1f} dB)", transform=ax.transAxes,
+                    fontsize=7, va="top")
     if names:
         ax = axes[0][-1]
         left = np.zeros(len(names))
@@ -575,7 +601,8 @@ def summary_lines(report: dict) -> list[str]:
             + f"; {report['errors']} errors" + (f", {len(report['damaged'])} damaged" if report["damaged"] else ""),
             f"model {m.get('model')}, weights {m.get('weights')}, precision {m.get('precision')}"
             + (f", stored as {m.get('feature_dtype')}" if m.get("tap") != "codes" else "")
-            + f", tap {m.get('tap')}" + (f", {report['parts']} parts" if report["parts"] > 1 else "")]
+            + f", tap {m.get('tap')}" + (f", {report['parts']} parts" if report["parts"] > 1 else "")] \
+        + fidelity_lines(report.get("fidelity"))
 
 
 __all__ = ["corpus_report", "write_png", "write_card", "card_out", "card_section", "codebook_size", "SCHEMA"]

@@ -189,6 +189,7 @@ def codes(
     num_quantizers: Annotated[int, typer.Option("--num-quantizers", "-q", min=1, max=32, help="Codebooks to keep (1..32).")] = 8,
     token_layout: Annotated[Optional[TokenLayout], typer.Option(help="--format megatron: flat = one sequence per item, per frame codebook 0..N-1, id = offset + codebook x codebook_size + code; per-codebook = one sequence per codebook, id = offset + code (an item's sequences are one document). Recorded in run.json \\[default: flat].", show_default=False)] = None,
     token_offset: Annotated[Optional[int], typer.Option(min=0, max=MAX_TOKEN_ID - 2**16, help="--format megatron: the id of code 0 of codebook 0, so audio ids can sit after a text vocabulary (e.g. 128256 after Llama 3's). Recorded in run.json \\[default: 0].", show_default=False)] = None,
+    fidelity: Annotated[bool, typer.Option("--fidelity", help="Also decode each item's stored codes and store how well they give back the encoder's 24 kHz input: si_sdr (dB) and mel_distance in its manifest row and fields (docs/fidelity.md). Costs a decode per item.")] = False,
     **options,
 ):
     """Discrete Mimi codes, one int16 \\[frames, num_quantizers] dataset per input (12.5 Hz).
@@ -200,9 +201,10 @@ def codes(
       mimi-extract codes corpus/ codes/ --part slurm            # one task of sbatch --array=0-15
       mimi-extract codes corpus/ codes/ --engine ray --ray-address auto
       mimi-extract codes corpus/ tokens/ --format megatron --token-offset 128256   # Megatron .bin/.idx
+      mimi-extract codes corpus/ codes/ --fidelity              # + SI-SDR and log-mel distance per item
     """
     _run(input_path, out_dir, tap="codes", num_quantizers=num_quantizers, token_layout=token_layout,
-         token_offset=token_offset, **options)
+         token_offset=token_offset, fidelity=fidelity, **options)
 
 
 codes.__doc__ += _RUN_HELP

@@ -176,7 +176,7 @@ def info(out_dir: Annotated[str, typer.Argument(metavar="OUT")],
 
       mimi-extract info codes/ --json | jq .hours
     """
-    from ..audit.outputs import info_report
+    from ..audit.outputs import fidelity_lines, info_report
 
     report = _report(info_report, out_dir, as_json)
     if report is None:
@@ -201,6 +201,8 @@ def info(out_dir: Annotated[str, typer.Argument(metavar="OUT")],
             say(f"  ... and {len(report['failed']) - _SHOWN} more (--json lists them all)", out=out)
     say(f"{len(report['shards'])} shards, {report['bytes'] / 2**20:.1f} MiB "
         f"({report['bytes'] / max(1, len(report['shards'])) / 2**20:.1f} MiB per shard)", out=out)
+    for line in fidelity_lines(report.get("fidelity")):
+        say(line, out=out)
     for key, value in report["settings"].items():
         if value not in ({}, [], None):  # (a rule with nothing in it: directory input's item keys; --json has all)
             say(f"  {key}: {value}", out=out)

@@ -167,7 +167,83 @@ class _WindowCache:
         return keys, values
 
 
-class PaddedMimiEncoder(nn.Module):
+class WindowedTransformer:
+    """transformers' own transformer layers run on a right-padded batch with per-item lengths: the
+    causal sliding-window mask built from them, and (chunk by chunk) the carried key/value window
+    and RoPE positions of an :class:`EncoderState`.  Shared by the encoder's transformer and the
+    decoder's (:class:`~mimi_extract.codec.decoder.PaddedMimiDecoder`), one rule for both.  Needs
+    ``self.transformer``, ``self.config``, ``self.call_steps`` and ``self._cache_arg``."""
+
+    @property
+    def window(self) -> int | None:
+        return getattr(self.config, "sliding_window", None)
+
+    def attention_mask(self, lengths: torch.Tensor, size: int, dtype: torch.dtype, cached: torch.Tensor | None = None,
+                       past: int = 0, position: torch.Tensor | None = None) -> torch.Tensor:
+        """[B, 1, size, past + size] causal sliding-window mask over ``past`` cached positions and
+        this chunk's ``size`` positions: key j is visible to query i iff i - window < j <= i (in
+        stream positions), j is valid (one of the row's ``cached`` last past positions, or a chunk
+        position < length).  Padded queries may see themselves, so no row is fully masked (no NaN);
+        their outputs are zeroed anyway.  With moshi's streaming calls (``call_steps`` = c) the
+        window's start is that of the query's call instead: j >= c * floor(t / c) + c - window in
+        absolute positions (t = ``position`` + i: the row's chunk starts at ``position``)."""
+        device = lengths.device
+        query = torch.arange(size, device=device)
+        key = torch.arange(past + size, device=device) - past  # positions relative to the chunk start
+        allowed = (key[None, :] <= query[:, None])[None]  # [1 or B, T, past+T]
+        if self.call_steps is not None:
+            c = self.call_steps
+            start = torch.zeros_like(lengths) if position is None else position.to(device)
+            t = start[:, None] + query[None, :]  # absolute query positions [B, T]
+            first = torch.div(t, c, rounding_mode="floor") * c + c - self.window - start[:, None]  # relative
+            allowed = allowed & (key[None, None, :] >= first[:, :, None])
+        elif self.window is not None:
+            allowed = allowed & (key[None, :] > query[:, None] - self.window)[None]
+        key_ok = key[None, :] < lengths[:, None]
+        if cached is not None:
+            key_ok &= key[None, :] >= -cached[:, None]
+        allowed = allowed & (key_ok[:, None, :] | (key[None, :] == query[:, None])[None])  # [B, T, past+T]
+        if eager_attention(self.config):  # eager *adds* the mask
+            return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(
+                ~allowed, torch.finfo(dtype).min
+            )[:, None]
+        return allowed[:, None]
+
+    def _fresh_state(self, conv: list[torch.Tensor], batch_size: int, device, dtype) -> EncoderState:
+        """A state with the convs' contexts ``conv`` and empty key/value windows at position 0."""
+        cfg = self.config
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        empty = lambda: torch.zeros(batch_size, cfg.num_key_value_heads, 0, head_dim, device=device, dtype=dtype)  # noqa: E731
+        n_layers = len(self.transformer.layers)
+        zeros = lambda: torch.zeros(batch_size, dtype=torch.long, device=device)  # noqa: E731
+        return EncoderState(conv, [empty() for _ in range(n_layers)], [empty() for _ in range(n_layers)],
+                            zeros(), zeros(), zeros())
+
+    def _transformer(self, h: torch.Tensor, lengths: torch.Tensor, state: EncoderState | None) -> torch.Tensor:
+        """transformers' own layers on [B, T, D], with the length mask and the carried window."""
+        size = h.shape[1]
+        position_ids = torch.arange(size, device=h.device)[None]
+        kwargs = {}
+        if state is None:
+            mask = self.attention_mask(lengths, size, h.dtype)
+        else:
+            past = state.keys[0].shape[2] if state.keys else 0
+            mask = self.attention_mask(lengths, size, h.dtype, state.cached, past, state.position)
+            position_ids = position_ids + state.position[:, None]
+            keep = self.window - 1 if self.window is not None else None
+            kwargs[self._cache_arg] = _WindowCache(state, keep)
+        pos_emb = self.transformer.rotary_emb(h, position_ids)
+        valid = _valid(lengths, size)[:, :, None]
+        for layer in self.transformer.layers:
+            out = layer(h, attention_mask=mask, position_ids=position_ids, position_embeddings=pos_emb, **kwargs)
+            h = torch.where(valid, out[0] if isinstance(out, tuple) else out, h.new_zeros(()))
+        if state is not None:
+            state.cached = torch.clamp(state.cached + lengths, max=state.keys[0].shape[2] if state.keys else 0)
+            state.position = state.position + lengths
+        return h
+
+
+class PaddedMimiEncoder(WindowedTransformer, nn.Module):
     """Batched (and optionally chunked) Mimi encoding whose valid outputs equal encoding each item alone.
 
     ``frames_per_call``: None (default) is transformers' and moshi's non-streaming attention (a
@@ -251,10 +327,6 @@ class PaddedMimiEncoder(nn.Module):
             first = first * int(conv.stride) - padding_total(conv)
         return frame * self.hop - first
 
-    @property
-    def window(self) -> int | None:
-        return getattr(self.config, "sliding_window", None)
-
     # -- lengths ---------------------------------------------------------------------------
     def output_lengths(self, lengths: torch.Tensor) -> dict[str, torch.Tensor]:
         """Frames per item for each tap, from each conv's own length arithmetic: the model's own
@@ -274,13 +346,7 @@ class PaddedMimiEncoder(nn.Module):
         device, dtype = device or p.device, dtype or p.dtype
         conv = [torch.zeros(batch_size, padding_total(c), c.in_channels, device=device, dtype=dtype)
                 for c in self.convs]
-        cfg = self.config
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        empty = lambda: torch.zeros(batch_size, cfg.num_key_value_heads, 0, head_dim, device=device, dtype=dtype)  # noqa: E731
-        n_layers = len(self.transformer.layers)
-        zeros = lambda: torch.zeros(batch_size, dtype=torch.long, device=device)  # noqa: E731
-        return EncoderState(conv, [empty() for _ in range(n_layers)], [empty() for _ in range(n_layers)],
-                            zeros(), zeros(), zeros())
+        return self._fresh_state(conv, batch_size, device, dtype)
 
     # -- layers ----------------------------------------------------------------------------
     def _cached(self, conv: nn.Module, kind: str, make):
@@ -472,60 +538,6 @@ class PaddedMimiEncoder(nn.Module):
             else:
                 x = _zero_padding(layer(x.transpose(1, 2)).transpose(1, 2), lengths, inplace=True)
         return x, lengths
-
-    def attention_mask(self, lengths: torch.Tensor, size: int, dtype: torch.dtype, cached: torch.Tensor | None = None,
-                       past: int = 0, position: torch.Tensor | None = None) -> torch.Tensor:
-        """[B, 1, size, past + size] causal sliding-window mask over ``past`` cached positions and
-        this chunk's ``size`` positions: key j is visible to query i iff i - window < j <= i (in
-        stream positions), j is valid (one of the row's ``cached`` last past positions, or a chunk
-        position < length).  Padded queries may see themselves, so no row is fully masked (no NaN);
-        their outputs are zeroed anyway.  With moshi's streaming calls (``call_steps`` = c) the
-        window's start is that of the query's call instead: j >= c * floor(t / c) + c - window in
-        absolute positions (t = ``position`` + i: the row's chunk starts at ``position``)."""
-        device = lengths.device
-        query = torch.arange(size, device=device)
-        key = torch.arange(past + size, device=device) - past  # positions relative to the chunk start
-        allowed = (key[None, :] <= query[:, None])[None]  # [1 or B, T, past+T]
-        if self.call_steps is not None:
-            c = self.call_steps
-            start = torch.zeros_like(lengths) if position is None else position.to(device)
-            t = start[:, None] + query[None, :]  # absolute query positions [B, T]
-            first = torch.div(t, c, rounding_mode="floor") * c + c - self.window - start[:, None]  # relative
-            allowed = allowed & (key[None, None, :] >= first[:, :, None])
-        elif self.window is not None:
-            allowed = allowed & (key[None, :] > query[:, None] - self.window)[None]
-        key_ok = key[None, :] < lengths[:, None]
-        if cached is not None:
-            key_ok &= key[None, :] >= -cached[:, None]
-        allowed = allowed & (key_ok[:, None, :] | (key[None, :] == query[:, None])[None])  # [B, T, past+T]
-        if eager_attention(self.config):  # eager *adds* the mask
-            return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(
-                ~allowed, torch.finfo(dtype).min
-            )[:, None]
-        return allowed[:, None]
-
-    def _transformer(self, h: torch.Tensor, lengths: torch.Tensor, state: EncoderState | None) -> torch.Tensor:
-        """transformers' own layers on [B, T, D], with the length mask and the carried window."""
-        size = h.shape[1]
-        position_ids = torch.arange(size, device=h.device)[None]
-        kwargs = {}
-        if state is None:
-            mask = self.attention_mask(lengths, size, h.dtype)
-        else:
-            past = state.keys[0].shape[2] if state.keys else 0
-            mask = self.attention_mask(lengths, size, h.dtype, state.cached, past, state.position)
-            position_ids = position_ids + state.position[:, None]
-            keep = self.window - 1 if self.window is not None else None
-            kwargs[self._cache_arg] = _WindowCache(state, keep)
-        pos_emb = self.transformer.rotary_emb(h, position_ids)
-        valid = _valid(lengths, size)[:, :, None]
-        for layer in self.transformer.layers:
-            out = layer(h, attention_mask=mask, position_ids=position_ids, position_embeddings=pos_emb, **kwargs)
-            h = torch.where(valid, out[0] if isinstance(out, tuple) else out, h.new_zeros(()))
-        if state is not None:
-            state.cached = torch.clamp(state.cached + lengths, max=state.keys[0].shape[2] if state.keys else 0)
-            state.position = state.position + lengths
-        return h
 
     # -- public ----------------------------------------------------------------------------
     @torch.no_grad()

@@ -27,6 +27,12 @@ internal                       used for
 SEANet ``.layers``             the encoder's layer list, walked in order
 encoder layout                 ``model.encoder.encoder_seanet/.encoder_transformer/.downsample``;
                                *older*: ``model.encoder``, ``model.encoder_transformer``, ``model.downsample``
+decoder layout                 ``model.decoder.upsample/.decoder_transformer/.decoder_seanet`` and its
+                               ``.config``; *older*: ``model.upsample``, ``model.decoder_transformer``,
+                               ``model.decoder`` (the decoder, ``decoder.py``)
+``MimiConvTranspose1d``        ``.conv`` (an ``nn.ConvTranspose1d``), ``.padding_left``/``.padding_right``
+                               (causal: 0 and kernel - stride)
+``quantizer.decode``           ``(codes [B, N, T]) -> latent [B, D, T]``
 transformer                    ``.layers`` and ``.rotary_emb(hidden, position_ids)``; a layer is called
                                as ``layer(h, attention_mask=, position_ids=, position_embeddings=, <cache>=)``
                                and returns a tensor (*older*: a tuple whose first item is it)
@@ -51,6 +57,7 @@ CHECKED_ON = ("5.13.0", "5.24.0")  # transformers versions this list was checked
 
 MimiConv1d = mm.MimiConv1d
 MimiResnetBlock = mm.MimiResnetBlock
+MimiConvTranspose1d = mm.MimiConvTranspose1d
 CACHE_KEYWORDS = ("cache", "past_key_values", "past_key_value")  # newest first
 
 
@@ -60,6 +67,15 @@ def encoder_parts(model: nn.Module) -> tuple[nn.Module, nn.Module, nn.Module | N
     if hasattr(enc, "encoder_seanet"):  # transformers >= 5.21: MimiModel.encoder is MimiEncoderModel
         return enc.encoder_seanet, enc.encoder_transformer, enc.downsample
     return enc, model.encoder_transformer, model.downsample
+
+
+def decoder_parts(model: nn.Module) -> tuple[nn.Module | None, nn.Module, nn.Module, object]:
+    """(upsample, decoder transformer, SEANet decoder, the decoder's config) across transformers 5.x
+    layouts: what ``MimiModel.decode`` runs after ``quantizer.decode``."""
+    dec = model.decoder
+    if hasattr(dec, "decoder_seanet"):  # transformers >= 5.21: MimiModel.decoder is MimiDecoderModel
+        return dec.upsample, dec.decoder_transformer, dec.decoder_seanet, dec.config
+    return model.upsample, model.decoder_transformer, dec, model.config
 
 
 def output_length(conv: nn.Module, lengths: torch.Tensor) -> torch.Tensor:

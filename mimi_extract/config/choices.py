@@ -16,3 +16,7 @@ KEY_MODES = ("path", "stem")  # --key: keys of items without an id
 LIST_KEY_MODES = ("root", "written")  # --list-keys: a list row's key without an id (sources.files.read_list)
 TOKEN_LAYOUTS = ("flat", "per-codebook")  # --token-layout: how codes become token ids (formats/megatron.py)
 MAX_TOKEN_ID = 2**31 - 1  # int32: the widest token dtype megatron-core chooses
+
+# --fidelity: what an ok row of a codes run says about how well its codes decode (codec/fidelity.py):
+# manifest fields, Parquet columns, Megatron documents' and lhotse cuts' custom fields, by these names
+FIDELITY_FIELDS = ("si_sdr", "mel_distance")

@@ -40,6 +40,7 @@ class Settings:
     shar_extend: bool = False  # --shar-extend: one field tar per input Shar shard (format shar)
     token_layout: str = "flat"  # --token-layout (formats that write token ids: megatron): flat | per-codebook
     token_offset: int = 0  # --token-offset: the id of code 0 of codebook 0 (audio ids after a text vocabulary)
+    fidelity: bool = False  # --fidelity (codes): decode each item's codes, store SI-SDR and the log-mel distance
     ray_address: str | None = None
     ray_cpu_actors: int | None = None
 

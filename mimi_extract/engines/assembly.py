@@ -77,4 +77,5 @@ class Assembler:
         arrays = [a for i in range(count) for a in held.chunks[i]]
         whole = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
         return FrameChunk(replace(item, piece=None, samples=held.end) if joined else item, whole, True, True,
-                     sum(held.seconds.values()), None, "; ".join(held.warnings) or None)
+                     sum(held.seconds.values()), None, "; ".join(held.warnings) or None,
+                     None if joined else chunk.fidelity)  # (a split recording's pieces: none, docs/fidelity.md)

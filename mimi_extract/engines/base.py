@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from ..codec.encoder import PaddedMimiEncoder
+from ..codec.fidelity import Fidelity
 from ..config.choices import SAMPLE_RATE
 from ..config.settings import Settings
 from ..sources import Item, plan_group
@@ -38,6 +39,7 @@ class FrameChunk:
     seconds: float  # encoder-input seconds this chunk covers (progress)
     error: str | None = None
     warnings: str | None = None  # final chunk: what the decoder library printed (the row's decoder_warnings)
+    fidelity: Fidelity | None = None  # final chunk, --fidelity: how well the item's codes decode (codec.fidelity)
 
 
 @dataclass

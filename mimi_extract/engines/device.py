@@ -26,7 +26,9 @@ from ..config.choices import SAMPLE_RATE
 from ..audio.decoders import AudioError, seek_is_exact
 from ..audio.reader import AudioReader, PieceReader
 from ..audio.device import NativeChunk, NativeGroup, NativeReader, device_resamplable, resample_rows
+from ..codec.decoder import PaddedMimiDecoder
 from ..codec.encoder import PaddedMimiEncoder, frames_of, stored_array
+from ..codec.fidelity import Fidelity, FidelityMeter
 from ..codec.model import load_model, prepare
 from ..audio.framing import Framing
 from ..config.settings import Settings, default_cpu_workers, feeders_per_gpu
@@ -157,6 +159,12 @@ class DeviceRunner:
         self.warmup: dict[tuple[str, str], int] = {}  # (piece uid, tap): warm-up frames still to drop
         self.decoder_warnings: dict[str, str] = {}  # stream uid -> what its decoder printed (set as it ends)
         self.stats = Stats()
+        # --fidelity: each row's codes decoded as they come (the decoder's own state per slot), compared
+        # with the encoder's input of the same step; a meter per stream until its last chunk
+        self.decoder = PaddedMimiDecoder(self.encoder.model) if settings.fidelity and not self.multi \
+            and settings.tap == "codes" else None
+        self.decoder_state = None
+        self.meters: dict[str, FidelityMeter] = {}
         # step lengths rounded up to 4 frames (0.32 s): shapes repeat, so cuDNN's autotuning and
         # oneDNN's per-shape kernels are reused (CPU: a new shape costs ~30% more, measured)
         self._bucket = 4 * self.encoder.hop
@@ -357,6 +365,7 @@ class DeviceRunner:
             half = len(step.items) // 2
             return self._encode(step.rows(list(range(half)))) + self._encode(step.rows(list(range(half, len(step.items)))))
         s = self.settings
+        fidelity = self._fidelity(step, out) if self.decoder is not None else {}
         chunks = []
         for r, item in enumerate(step.items):
             if self.multi:
@@ -366,13 +375,44 @@ class DeviceRunner:
                                     s.feature_dtype)
             final = bool(step.final[r])
             chunks.append(FrameChunk(item, data, bool(step.fresh[r]), final, int(step.lengths[r]) / SAMPLE_RATE,
-                                warnings=self.decoder_warnings.pop(item.uid, None) if final else None))
+                                warnings=self.decoder_warnings.pop(item.uid, None) if final else None,
+                                fidelity=fidelity.get(r)))
         self.stats.steps += 1
         if not bool(step.fresh.all()):
             self.stats.joined += int(step.fresh.sum())
         self.stats.real += int(step.lengths.sum())
         self.stats.padded += step.audio.numel()
         return chunks
+
+    def _fidelity(self, step: _Step, out) -> dict[int, Fidelity]:
+        """--fidelity: this step's codes decoded (all its codebooks: the stored ``q``), each row's
+        decode compared with the 24 kHz input the encoder saw in this step, over that input's samples
+        (a last frame's padding is not compared); {row: the item's fidelity} for the rows whose
+        stream ends here.  A piece of a split recording gets none: its decode would need the
+        decoder's own warm-up (docs/fidelity.md)."""
+        codes, frames = out.tensors["codes"], out.lengths["codes"]
+        if bool(step.fresh.all()) and bool(step.final.all()):
+            decoded = self.decoder(codes, frames).audio
+        else:
+            if self.decoder_state is None:
+                self.decoder_state = self.decoder.init_state(self.rows)
+            starting = torch.zeros(self.rows, dtype=torch.bool)
+            starting[step.slots[step.fresh]] = True
+            self.decoder_state.reset(starting)
+            sub = self.decoder_state.select(step.slots)
+            decoded = self.decoder(codes, frames, state=sub, final=step.final).audio
+            self.decoder_state.assign(step.slots, sub)
+        results = {}
+        for r, item in enumerate(step.items):
+            if item.piece is not None:
+                continue
+            if bool(step.fresh[r]):
+                self.meters[item.uid] = FidelityMeter()
+            n = int(step.lengths[r])
+            self.meters[item.uid].update(step.audio[r, :n], decoded[r, :n])
+            if bool(step.final[r]):
+                results[r] = self.meters.pop(item.uid).result()
+        return results
 
     def _own(self, item: Item, tap: str, frames: torch.Tensor, fresh: bool) -> torch.Tensor:
         """A split recording's piece drops its warm-up frames (they belong to the piece before)."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 
 from ..common import remote
+from ..config.choices import FIDELITY_FIELDS
 from .registry import format_of
 
 FIELDS = {"codes": "mimi_codes", "latent": "mimi_latent", "encoder": "mimi_encoder"}
@@ -39,9 +40,10 @@ def cut_metadata(row: dict, recording_id: str, channel, duration: float) -> tupl
     recording and channel become the output cut's); an item with a ``text`` (``speaker``,
     ``language``, ``gender``) but no supervisions (a sidecar, a list or Parquet row) gets one
     supervision over the whole item, so lhotse recipes find ``cut.supervisions[0].text``.  Every
-    other kept field is a custom field."""
+    other kept field is a custom field, and so are ``--fidelity``'s ``si_sdr`` and ``mel_distance``."""
     meta = row.get("meta") or {}
     custom = {k: v for k, v in meta.items() if k != "supervisions"}
+    custom.update({k: row[k] for k in FIDELITY_FIELDS if row.get(k) is not None})  # --fidelity: lhotse filters
     if "supervisions" in meta:
         return [{**s, "recording_id": recording_id, "channel": channel} for s in meta["supervisions"]], custom
     fields = {}

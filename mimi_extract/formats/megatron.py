@@ -57,7 +57,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..common import remote
-from ..config.choices import MAX_TOKEN_ID, TOKEN_LAYOUTS
+from ..config.choices import FIDELITY_FIELDS, MAX_TOKEN_ID, TOKEN_LAYOUTS
 from .base import Format, ShardBuilder, jsonable
 from .registry import register
 
@@ -301,7 +301,8 @@ class MegatronShard(ShardBuilder):
         tokens, lengths = self.tokens.encode(data)
         # megatron-core's builder: one document of the item's sequences (a flat item is one sequence)
         self._builder.add_document(tokens, lengths)
-        self._docs.append({"key": key, "frames": int(data.shape[0]), **attrs})
+        self._docs.append({"key": key, "frames": int(data.shape[0]), **attrs,
+                           **{k: row[k] for k in FIDELITY_FIELDS if row.get(k) is not None}})
         return {"document": len(self._docs) - 1}
 
     def files(self, shard_name: str) -> dict[str, bytes]:

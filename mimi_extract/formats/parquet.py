@@ -27,6 +27,7 @@ import re
 import numpy as np
 
 from ..common import remote
+from ..config.choices import FIDELITY_FIELDS
 from ..config.taps import frame_rate
 from ..common.optional import pyarrow
 from .base import Format, ShardBuilder, jsonable
@@ -56,6 +57,8 @@ class ParquetShard(ShardBuilder):
         # the kept input fields (text, speaker, supervisions...): name -> type, the same in every shard of the run
         self.meta_types: dict[str, str] = json.loads(file_attrs.get("metadata") or "{}")
         self.meta: dict[str, list] = {k: [] for k in self.meta_types}
+        if file_attrs.get("fidelity"):  # --fidelity: float64 columns (si_sdr null for a silent input)
+            self.cols.update({k: [] for k in FIDELITY_FIELDS})
 
     def add(self, key: str, data: np.ndarray, row: dict, attrs: dict) -> dict:
         if data.ndim != 2:
@@ -72,6 +75,9 @@ class ParquetShard(ShardBuilder):
         c["start"].append(attrs.get("start"))
         c["end"].append(attrs.get("end"))
         c["channel"].append(row.get("channel"))
+        for k in FIDELITY_FIELDS:
+            if k in c:
+                c[k].append(row.get(k))
         meta = row.get("meta") or {}
         for name, kind in self.meta_types.items():
             value = meta.get(name)
@@ -106,6 +112,7 @@ class ParquetShard(ShardBuilder):
             "start": pa.array(c["start"], pa.float64()),
             "end": pa.array(c["end"], pa.float64()),
             "channel": pa.array(c["channel"], pa.int32()),
+            **{k: pa.array(c[k], pa.float64()) for k in FIDELITY_FIELDS if k in c},
             **{name: pa.array(self.meta[name], _meta_type(kind)) for name, kind in self.meta_types.items()},
         })
         table = table.replace_schema_metadata({METADATA_KEY: json.dumps(jsonable(self.file_attrs))})
@@ -295,6 +302,9 @@ def dataset_card(out_dir: str, info: dict, parts: bool) -> str:
     meta_rows = "".join(f"| `{name}` | {'string (JSON)' if kind == 'json' else kind} or null | kept from the input "
                         f"({'its lhotse supervisions' if name == 'supervisions' else '--keep-fields'}) |\n"
                         for name, kind in kept.items())
+    fidelity_rows = ("| `si_sdr`, `mel_distance` | float64 (si_sdr null for a silent input) | `--fidelity`: the "
+                     "stored codes decoded against the encoder's input (SI-SDR in dB: higher is better; log-mel "
+                     "distance: lower is better) |\n" if info.get("fidelity") else "")
     return f"""---
 configs:
 - config_name: default
@@ -318,7 +328,7 @@ configs:
 | `path` | string | source path relative to the input |
 | `start`, `end` | float64 or null | the segment of the source, for segment inputs |
 | `channel` | int32 or null | the source channel, for one-channel items |
-{meta_rows}
+{fidelity_rows}{meta_rows}
 ```python
 from datasets import load_dataset
 ds = load_dataset("parquet", data_files="{glob}", split="train")  # or load_dataset("<this repo>")

@@ -116,8 +116,19 @@ class Reader:
     def __contains__(self, key: str) -> bool:
         return key in self._index
 
-    def keys(self) -> list[str]:
-        return list(self._index)
+    def keys(self, min_si_sdr: float | None = None, max_mel_distance: float | None = None) -> list[str]:
+        """The ok items' keys (shard order); with ``min_si_sdr`` (dB) / ``max_mel_distance``, only
+        those whose ``--fidelity`` numbers pass (an item with a silent input has no SI-SDR: left
+        out by ``min_si_sdr``): ``reader.dataset(reader.keys(min_si_sdr=5))``.  A ValueError when
+        OUT was made without ``--fidelity``."""
+        if min_si_sdr is None and max_mel_distance is None:
+            return list(self._index)
+        if not any(r.get("mel_distance") is not None for r in self._index.values()):
+            raise ValueError(f"{self.out_dir} has no fidelity numbers: it was made without codes --fidelity")
+        return [k for k, r in self._index.items()
+                if (min_si_sdr is None or (r.get("si_sdr") is not None and r["si_sdr"] >= min_si_sdr))
+                and (max_mel_distance is None or (r.get("mel_distance") is not None
+                                                  and r["mel_distance"] <= max_mel_distance))]
 
     def row(self, key: str) -> dict:
         try:

@@ -116,9 +116,11 @@ class ManifestRow:
     error: str | None = None
     checksum: str | None = None
     shard_checksum: str | None = None  # crc32 of the whole shard file as committed (:func:`with_shard_checksum`)
+    si_sdr: float | None = None  # --fidelity: the decoded codes against the encoder's input (codec.fidelity)
+    mel_distance: float | None = None
 
     @classmethod
-    def for_item(cls, item: Item, decoder_warnings: str | None = None) -> ManifestRow:
+    def for_item(cls, item: Item, decoder_warnings: str | None = None, fidelity=None) -> ManifestRow:
         from ..sources import dataset_name  # (the runner has them loaded)
 
         source = None
@@ -131,7 +133,9 @@ class ManifestRow:
         return cls(key=item.key, path=item.rel, dataset=dataset_name(item.key),
                    channel=item.channel if isinstance(item.channel, int) else None,
                    sample_rate=item.sample_rate or None, duration=round(item.duration, 4), start=start, end=end,
-                   source=source, meta=item.meta or None, decoder_warnings=decoder_warnings)
+                   source=source, meta=item.meta or None, decoder_warnings=decoder_warnings,
+                   si_sdr=fidelity.si_sdr if fidelity is not None else None,
+                   mel_distance=fidelity.mel_distance if fidelity is not None else None)
 
     def shaped(self, data: np.ndarray) -> ManifestRow:
         """With the shape of its array (time first)."""
@@ -152,7 +156,7 @@ class ManifestRow:
         if self.start is not None:
             row["start"], row["end"] = self.start, self.end
         optional = {"source": self.source, "meta": self.meta, "decoder_warnings": self.decoder_warnings,
-                    "frames": self.frames, "dims": self.dims}
+                    "frames": self.frames, "dims": self.dims, "si_sdr": self.si_sdr, "mel_distance": self.mel_distance}
         row.update({k: v for k, v in optional.items() if v is not None})
         row.update(self.stored or {})
         if self.status is not None:
@@ -308,7 +312,7 @@ _ROW_TYPES: dict[str, tuple] = {
     "duration": _NUMBER, "start": (*_NUMBER, None), "end": (*_NUMBER, None), "source": (dict, None),
     "meta": (dict, None), "decoder_warnings": (str, None), "frames": (int, None), "dims": (int, None),
     "shard": (str, None), "status": (str, None), "error": (str, None), "checksum": (str, None),
-    "shard_checksum": (str, None),
+    "shard_checksum": (str, None), "si_sdr": (*_NUMBER, None), "mel_distance": (*_NUMBER, None),
     # the formats' own fields (``ShardBuilder.add``): Parquet's row, a Shar member's bytes and checksums
     "index": (int,), "offset": (int,), "nbytes": (int,), "meta_checksum": (str, None), "cut_checksum": (str, None),
 }

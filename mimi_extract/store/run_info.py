@@ -45,6 +45,8 @@ def file_attrs(settings: Settings, identity, metadata: dict | None = None) -> di
     }
     if settings.tap == "codes":
         attrs["num_quantizers"] = settings.num_quantizers
+        if settings.fidelity:  # (Parquet: its columns)
+            attrs["fidelity"] = True
     if Framing.of(settings).stream_frames is not None:
         attrs["frames_per_call"] = settings.frames_per_call
     if metadata:  # the kept fields' columns (name -> type, JSON text: an HDF5 attribute holds no dict)
@@ -69,6 +71,8 @@ def run_info(request: RunRequest, found: Discovered, identity=None) -> dict:
         info["shar_extend"] = True
     if settings.tap == "codes":
         info["num_quantizers"] = settings.num_quantizers
+        if settings.fidelity:  # every row of the OUT has its fidelity, or none does
+            info["fidelity"] = True
     if Framing.of(settings).stream_frames is not None:  # the codes depend on it
         info["frames_per_call"] = settings.frames_per_call
     info["decoders"] = decoder_versions()  # a resume must decode every format the same way

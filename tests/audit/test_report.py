@@ -211,7 +211,9 @@ def test_cli_json_schema_png_and_errors(outs, tmp_path):
     # the schema: keys a script may rely on (SCHEMA is bumped when one changes meaning)
     assert SCHEMA == 1 and report["schema"] == 1
     assert list(report) == ["schema", "out", "parts", "model", "items", "errors", "damaged", "hours", "frames", "tokens",
-                            "frame_rate", "dims", "subsets_by", "subsets", "durations", "errors_by_reason", "codebooks"]
+                            "frame_rate", "dims", "subsets_by", "subsets", "durations", "errors_by_reason", "codebooks",
+                            "fidelity"]
+    assert report["fidelity"] is None  # (codes --fidelity: tests/run/test_fidelity.py)
     assert list(report["model"]) == ["model", "weights", "config_hash", "dtype", "feature_dtype", "tap", "num_quantizers",
                                      "framing", "format", "tool_version", "precision"]
     assert all(list(s) == ["items", "errors", "hours", "frames", "tokens", "errors_by_reason"]
