@@ -138,6 +138,7 @@ class _Step:
 
 
 LATER = object()  # next_unit(block=False): nothing to hand out right now
+_IDLE = object()  # on the steps queue: the feeder waits for work (DeviceRunner.run's idle)
 
 class DeviceRunner:
     """Continuous-batching encode on one device; see the module docstring."""
@@ -157,6 +158,7 @@ class DeviceRunner:
         self.warmup: dict[tuple[str, str], int] = {}  # (piece uid, tap): warm-up frames still to drop
         self.decoder_warnings: dict[str, str] = {}  # stream uid -> what its decoder printed (set as it ends)
         self.stats = Stats()
+        self.idle = None  # run's idle hook
         # step lengths rounded up to 4 frames (0.32 s): shapes repeat, so cuDNN's autotuning and
         # oneDNN's per-shape kernels are reused (CPU: a new shape costs ~30% more, measured)
         self._bucket = 4 * self.encoder.hop
@@ -239,7 +241,11 @@ class DeviceRunner:
                             if not put(_Step.only_errors(errors)):
                                 return
                             errors = []
-                        unit = next_unit(block=block)
+                        unit = next_unit(block=block and self.idle is None)
+                        if unit is LATER and block:  # no work to hand the encoder now: let it say so first
+                            if not put(_IDLE):
+                                return
+                            unit = next_unit(block=True)
                         if unit is None:
                             units_done = True
                             break
@@ -389,9 +395,12 @@ class DeviceRunner:
                 del self.warmup[key]
         return frames[drop:]
 
-    def run(self, next_unit, emit, stop) -> Stats:
+    def run(self, next_unit, emit, stop, idle=None) -> Stats:
         """Encode every unit ``next_unit(block)`` returns (None: no more; LATER: none yet, only when
-        not ``block``), ``emit``-ting frame chunks in order.  ``stop`` (an Event) ends the run early."""
+        not ``block``), ``emit``-ting frame chunks in order.  ``stop`` (an Event) ends the run early.
+        ``idle()``: called in the encoder's thread when every step fed so far is emitted and the feeder
+        has to wait for its next unit (a worker writing its own shards writes the open one)."""
+        self.idle = idle
         steps: queue_mod.Queue = queue_mod.Queue(maxsize=2)
         halt = threading.Event()  # this runner's own stop (an error here must not stop the others)
         feeder_stop = _AnyEvent(stop, halt)
@@ -406,6 +415,9 @@ class DeviceRunner:
                 self.stats.wait_input += time.perf_counter() - t0
                 if step is _DONE:
                     break
+                if step is _IDLE:  # every step fed so far is encoded and emitted
+                    self.idle()
+                    continue
                 if isinstance(step, BaseException):
                     raise step
                 for e in step.errors:

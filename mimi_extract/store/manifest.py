@@ -76,6 +76,17 @@ def is_tmp(name: str) -> bool:
         name.endswith(".tmp") and any(f.is_file(name[:-4].replace("__", "/")) for f in registry.formats()))
 
 
+def remove_tmps(run_dir: str) -> None:
+    """Remove every temporary this tool writes in a run directory (and its formats' folders): a
+    commit a kill cut short, or the ``.tmp`` files of a device worker that died mid-shard."""
+    for name in os.listdir(run_dir):
+        if is_tmp(name):
+            os.remove(os.path.join(run_dir, name))
+    for name, _ in list(format_files(run_dir)):
+        if name.endswith(".tmp") and os.path.exists(os.path.join(run_dir, name)):
+            os.remove(os.path.join(run_dir, name))
+
+
 def format_files(run_dir: str):
     """(relative name, format) of every file in the format folders of a run directory that some
     format's ``file_re`` matches, ``.tmp`` names included."""
@@ -161,6 +172,13 @@ class ManifestRow:
             if self.shard_checksum is not None:
                 row["shard_checksum"] = self.shard_checksum
         return row
+
+
+def item_attrs(item: Item) -> dict:
+    """What a shard stores about an item beside its array (its duration, source rate and segment):
+    the same wherever the shard is built (the runner, or a device worker)."""
+    return {"duration": item.duration, "source_sample_rate": item.sample_rate,
+            **({"start": item.segment[0], "end": item.segment[1]} if item.segment else {})}
 
 
 def with_shard_checksum(rows: list[ManifestRow], files: dict, shard: str) -> list[ManifestRow]:
