@@ -36,13 +36,12 @@ from .base import _DONE, FrameChunk, Stats, _AnyEvent, _get_while, is_out_of_mem
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}  # choices.DTYPES
 
 
-def resolve_devices(spec: str, cpu_workers: int | None = None, feeders: int | None = None,
-                    output_format: str = "hdf5") -> tuple[str, ...]:
+def resolve_devices(spec: str, cpu_workers: int | None = None, feeders: int | None = None) -> tuple[str, ...]:
     """``auto`` -> every CUDA device (or the CPU); else a comma-separated list such as
     ``cuda:0,cuda:1``.  ``cpu`` becomes ``cpu_workers`` single-device workers (default: one per
     core pair measured best on CPU, see README: two 1-thread workers beat one 2-thread one).  Each
     GPU named once is fed by ``feeders`` processes (default :func:`~mimi_extract.config.settings.feeders_per_gpu`
-    for the cores, the GPUs and the output format's writer); a list that names a GPU twice says it."""
+    for the cores and the GPUs); a list that names a GPU twice says it."""
     spec = spec.strip()
     if spec == "auto":
         n = torch.cuda.device_count()
@@ -71,7 +70,7 @@ def resolve_devices(spec: str, cpu_workers: int | None = None, feeders: int | No
             raise ValueError("--feeders-per-gpu and a --device list that names a GPU twice both say how many "
                              "processes feed it: give one of them")
     elif gpus:
-        k = feeders or feeders_per_gpu(len(gpus), output_format)
+        k = feeders or feeders_per_gpu(len(gpus))
         devices = tuple(d for d in devices for _ in range(k if d.startswith("cuda") else 1))
     return devices
 
