@@ -190,10 +190,10 @@ def install_probes() -> None:
     DeviceRunner.run = _timed("encoder thread", DeviceRunner.run)
     original = InProcessEngine.run
 
-    def run(self, units, stop, model=None):  # the caller's thread between frame chunks: the writer
+    def run(self, *a, **kw):  # the caller's thread between frame chunks: the writer
         t_proc, t_main = time.process_time(), time.thread_time()
         try:
-            yield from original(self, units, stop, model)
+            yield from original(self, *a, **kw)
         finally:
             _add("writer thread (caller)", time.thread_time() - t_main)
             _add("process, encoding phase", time.process_time() - t_proc)
@@ -247,9 +247,11 @@ DECODER = "decoder library (GIL released)"  # time inside the decoder's read cal
 
 
 def feed_processes(args, model_dir: str) -> dict:
-    """K feeding processes (ProcessEngine, as ``--feeders-per-gpu K`` runs them on one GPU) and the one
-    writer in this process, for K in ``--procs``: this process's CPU per audio second is the single
-    writer's ceiling (frame chunks unpickled from the workers' queue, stitched, written); each worker's
+    """K feeding processes (ProcessEngine, as ``--feeders-per-gpu K`` runs them on one GPU) and the
+    runner in this process, for K in ``--procs``: this process's CPU per audio second is the runner's
+    ceiling (since issue 40 each worker builds and writes its own shards and the runner commits
+    their rows: the ceiling of the one process left on the data path; before, the single writer's:
+    frame chunks unpickled from the workers' queue, stitched, written); each worker's
     thread CPU per role says what holds its GIL (everything but the decoder library's own calls and
     the device's work: an upper bound, numpy and torch release the GIL in places), so its ceiling
     (its audio / its GIL-held CPU).  The machine's: min(K x a process's, the writer's)."""
@@ -283,11 +285,11 @@ def feed_processes(args, model_dir: str) -> dict:
     spent = {}
     original = ProcessEngine.run
 
-    def run(self, units, stop, model=None):  # the writer: from the start, and from its first frame chunk on
+    def run(self, *a, **kw):  # the runner: from the start, and from its first result on (any tree: PYTHONPATH)
         t = time.process_time()
         spent["steady"] = None
         try:
-            for chunk in original(self, units, stop, model):
+            for chunk in original(self, *a, **kw):
                 if spent["steady"] is None:
                     spent["steady"], spent["first_seconds"] = time.process_time(), chunk.seconds
                 yield chunk

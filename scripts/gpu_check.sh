@@ -21,10 +21,15 @@
 #              tie rule) and its speed on the GPU's step shapes (x real time, H2D bytes)
 #   precision  scripts/bench_precision.py: fp32 / TF32 / bf16 throughput on fixed step shapes,
 #              per-codebook agreement with strict fp32, mismatches classified by verify's tie rule
+#   scale      scripts/bench.py on many short utterances (where the run's own process costs most per
+#              audio second), the rows that decide scale: feeding processes per GPU 1 vs 4, 4 with one
+#              writer (--single-writer: the runner writes every shard, as before 0.4.0) vs 4 writing
+#              their own, and resampling on the host vs on the device
 #   compile    the same for torch.compile of the strict encoder: kept only if faster and exact
 #   summary    summary.md and results.json from the above; the table is printed last
 # Files in $OUT (8 at most come back): log.txt phases.txt bench.json resample.json precision.json
-# compile.json summary.md results.json.
+# compile.json summary.md results.json (scale's rows are in results.json and summary.md: its own
+# json is written outside $OUT).
 set -u
 cd "$(dirname "$0")/.."
 REPO=$PWD
@@ -48,10 +53,12 @@ if [ "$DEVICE" = cpu ]; then  # dry run: the same phases on the tiny model, size
   MODEL=random-tiny; BENCH_ARGS="--files 12 --min-seconds 0.5 --max-seconds 4"; SHAPES="4x2"; CSHAPES="4x2"; REPS=3
   TINY=$(mktemp -d /tmp/gpu-check-tiny-XXXX); RESAMPLE_ARGS="--model $TINY --q 8 --reps 2"
   T_TESTS=240; T_BENCH=240; T_RESAMPLE=240; T_PREC=120; T_COMPILE=150
+  SCALE_ARGS="--files 8 --min-seconds 0.5 --max-seconds 2"; T_SCALE=240
 else
   MODEL=random-default; BENCH_ARGS="--files 384 --min-seconds 1 --max-seconds 20"; SHAPES="64x4.6,128x10"
   CSHAPES="64x4.6"; REPS=10; RESAMPLE_ARGS="--model random-default --q 32 --rows 16 --step-seconds 120 --chunk-seconds 30"
   T_TESTS=100; T_BENCH=210; T_RESAMPLE=60; T_PREC=75; T_COMPILE=45
+  SCALE_ARGS="--files 1200 --min-seconds 1 --max-seconds 6"; T_SCALE=180
 fi
 
 phase() {  # phase NAME SECONDS COMMAND...: run under timeout, log everything, record rc and time
@@ -90,11 +97,16 @@ phase resample "$T_RESAMPLE" "$PY" scripts/bench_resample.py --device "$DEVICE" 
   --workdir "${TMPDIR:-/tmp}/gpu-check-resample" --json "$OUT/resample.json"
 phase precision "$T_PREC" "$PY" scripts/bench_precision.py --device "$DEVICE" --model "$MODEL" --shapes "$SHAPES" \
   --reps "$REPS" --json "$OUT/precision.json"
+SCALE_JSON=${TMPDIR:-/tmp}/gpu-check-scale.json
+rm -f "$SCALE_JSON"
+phase scale "$T_SCALE" "$PY" scripts/bench.py --device "$DEVICE" --model "$MODEL" $SCALE_ARGS \
+  --tool-args "--feeders-per-gpu 1" --tool-args "--feeders-per-gpu 4 --single-writer" \
+  --tool-args "--feeders-per-gpu 4" --tool-args "--feeders-per-gpu 4 --resample-on host" --json "$SCALE_JSON"
 if [ "$COMPILE" = 1 ]; then
   phase compile "$T_COMPILE" "$PY" scripts/bench_precision.py --device "$DEVICE" --model "$MODEL" --shapes "$CSHAPES" \
     --reps "$REPS" --modes fp32 --compile --json "$OUT/compile.json"
 fi
-phase summary 30 "$PY" scripts/gpu_summary.py "$OUT"
+phase summary 30 "$PY" scripts/gpu_summary.py "$OUT" "$SCALE_JSON"
 cat "$OUT/summary.md" 2>/dev/null || cat "$OUT/phases.txt"
 [ "$DEVICE" = cpu ] && rm -rf "$TINY"
 grep -q "^tests rc=0 " "$OUT/phases.txt" && grep -q "^bench rc=0 " "$OUT/phases.txt" \

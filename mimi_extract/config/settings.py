@@ -34,6 +34,7 @@ class Settings:
     resampled_length: str = "torchaudio"  # audio.Framing.length ("exact": an OUT made before 0.3, resumed)
     feature_dtype: str = "float32"
     engine: str = "local"
+    single_writer: bool = False  # --single-writer (hidden, measurement): the runner writes every shard, as before 0.4.0
     split: bool = True  # long recordings split across idle workers/rows (plan.split_items)
     resample_on: str = "auto"  # --resample-on: host | device | auto (device on a GPU); see device_resample
     format: str = "hdf5"  # output format: a name of mimi_extract.formats' registry (--format: hdf5, parquet, shar, megatron)

@@ -38,8 +38,9 @@ class EveryItem:
         return run.writer(fmt, attrs, request.shard_size, int(request.shard_mb * 2**20), on_commit)
 
     def worker_shards(self, writer):
-        """Where device workers may write this run's shards themselves: the writer's spec."""
-        return writer.spec()
+        """Where device workers may write this run's shards themselves: the writer's spec (None with
+        ``--single-writer``, a measurement's baseline: the runner writes every item)."""
+        return None if self.request.settings.single_writer else writer.spec()
 
 
 class SharExtend:

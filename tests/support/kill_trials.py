@@ -73,7 +73,8 @@ def kill_9_part_way(proc, out, target, rng, group, total=120) -> int:
     going part-way through (alive, 0 < committed < total), then kill -9 it.  Returns the count."""
     deadline = time.time() + 60
     while committed_ok(out) < target:
-        assert proc.poll() is None, f"the run exited ({proc.returncode}) before {target} rows were committed"
+        assert proc.poll() is None, (f"the run exited ({proc.returncode}) before {target} rows were committed:\n"
+                                     + proc.stdout.read()[-3000:])
         assert time.time() < deadline, f"{target} committed rows never appeared"
         time.sleep(0.002)
     time.sleep(rng.uniform(0.0, 0.03))
