@@ -137,6 +137,7 @@ class _Step:
 
 
 LATER = object()  # next_unit(block=False): nothing to hand out right now
+IDLE = object()  # next_unit(block=True): nothing to hand out until what was handed is stored (then ask again)
 _IDLE = object()  # on the steps queue: the feeder waits for work (DeviceRunner.run's idle)
 
 class DeviceRunner:
@@ -240,8 +241,8 @@ class DeviceRunner:
                             if not put(_Step.only_errors(errors)):
                                 return
                             errors = []
-                        unit = next_unit(block=block and self.idle is None)
-                        if unit is LATER and block:  # no work to hand the encoder now: let it say so first
+                        unit = next_unit(block=block)
+                        if unit is IDLE:  # no work for a while: once every step fed so far is out, say so
                             if not put(_IDLE):
                                 return
                             unit = next_unit(block=True)
@@ -396,9 +397,10 @@ class DeviceRunner:
 
     def run(self, next_unit, emit, stop, idle=None) -> Stats:
         """Encode every unit ``next_unit(block)`` returns (None: no more; LATER: none yet, only when
-        not ``block``), ``emit``-ting frame chunks in order.  ``stop`` (an Event) ends the run early.
-        ``idle()``: called in the encoder's thread when every step fed so far is emitted and the feeder
-        has to wait for its next unit (a worker writing its own shards writes the open one)."""
+        not ``block``; IDLE: none until what was handed out is stored, only when ``block``: ask
+        again), ``emit``-ting frame chunks in order.  ``stop`` (an Event) ends the run early.
+        ``idle()``: called in the encoder's thread after IDLE, once every step fed before it is
+        emitted (a worker writing its own shards writes the open one: the run waits for it)."""
         self.idle = idle
         steps: queue_mod.Queue = queue_mod.Queue(maxsize=2)
         halt = threading.Event()  # this runner's own stop (an error here must not stop the others)
@@ -415,7 +417,8 @@ class DeviceRunner:
                 if step is _DONE:
                     break
                 if step is _IDLE:  # every step fed so far is encoded and emitted
-                    self.idle()
+                    if self.idle is not None:
+                        self.idle()
                     continue
                 if isinstance(step, BaseException):
                     raise step

@@ -29,9 +29,12 @@ from ..store.manifest import ManifestRow, item_attrs
 from ..store.writer import ShardSpec, WorkerShards
 from .assembly import Assembler
 from .base import Engine, FrameChunk, Progress, Stats
-from .device import LATER, DeviceRunner
+from .device import IDLE, LATER, DeviceRunner
 
 WORKER_MAIN = "mimi_extract.engines.processes:_process_main"  # what _boot.worker_main runs, by name
+# to a worker that asked for work when there is none to hand out but items are still held uncommitted:
+# write your open shard once you are idle (the run waits for those items: a dead worker's are handed again)
+FLUSH = "flush"
 
 
 def _process_main(settings: Settings, device: str, wid: int, requests, inbox, out_q, stop, model=None) -> None:
@@ -44,18 +47,25 @@ def _process_main(settings: Settings, device: str, wid: int, requests, inbox, ou
         runner = DeviceRunner(settings, device, model)
         del model
         spec = inbox.get()
-        asked = [False]
+        asked, flush = [False], [False]
 
         def next_unit(block=True):
             if not asked[0]:
                 requests.put(("want", wid, None))
                 asked[0] = True
-            try:
-                unit = inbox.get(timeout=None if block else 0.01)
-            except queue_mod.Empty:
-                return LATER
-            asked[0] = False
-            return unit
+            while True:
+                if block and flush[0]:  # (only once idle: every item it holds is then in its open shard)
+                    flush[0] = False
+                    return IDLE
+                try:
+                    unit = inbox.get(timeout=None if block else 0.01)
+                except queue_mod.Empty:
+                    return LATER
+                if isinstance(unit, str) and unit == FLUSH:
+                    flush[0] = True
+                    continue
+                asked[0] = False
+                return unit
 
         if spec is None:
             runner.run(next_unit, lambda p: out_q.put(("chunk", wid, p)), stop)
@@ -100,8 +110,8 @@ class _OwnShards:
                 self.seconds, self.sent = 0.0, time.monotonic()
 
     def flush(self) -> None:
-        """Write the open shard (before this worker waits for work: the runner may be waiting for its
-        items to hand out the end; and at its end)."""
+        """Write the open shard (once idle after the runner said FLUSH: it waits for its items before
+        it hands out the end; and at this worker's end)."""
         self._send(self.shards.flush())
 
     def _send(self, ready) -> None:
@@ -191,6 +201,7 @@ class ProcessEngine(Engine):
         unit_of = {it.uid: u.index for u in units for it in u.items}
         taken: dict[int, set[int]] = {w: set() for w in range(len(procs))}
         waiting: list[int] = []
+        flushing: set[int] = set()  # waiting workers told FLUSH (once per wait)
         finished: set[int] = set()
         failed_workers: set[int] = set()
 
@@ -206,6 +217,11 @@ class ProcessEngine(Engine):
                     self.handed = True
                 else:
                     inboxes[wid].put(None)
+            if shards is not None and not todo and not stop.is_set():
+                for wid in waiting:  # nothing to hand out, items held: whoever is idle writes its shard
+                    if wid not in flushing:
+                        flushing.add(wid)
+                        inboxes[wid].put(FLUSH)
 
         def hand_again(uids) -> list[int]:
             """The units holding ``uids`` not yet stored, with only those items, back to the front of
@@ -243,6 +259,7 @@ class ProcessEngine(Engine):
                     hand_out()
                     continue
                 if kind == "want":
+                    flushing.discard(wid)
                     waiting.append(wid)
                     hand_out()
                 elif kind == "chunk":

@@ -154,3 +154,25 @@ def test_process_workers_write_their_own_shards(tmp_path, tiny_model, tiny_model
     for item in found.items:
         ref = reference_single(tiny_model, load(item.path), 8)["codes"]
         assert torch.equal(torch.as_tensor(arrays[item.key]), ref), item.key
+
+
+def test_workers_write_full_shards_not_one_per_unit(tmp_path, tiny_model_dir):
+    """A worker writes its open shard only when the run has nothing left to hand it (or at its
+    end), not each time it waits for its next unit: 30 short files in ~8 units on two workers make
+    at most one shard per worker (each shard up to --shard-size), equal to a one-process run."""
+    from support import extract
+
+    root = tmp_path / "in"
+    root.mkdir()
+    rng = np.random.default_rng(1)
+    for i in range(30):
+        write_noise(root / f"x{i:02d}.wav", int(24_000 * (0.3 + rng.random())), 24_000, rng)
+    out, one = str(tmp_path / "out"), str(tmp_path / "one")
+    summary = extract(str(root), out, Settings(model=tiny_model_dir, tap="codes", devices=("cpu", "cpu"),
+                                               num_workers=1))
+    assert summary.ok == 30 and summary.units >= 4, summary
+    shards = {r["shard"] for r in read_manifest(out)}
+    assert 1 <= len(shards) <= 2, sorted(shards)
+    extract(str(root), one, Settings(model=tiny_model_dir, tap="codes", num_workers=1))
+    arrays, alone = check_consistency(out), check_consistency(one)
+    assert sorted(arrays) == sorted(alone) and all(np.array_equal(arrays[k], alone[k]) for k in alone)
