@@ -72,8 +72,10 @@ def _process_main(settings: Settings, device: str, wid: int, requests, inbox, ou
         else:
             with WorkerShards(spec, wid) as shards:
                 sink = _OwnShards(shards, wid, out_q)
-                runner.run(next_unit, sink.emit, stop, idle=sink.flush)
-                sink.flush()
+                try:
+                    runner.run(next_unit, sink.emit, stop, idle=sink.flush)
+                finally:
+                    sink.close()
         out_q.put(("done", wid, runner.stats))
     except OutputError as e:  # (a full disk: the run's clear message, not a traceback)
         out_q.put(("output", wid, str(e)))
@@ -85,14 +87,59 @@ class _OwnShards:
     """A worker's frame chunks into its own shards (:class:`WorkerShards`): each whole item stored
     there, each shard written by this worker and its rows sent to the runner to commit.  Pieces of
     a split recording (stitched from several workers) and errors go to the runner as chunks;
-    progress goes as seconds, at most twice a second."""
+    progress goes as seconds, at most twice a second.  All of it in a thread of its own (``emit``
+    only queues), so that the encoder, and the device, never wait for a shard's build or fsync."""
+
+    _FLUSH, _END = object(), object()
 
     def __init__(self, shards: WorkerShards, wid: int, out_q):
         self.shards, self.wid, self.out_q = shards, wid, out_q
         self.assembler = Assembler()
         self.seconds, self.sent = 0.0, time.monotonic()
+        self.todo: queue_mod.Queue = queue_mod.Queue(maxsize=64)
+        self.error: list[BaseException] = []
+        self.thread = threading.Thread(target=self._work, name="shard writer", daemon=True)
+        self.thread.start()
 
     def emit(self, chunk: FrameChunk) -> None:
+        self._put(chunk)
+
+    def flush(self) -> None:
+        """Write the open shard (once idle after the runner said FLUSH: it waits for its items before
+        it hands out the end)."""
+        self._put(self._FLUSH)
+
+    def close(self) -> None:
+        """Write the open shard and end the thread (this worker's end); raise what it raised."""
+        self._put(self._END)
+        self.thread.join()
+        if self.error:
+            raise self.error[0]
+
+    def _put(self, what) -> None:
+        while self.thread.is_alive():
+            try:
+                self.todo.put(what, timeout=0.5)
+                return
+            except queue_mod.Full:
+                continue
+        raise self.error[0] if self.error else RuntimeError("the shard writer thread ended")
+
+    def _work(self) -> None:
+        try:
+            while True:
+                what = self.todo.get()
+                if what is self._END:
+                    self._send(self.shards.flush())
+                    return
+                if what is self._FLUSH:
+                    self._send(self.shards.flush())
+                else:
+                    self._store(what)
+        except BaseException as e:  # (raised in the encoder's thread at its next emit, or at close)
+            self.error.append(e)
+
+    def _store(self, chunk: FrameChunk) -> None:
         if chunk.item.piece is not None:
             self.out_q.put(("chunk", self.wid, chunk))
             return
@@ -108,11 +155,6 @@ class _OwnShards:
             if time.monotonic() - self.sent > 0.5:
                 self.out_q.put(("progress", self.wid, self.seconds))
                 self.seconds, self.sent = 0.0, time.monotonic()
-
-    def flush(self) -> None:
-        """Write the open shard (once idle after the runner said FLUSH: it waits for its items before
-        it hands out the end; and at this worker's end)."""
-        self._send(self.shards.flush())
 
     def _send(self, ready) -> None:
         for shard in ready:
