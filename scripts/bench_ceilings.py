@@ -243,6 +243,7 @@ def feed(args, model_dir: str) -> dict:
     return results
 
 
+SHARDS = "shard writer thread"  # a worker's own shards: built, written to .tmp, fsynced (an upper bound on its GIL)
 DECODER = "decoder library (GIL released)"  # time inside the decoder's read call, within the decode pool
 
 
@@ -267,21 +268,41 @@ def feed_processes(args, model_dir: str) -> dict:
                 "import bench_ceilings\nbench_ceilings.install_null()\n")
     os.environ["PYTHONPATH"] = os.pathsep.join([hook, ROOT, os.environ.get("PYTHONPATH", "")])
     install_probes()  # the roles, timed in the (forked) workers as well
+    from mimi_extract.engines import processes as processes_mod
+
+    if hasattr(processes_mod, "_OwnShards"):  # (since issue 40: each worker builds and writes its shards)
+        processes_mod._OwnShards._work = _timed(SHARDS, processes_mod._OwnShards._work)
     audio_mod._read = _timed_inside(DECODER, audio_mod._read)
     dumps = os.path.join(args.workdir, "procs-cpu")
     timed_run = DeviceRunner.run
 
+    began: dict = {}
+
+    def dump() -> None:
+        with open(os.path.join(dumps, f"{os.getpid()}.json"), "w") as f:
+            json.dump({"roles": dict(CPU), "process_cpu_s": time.process_time() - began["cpu"],
+                       "audio_seconds": began["audio"]}, f)
+
     def worker_run(self, *a, **kw):  # in each worker: its CPU by role, dumped when its run ends
         CPU.clear()
-        t = time.process_time()
+        began["cpu"] = time.process_time()
         try:
             return timed_run(self, *a, **kw)
         finally:
-            with open(os.path.join(dumps, f"{os.getpid()}.json"), "w") as f:
-                json.dump({"roles": dict(CPU), "process_cpu_s": time.process_time() - t,
-                           "audio_seconds": self.stats.real / 24_000}, f)
+            began["audio"] = self.stats.real / 24_000
+            dump()
 
     DeviceRunner.run = worker_run
+    if hasattr(processes_mod, "_OwnShards"):  # its last shard is written after the run: dumped again then
+        shards_close = processes_mod._OwnShards.close
+
+        def close_and_dump(self):
+            try:
+                return shards_close(self)
+            finally:
+                dump()
+
+        processes_mod._OwnShards.close = close_and_dump
     spent = {}
     original = ProcessEngine.run
 
@@ -324,7 +345,7 @@ def feed_processes(args, model_dir: str) -> dict:
                 for w in workers:
                     r = w["roles"]
                     gil = (r.get("decode pool", 0) - r.get(DECODER, 0) + r.get("feeder thread", 0)
-                           + r.get("encoder thread", 0) - r.get(DEVICE_WORK, 0))
+                           + r.get("encoder thread", 0) - r.get(DEVICE_WORK, 0) + r.get(SHARDS, 0))
                     w["gil_held_cpu_s"] = gil
                     feeding += w["process_cpu_s"] - r.get(DEVICE_WORK, 0)
                     if w["audio_seconds"] > 0 and gil > 0:

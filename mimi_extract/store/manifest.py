@@ -4,6 +4,7 @@ trusted as a path: only names a registered format writes are accepted."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Iterator
@@ -67,7 +68,12 @@ def format_of_path(shard: str) -> Format:
 def valid_shard_name(name) -> bool:
     """A shard name as a writer makes it: a name matching a registered format's ``shard_re`` (a
     plain file name, or one under that format's fixed folder), never any other path."""
-    return isinstance(name, str) and format_of(name) is not None and not name.endswith(".tmp")
+    return isinstance(name, str) and _valid_name(name)
+
+
+@functools.lru_cache(maxsize=4096)
+def _valid_name(name: str) -> bool:  # (a shard's rows all name it: its name is matched once, not per row)
+    return format_of(name) is not None and not name.endswith(".tmp")
 
 
 def is_tmp(name: str) -> bool:
@@ -337,7 +343,12 @@ def _typed(value, kinds: tuple) -> bool:
         return None in kinds
     if isinstance(value, bool):  # (a bool is an int to Python, not to a row)
         return bool in kinds
-    return isinstance(value, tuple(k for k in kinds if k is not None))
+    return isinstance(value, _CLASSES.get(kinds) or tuple(k for k in kinds if k is not None))
+
+
+# each field's kinds as isinstance takes them, made once (a row is checked each time a manifest is read:
+# at a run's end, by every reader)
+_CLASSES = {kinds: tuple(k for k in kinds if k is not None) for kinds in (*_ROW_TYPES.values(), *_SOURCE_TYPES.values())}
 
 
 def _type_name(value) -> str:
