@@ -53,7 +53,7 @@ if [ "$DEVICE" = cpu ]; then  # dry run: the same phases on the tiny model, size
   MODEL=random-tiny; BENCH_ARGS="--files 12 --min-seconds 0.5 --max-seconds 4"; SHAPES="4x2"; CSHAPES="4x2"; REPS=3
   TINY=$(mktemp -d /tmp/gpu-check-tiny-XXXX); RESAMPLE_ARGS="--model $TINY --q 8 --reps 2"
   T_TESTS=240; T_BENCH=240; T_RESAMPLE=240; T_PREC=120; T_COMPILE=150
-  SCALE_ARGS="--files 8 --min-seconds 0.5 --max-seconds 2"; T_SCALE=240
+  SCALE_ARGS="--files 4 --min-seconds 0.5 --max-seconds 1"; T_SCALE=300
 else
   MODEL=random-default; BENCH_ARGS="--files 384 --min-seconds 1 --max-seconds 20"; SHAPES="64x4.6,128x10"
   CSHAPES="64x4.6"; REPS=10; RESAMPLE_ARGS="--model random-default --q 32 --rows 16 --step-seconds 120 --chunk-seconds 30"
