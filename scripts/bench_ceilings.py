@@ -198,10 +198,10 @@ def install_probes() -> None:
     DeviceRunner.run = _timed("encoder thread", DeviceRunner.run)
     original = InProcessEngine.run
 
-    def run(self, units, stop, model=None):  # the caller's thread between frame chunks: the writer
+    def run(self, *a, **kw):  # the caller's thread between frame chunks: the writer
         t_proc, t_main = time.process_time(), time.thread_time()
         try:
-            yield from original(self, units, stop, model)
+            yield from original(self, *a, **kw)
         finally:
             _add("writer thread (caller)", time.thread_time() - t_main)
             _add("process, encoding phase", time.process_time() - t_proc)
@@ -287,13 +287,16 @@ def feed(args, model_dir: str) -> dict:
     return results
 
 
+SHARDS = "shard writer thread"  # a worker's own shards: built, written to .tmp, fsynced (an upper bound on its GIL)
 DECODER = "decoder library (GIL released)"  # time inside the decoder's read call, within the decode pool
 
 
 def feed_processes(args, model_dir: str) -> dict:
-    """K feeding processes (ProcessEngine, as ``--feeders-per-gpu K`` runs them on one GPU) and the one
-    writer in this process, for K in ``--procs``: this process's CPU per audio second is the single
-    writer's ceiling (frame chunks unpickled from the workers' queue, stitched, written); each worker's
+    """K feeding processes (ProcessEngine, as ``--feeders-per-gpu K`` runs them on one GPU) and the
+    runner in this process, for K in ``--procs``: this process's CPU per audio second is the runner's
+    ceiling (since issue 40 each worker builds and writes its own shards and the runner commits
+    their rows: the ceiling of the one process left on the data path; before, the single writer's:
+    frame chunks unpickled from the workers' queue, stitched, written); each worker's
     thread CPU per role says what holds its GIL (everything but the decoder library's own calls and
     the device's work: an upper bound, numpy and torch release the GIL in places), so its ceiling
     (its audio / its GIL-held CPU).  The machine's: min(K x a process's, the writer's)."""
@@ -309,29 +312,49 @@ def feed_processes(args, model_dir: str) -> dict:
                 "import bench_ceilings\nbench_ceilings.install_null()\n")
     os.environ["PYTHONPATH"] = os.pathsep.join([hook, ROOT, os.environ.get("PYTHONPATH", "")])
     install_probes()  # the roles, timed in the (forked) workers as well
+    from mimi_extract.engines import processes as processes_mod
+
+    if hasattr(processes_mod, "_OwnShards"):  # (since issue 40: each worker builds and writes its shards)
+        processes_mod._OwnShards._work = _timed(SHARDS, processes_mod._OwnShards._work)
     audio_mod._read = _timed_inside(DECODER, audio_mod._read)
     dumps = os.path.join(args.workdir, "procs-cpu")
     timed_run = DeviceRunner.run
 
+    began: dict = {}
+
+    def dump() -> None:
+        with open(os.path.join(dumps, f"{os.getpid()}.json"), "w") as f:
+            json.dump({"roles": dict(CPU), "process_cpu_s": time.process_time() - began["cpu"],
+                       "audio_seconds": began["audio"]}, f)
+
     def worker_run(self, *a, **kw):  # in each worker: its CPU by role, dumped when its run ends
         CPU.clear()
-        t = time.process_time()
+        began["cpu"] = time.process_time()
         try:
             return timed_run(self, *a, **kw)
         finally:
-            with open(os.path.join(dumps, f"{os.getpid()}.json"), "w") as f:
-                json.dump({"roles": dict(CPU), "process_cpu_s": time.process_time() - t,
-                           "audio_seconds": self.stats.real / 24_000}, f)
+            began["audio"] = self.stats.real / 24_000
+            dump()
 
     DeviceRunner.run = worker_run
+    if hasattr(processes_mod, "_OwnShards"):  # its last shard is written after the run: dumped again then
+        shards_close = processes_mod._OwnShards.close
+
+        def close_and_dump(self):
+            try:
+                return shards_close(self)
+            finally:
+                dump()
+
+        processes_mod._OwnShards.close = close_and_dump
     spent = {}
     original = ProcessEngine.run
 
-    def run(self, units, stop, model=None):  # the writer: from the start, and from its first frame chunk on
+    def run(self, *a, **kw):  # the runner: from the start, and from its first result on (any tree: PYTHONPATH)
         t = time.process_time()
         spent["steady"] = None
         try:
-            for chunk in original(self, units, stop, model):
+            for chunk in original(self, *a, **kw):
                 if spent["steady"] is None:
                     spent["steady"], spent["first_seconds"] = time.process_time(), chunk.seconds
                 yield chunk
@@ -366,7 +389,7 @@ def feed_processes(args, model_dir: str) -> dict:
                 for w in workers:
                     r = w["roles"]
                     gil = (r.get("decode pool", 0) - r.get(DECODER, 0) + r.get("feeder thread", 0)
-                           + r.get("encoder thread", 0) - r.get(DEVICE_WORK, 0))
+                           + r.get("encoder thread", 0) - r.get(DEVICE_WORK, 0) + r.get(SHARDS, 0))
                     w["gil_held_cpu_s"] = gil
                     feeding += w["process_cpu_s"] - r.get(DEVICE_WORK, 0)
                     if w["audio_seconds"] > 0 and gil > 0:

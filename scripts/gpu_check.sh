@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# One-shot GPU check, written for a lent GPU machine that reaches no package registry (about 9 minutes;
-# the phase limits add up to ~490 s, so run it with timeout_s 570, or --no-compile for ~45 s less).
+# One-shot GPU check, written for a lent GPU machine that reaches no package registry (at most ~9 minutes:
+# the phase limits add up to 560 s, so run it with timeout_s 590; --compile adds the compile phase, 45 s
+# more, past one call's 600 s: run it alone, or in a second call).
 #
 #   scripts/gpu_wheels.sh                 # here, once: .whl/ with soundfile, cffi, pycparser, av (cp312)
-#   device run: bash scripts/gpu_check.sh      carry: [".whl"]      timeout_s: 570
+#   device run: bash scripts/gpu_check.sh      carry: [".whl"]      timeout_s: 590
 #   scripts/gpu_check.sh --device cpu     # the dry run: tiny model, small corpus, same phases, no time limits
 #
 # Installs the carried wheels (--no-index --no-deps) into $SITE and runs the project from this
@@ -21,22 +22,28 @@
 #              tie rule) and its speed on the GPU's step shapes (x real time, H2D bytes)
 #   precision  scripts/bench_precision.py: fp32 / TF32 / bf16 throughput on fixed step shapes,
 #              per-codebook agreement with strict fp32, mismatches classified by verify's tie rule
-#   compile    the same for torch.compile of the strict encoder: kept only if faster and exact
+#   scale      scripts/bench.py on many short utterances (where the run's own process costs most per
+#              audio second), the rows that decide scale: feeding processes per GPU 1 vs 4, 4 with one
+#              writer (--single-writer: the runner writes every shard, as before 0.4.0) vs 4 writing
+#              their own, and resampling on the host vs on the device
+#   compile    only with --compile: the same for torch.compile of the strict encoder, kept only if faster and exact
 #   fidelity   only with FIDELITY=1 (~100 s more): scripts/bench_fidelity.py (codes with and without
 #              --fidelity) and scripts/bench_decode.py (decode --all's batches vs per-item decode), in log.txt
 #   summary    summary.md and results.json from the above; the table is printed last
 # Files in $OUT (8 at most come back): log.txt phases.txt bench.json resample.json precision.json
-# compile.json summary.md results.json.
+# compile.json summary.md results.json (scale's rows are in results.json and summary.md: its own
+# json is written outside $OUT).
 set -u
 cd "$(dirname "$0")/.."
 REPO=$PWD
 DEVICE=cuda
-COMPILE=1
+COMPILE=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --device) DEVICE=$2; shift 2 ;;
+    --compile) COMPILE=1; shift ;;
     --no-compile) COMPILE=0; shift ;;
-    *) echo "usage: $0 [--device cuda|cpu] [--no-compile]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--device cuda|cpu] [--compile]" >&2; exit 2 ;;
   esac
 done
 PY=${PYTHON:-python3}
@@ -53,11 +60,14 @@ if [ "$DEVICE" = cpu ]; then  # dry run: the same phases on the tiny model, size
   # machine's load (a busy CI machine ran bench and precision past 240 s / 120 s, every number right)
   T_TESTS=0; T_BENCH=0; T_RESAMPLE=0; T_PREC=0; T_COMPILE=0
   TESTS_K="cpu and padded_batch"  # the phase's command, run once: the suite runs every one of these on the CPU itself
+  SCALE_ARGS="--files 4 --min-seconds 0.5 --max-seconds 1"; T_SCALE=0
 else
   MODEL=random-default; BENCH_ARGS="--files 384 --min-seconds 1 --max-seconds 20"; SHAPES="64x4.6,128x10"
   CSHAPES="64x4.6"; REPS=10; RESAMPLE_ARGS="--model random-default --q 32 --rows 16 --step-seconds 120 --chunk-seconds 30"
-  T_TESTS=100; T_BENCH=210; T_RESAMPLE=60; T_PREC=75; T_COMPILE=45
+  # with install 40, env 30 and summary 20: 560 s in all (the scale phase took bench's share above 600)
+  T_TESTS=90; T_BENCH=150; T_RESAMPLE=50; T_PREC=60; T_COMPILE=45
   TESTS_K=$DEVICE
+  SCALE_ARGS="--files 1200 --min-seconds 1 --max-seconds 6"; T_SCALE=120
 fi
 
 phase() {  # phase NAME SECONDS COMMAND...: run under timeout (0: none), log everything, record rc and time
@@ -72,12 +82,12 @@ phase() {  # phase NAME SECONDS COMMAND...: run under timeout (0: none), log eve
 
 # -- install: carried wheels only, nothing from a registry ------------------------------------------
 if ls .whl/*.whl >/dev/null 2>&1 && ! "$PY" -c "import soundfile, av" 2>/dev/null; then
-  phase install 60 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  phase install 40 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target "$SITE" .whl/*.whl
 fi
 export PYTHONPATH="$REPO:$SITE${PYTHONPATH:+:$PYTHONPATH}"
 
-phase env 60 bash -c "nvidia-smi 2>/dev/null | head -15; uname -a; nproc; \"$PY\" -c '
+phase env 30 bash -c "nvidia-smi 2>/dev/null | head -15; uname -a; nproc; \"$PY\" -c '
 import sys, torch, transformers, torchaudio, h5py, numpy, soundfile, av, typer, rich, tqdm
 import mimi_extract.cli, mimi_extract.engines
 print(\"python\", sys.version.split()[0], \"| torch\", torch.__version__, \"| cuda\", torch.version.cuda,
@@ -96,6 +106,11 @@ phase resample "$T_RESAMPLE" "$PY" scripts/bench_resample.py --device "$DEVICE" 
   --workdir "${TMPDIR:-/tmp}/gpu-check-resample" --json "$OUT/resample.json"
 phase precision "$T_PREC" "$PY" scripts/bench_precision.py --device "$DEVICE" --model "$MODEL" --shapes "$SHAPES" \
   --reps "$REPS" --json "$OUT/precision.json"
+SCALE_JSON=${TMPDIR:-/tmp}/gpu-check-scale.json
+rm -f "$SCALE_JSON"
+phase scale "$T_SCALE" "$PY" scripts/bench.py --device "$DEVICE" --model "$MODEL" $SCALE_ARGS \
+  --tool-args "--feeders-per-gpu 1" --tool-args "--feeders-per-gpu 4 --single-writer" \
+  --tool-args "--feeders-per-gpu 4" --tool-args "--feeders-per-gpu 4 --resample-on host" --json "$SCALE_JSON"
 if [ "$COMPILE" = 1 ]; then
   phase compile "$T_COMPILE" "$PY" scripts/bench_precision.py --device "$DEVICE" --model "$MODEL" --shapes "$CSHAPES" \
     --reps "$REPS" --modes fp32 --compile --json "$OUT/compile.json"
@@ -105,7 +120,7 @@ if [ "${FIDELITY:-0}" = 1 ]; then  # (docs/fidelity.md; not in the default ~9 mi
   phase fidelity 60 "$PY" scripts/bench_fidelity.py --device "$DEVICE" --model "$ARCH" --files 64 --rounds 1
   phase decode 40 "$PY" scripts/bench_decode.py --device "$DEVICE" --model "$ARCH" --items 64 --max-seconds 20 --rounds 2
 fi
-phase summary 30 "$PY" scripts/gpu_summary.py "$OUT"
+phase summary 20 "$PY" scripts/gpu_summary.py "$OUT" "$SCALE_JSON"
 cat "$OUT/summary.md" 2>/dev/null || cat "$OUT/phases.txt"
 [ "$DEVICE" = cpu ] && rm -rf "$TINY"
 grep -q "^tests rc=0 " "$OUT/phases.txt" && grep -q "^bench rc=0 " "$OUT/phases.txt" \

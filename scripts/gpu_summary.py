@@ -1,6 +1,6 @@
 """summary.md and results.json from what scripts/gpu_check.sh left in OUT (any part may be missing).
 
-    python scripts/gpu_summary.py OUT
+    python scripts/gpu_summary.py OUT [SCALE_JSON]
 """
 
 import json
@@ -12,7 +12,7 @@ out = sys.argv[1]
 
 def load(name):
     try:
-        return json.load(open(os.path.join(out, name)))
+        return json.load(open(name if os.path.isabs(name) else os.path.join(out, name)))
     except (OSError, ValueError):
         return None
 
@@ -58,6 +58,17 @@ if resample:
                          f"{r['host_us_per_audio_s']:.0f} | {r['h2d_bytes_per_audio_s']} (host path "
                          f"{r['h2d_bytes_per_audio_s_host_path']}) |")
         lines.append("")
+scale = load(sys.argv[2]) if len(sys.argv) > 2 else None  # (outside OUT: 8 files at most come back)
+if scale:
+    s = scale["speeds"]
+    lines += [f"## scale: {scale.get('files')} files, {scale['audio_seconds']:.0f} s of audio, "
+              f"{scale.get('gpu') or scale.get('device')}", "",
+              "(default: the default feeding processes per GPU, each writing its own shards, resampling on the device; "
+              "--single-writer: the runner writes every shard, as before 0.4.0)", "",
+              "| run | x real time | vs default end to end |", "|---|---|---|"]
+    for label, speed in s.items():
+        lines.append(f"| {label} | {speed:.1f} | {speed / s['mimi-extract codes, end to end']:.2f}x |")
+    lines += ["", f"code mismatches vs the loop (every row): {scale['mismatch']}", ""]
 rows = []
 for src in (precision, compiled):
     if not src:
@@ -81,6 +92,7 @@ if rows:
     lines += [f"## precision ({dev}, torch {(precision or compiled)['torch']})", "",
               "| mode | step | x real time | codes equal to strict fp32 | tie flips | real |", "|---|---|---|---|---|---|",
               *rows, ""]
-json.dump({"phases": phases, "bench": bench, "resample": resample, "precision": precision, "compile": compiled},
+json.dump({"phases": phases, "bench": bench, "resample": resample, "precision": precision, "compile": compiled,
+           "scale": scale},
           open(os.path.join(out, "results.json"), "w"), indent=1)
 open(os.path.join(out, "summary.md"), "w").write("\n".join(lines) + "\n")

@@ -40,7 +40,7 @@ class PlanAsk:
     cores: int | None = None  # host cores (None: this machine's)
     gpus: int = 1
     gpu_rate: float | None = None  # x real time per GPU (None: the measured one, unmeasured so far)
-    output_format: str = "hdf5"  # the format the time estimate's writer cap is that of
+    output_format: str = "hdf5"  # the format whose single writer (the Ray driver's) caps a Ray run
     limit: int | None = None
     token_layout: str = "flat"  # --format megatron's ids (--token-layout, --token-offset): their width
     token_offset: int = 0
@@ -105,12 +105,11 @@ def plan_report(source: str, options: Options | None = None, channel: str = "mix
             continue
         feed = (cores / max(1, ask.gpus)) * 1e6 / us if us else math.inf  # what the host's cores feed a GPU
         per_gpu = min(x, feed)
-        writer = rates.WRITER_X.get(ask.output_format)
-        machine = min(ask.gpus * per_gpu, writer or math.inf)
-        bound = "GPU" if machine == ask.gpus * x else "host cores" if per_gpu < x and machine == ask.gpus * per_gpu \
-            else "single writer"
-        estimates[name] = {"x_real_time": machine, "gpus": ask.gpus, "cores": cores, "bound": bound,
-                           "measured": not ask.gpu_rate}
+        machine = ask.gpus * per_gpu  # every device worker writes its own shards: no single writer caps it
+        ray = min(machine, rates.WRITER_X.get(ask.output_format) or math.inf)  # (the Ray driver stores every item)
+        estimates[name] = {"x_real_time": machine, "gpus": ask.gpus, "cores": cores,
+                           "bound": "GPU" if per_gpu == x else "host cores", "measured": not ask.gpu_rate,
+                           "ray_x_real_time": ray}
     for e in estimates.values():
         e["hours"] = total / e["x_real_time"] / 3600 if e.get("x_real_time") else None
     parts = max(1, math.ceil(hours / ask.part_hours)) if ask.part_hours > 0 else 1

@@ -74,8 +74,7 @@ def run_settings(values: dict, offline_check: bool = True) -> Settings:
         raise ValueError(problem)
     from ..engines.device import resolve_devices  # (imports torch)
 
-    devices = resolve_devices(values.pop("device"), values.pop("cpu_workers", None), values.pop("feeders_per_gpu", None),
-                              values.get("format", "hdf5"))
+    devices = resolve_devices(values.pop("device"), values.pop("cpu_workers", None), values.pop("feeders_per_gpu", None))
     dtype = values.get("dtype", "fp32")
     if dtype != "fp32" and not all(d.startswith("cuda") for d in devices):
         raise ValueError(f"--dtype {dtype} needs GPUs (devices: {', '.join(sorted(set(devices)))}); use fp32 on CPU")

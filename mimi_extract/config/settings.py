@@ -34,6 +34,7 @@ class Settings:
     resampled_length: str = "torchaudio"  # audio.Framing.length ("exact": an OUT made before 0.3, resumed)
     feature_dtype: str = "float32"
     engine: str = "local"
+    single_writer: bool = False  # --single-writer (hidden, measurement): the runner writes every shard, as before 0.4.0
     split: bool = True  # long recordings split across idle workers/rows (plan.split_items)
     resample_on: str = "auto"  # --resample-on: host | device | auto (device on a GPU); see device_resample
     format: str = "hdf5"  # output format: a name of mimi_extract.formats' registry (--format: hdf5, parquet, shar, megatron)
@@ -144,20 +145,19 @@ def default_cpu_workers() -> int:
     return max(1, cpu_cores())
 
 
-def feeders_per_gpu(gpus: int, output_format: str = "hdf5", cores: int | None = None) -> int:
+def feeders_per_gpu(gpus: int, cores: int | None = None) -> int:
     """Feeding processes per GPU by default (``--feeders-per-gpu``; ``--device cuda:0,cuda:0,...``
     says it by hand).  One process feeds a GPU at ~``rates.PROCESS_X`` at most: its decoding threads
     run in parallel (libsndfile and FFmpeg release the GIL), but the feeder, the encoder thread and the
-    Python around each decoded block share its one GIL.  So enough processes for the machine's
-    target -- every GPU at ``rates.TARGET_X``, unless the single writer (one per run, whatever the
-    GPUs: ``rates.WRITER_X`` for the format) caps it lower -- and no more than half the cores per GPU
-    (each needs its Python thread and a decoding thread).  Measured: scripts/bench_ceilings.py procs."""
+    Python around each decoded block share its one GIL.  So enough processes for every GPU at
+    ``rates.TARGET_X`` (each process writes its own shards: no single writer caps the machine, since
+    0.4.0) and no more than half the cores per GPU (each needs its Python thread and a decoding
+    thread).  Measured: scripts/bench_ceilings.py procs."""
     from . import rates
 
     cores = cores or cpu_cores()
     gpus = max(1, gpus)
-    machine = min(gpus * rates.TARGET_X, rates.WRITER_X.get(output_format) or float("inf"))
-    wanted = -(-int(machine) // (gpus * rates.PROCESS_X))
+    wanted = -(-rates.TARGET_X // rates.PROCESS_X)
     return max(1, min(wanted, cores // gpus // 2))
 
 

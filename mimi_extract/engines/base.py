@@ -1,7 +1,8 @@
 """What every engine shares: the :class:`FrameChunk` it yields, the :class:`Stats` it keeps, the
 small :class:`Engine` interface, and the waits that end with their producer.
 
-Engines share one interface, ``run(units, stop, model=None) -> iterator of FrameChunk`` and ``close()``:
+Engines share one interface, ``run(units, stop, model=None, shards=None) -> iterator of FrameChunk``
+(and, when ``shards`` is given to an engine whose workers write, shards to commit) and ``close()``:
 see :mod:`mimi_extract.engines` for the engines and their registry.  The writer ignores a chunk for
 an item it already stored, so a unit handed out twice (after a worker died) can never store an item
 twice.
@@ -40,6 +41,14 @@ class FrameChunk:
     error: str | None = None
     warnings: str | None = None  # final chunk: what the decoder library printed (the row's decoder_warnings)
     fidelity: Fidelity | None = None  # final chunk, --fidelity: how well the item's codes decode (codec.fidelity)
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Encoder-input seconds encoded of items not yet whole, which a worker writing its own shards
+    reports (the runner's progress line) between their commits."""
+
+    seconds: float
 
 
 @dataclass
@@ -131,8 +140,11 @@ class Engine(ABC):
         return units, split
 
     @abstractmethod
-    def run(self, units: list[WorkUnit], stop: threading.Event, model=None) -> Iterator[FrameChunk]:
-        """Encode ``units`` until done or ``stop`` is set, yielding frame chunks in each item's order."""
+    def run(self, units: list[WorkUnit], stop: threading.Event, model=None, shards=None) -> Iterator[FrameChunk]:
+        """Encode ``units`` until done or ``stop`` is set, yielding frame chunks in each item's order.
+        ``shards`` (a :class:`~mimi_extract.store.writer.ShardSpec`): an engine whose workers can
+        write the run's shards themselves (``ProcessEngine``) does, and yields each shard for the
+        caller to commit instead of its items' chunks; the others ignore it."""
 
     @abstractmethod
     def close(self) -> None:

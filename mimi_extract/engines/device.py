@@ -38,13 +38,12 @@ from .base import _DONE, FrameChunk, Stats, _AnyEvent, _get_while, is_out_of_mem
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}  # choices.DTYPES
 
 
-def resolve_devices(spec: str, cpu_workers: int | None = None, feeders: int | None = None,
-                    output_format: str = "hdf5") -> tuple[str, ...]:
+def resolve_devices(spec: str, cpu_workers: int | None = None, feeders: int | None = None) -> tuple[str, ...]:
     """``auto`` -> every CUDA device (or the CPU); else a comma-separated list such as
     ``cuda:0,cuda:1``.  ``cpu`` becomes ``cpu_workers`` single-device workers (default: one per
     core pair measured best on CPU, see README: two 1-thread workers beat one 2-thread one).  Each
     GPU named once is fed by ``feeders`` processes (default :func:`~mimi_extract.config.settings.feeders_per_gpu`
-    for the cores, the GPUs and the output format's writer); a list that names a GPU twice says it."""
+    for the cores and the GPUs); a list that names a GPU twice says it."""
     spec = spec.strip()
     if spec == "auto":
         n = torch.cuda.device_count()
@@ -73,7 +72,7 @@ def resolve_devices(spec: str, cpu_workers: int | None = None, feeders: int | No
             raise ValueError("--feeders-per-gpu and a --device list that names a GPU twice both say how many "
                              "processes feed it: give one of them")
     elif gpus:
-        k = feeders or feeders_per_gpu(len(gpus), output_format)
+        k = feeders or feeders_per_gpu(len(gpus))
         devices = tuple(d for d in devices for _ in range(k if d.startswith("cuda") else 1))
     return devices
 
@@ -140,6 +139,8 @@ class _Step:
 
 
 LATER = object()  # next_unit(block=False): nothing to hand out right now
+IDLE = object()  # next_unit(block=True): nothing to hand out until what was handed is stored (then ask again)
+_IDLE = object()  # on the steps queue: the feeder waits for work (DeviceRunner.run's idle)
 
 class DeviceRunner:
     """Continuous-batching encode on one device; see the module docstring."""
@@ -165,6 +166,7 @@ class DeviceRunner:
             and settings.tap == "codes" else None
         self.decoder_state = None
         self.meters: dict[str, FidelityMeter] = {}
+        self.idle = None  # run's idle hook
         # step lengths rounded up to 4 frames (0.32 s): shapes repeat, so cuDNN's autotuning and
         # oneDNN's per-shape kernels are reused (CPU: a new shape costs ~30% more, measured)
         self._bucket = 4 * self.encoder.hop
@@ -248,6 +250,10 @@ class DeviceRunner:
                                 return
                             errors = []
                         unit = next_unit(block=block)
+                        if unit is IDLE:  # no work for a while: once every step fed so far is out, say so
+                            if not put(_IDLE):
+                                return
+                            unit = next_unit(block=True)
                         if unit is None:
                             units_done = True
                             break
@@ -429,9 +435,13 @@ class DeviceRunner:
                 del self.warmup[key]
         return frames[drop:]
 
-    def run(self, next_unit, emit, stop) -> Stats:
+    def run(self, next_unit, emit, stop, idle=None) -> Stats:
         """Encode every unit ``next_unit(block)`` returns (None: no more; LATER: none yet, only when
-        not ``block``), ``emit``-ting frame chunks in order.  ``stop`` (an Event) ends the run early."""
+        not ``block``; IDLE: none until what was handed out is stored, only when ``block``: ask
+        again), ``emit``-ting frame chunks in order.  ``stop`` (an Event) ends the run early.
+        ``idle()``: called in the encoder's thread after IDLE, once every step fed before it is
+        emitted (a worker writing its own shards writes the open one: the run waits for it)."""
+        self.idle = idle
         steps: queue_mod.Queue = queue_mod.Queue(maxsize=2)
         halt = threading.Event()  # this runner's own stop (an error here must not stop the others)
         feeder_stop = _AnyEvent(stop, halt)
@@ -446,6 +456,10 @@ class DeviceRunner:
                 self.stats.wait_input += time.perf_counter() - t0
                 if step is _DONE:
                     break
+                if step is _IDLE:  # every step fed so far is encoded and emitted
+                    if self.idle is not None:
+                        self.idle()
+                    continue
                 if isinstance(step, BaseException):
                     raise step
                 for e in step.errors:

@@ -20,7 +20,7 @@ class InProcessEngine(Engine):
     def close(self) -> None:
         """Nothing to release: the encoder thread ends with its run."""
 
-    def run(self, units: list[WorkUnit], stop: threading.Event, model=None):
+    def run(self, units: list[WorkUnit], stop: threading.Event, model=None, shards=None):  # (the caller writes)
         """``model``: the weights the caller already loaded, used rather than loading them again."""
         torch.set_num_threads(threads_per_worker(self.settings))
         given = [model]  # handed to the runner, not held here (on GPU the CPU copy is then freed)

@@ -24,37 +24,141 @@ import torch
 from .._boot import die_with_parent, ignore_stop_signals, worker_main
 from .plan import WorkUnit
 from ..config.settings import Settings, threads_per_worker
-from .base import Engine, Stats
-from .device import LATER, DeviceRunner
+from ..store.files import OutputError
+from ..store.manifest import ManifestRow, item_attrs
+from ..store.writer import ShardSpec, WorkerShards
+from .assembly import Assembler
+from .base import Engine, FrameChunk, Progress, Stats
+from .device import IDLE, LATER, DeviceRunner
 
 WORKER_MAIN = "mimi_extract.engines.processes:_process_main"  # what _boot.worker_main runs, by name
+# to a worker that asked for work when there is none to hand out but items are still held uncommitted:
+# write your open shard once you are idle (the run waits for those items: a dead worker's are handed again)
+FLUSH = "flush"
 
 
 def _process_main(settings: Settings, device: str, wid: int, requests, inbox, out_q, stop, model=None) -> None:
     """A device worker (started by ``_boot.worker_main``, which ties it to its parent first, and
     finds this function by its name, ``WORKER_MAIN``; or forked by :func:`_forked_main` with the
-    parent's ``model``)."""
+    parent's ``model``).  Its first message is where it writes (:class:`ShardSpec`: it builds and
+    writes its own shards, and sends the runner their rows) or None (it sends every frame chunk)."""
     torch.set_num_threads(threads_per_worker(settings))
     try:
         runner = DeviceRunner(settings, device, model)
         del model
-        asked = [False]
+        spec = inbox.get()
+        asked, flush = [False], [False]
 
         def next_unit(block=True):
             if not asked[0]:
                 requests.put(("want", wid, None))
                 asked[0] = True
-            try:
-                unit = inbox.get(timeout=None if block else 0.01)
-            except queue_mod.Empty:
-                return LATER
-            asked[0] = False
-            return unit
+            while True:
+                if block and flush[0]:  # (only once idle: every item it holds is then in its open shard)
+                    flush[0] = False
+                    return IDLE
+                try:
+                    unit = inbox.get(timeout=None if block else 0.01)
+                except queue_mod.Empty:
+                    return LATER
+                if isinstance(unit, str) and unit == FLUSH:
+                    flush[0] = True
+                    continue
+                asked[0] = False
+                return unit
 
-        runner.run(next_unit, lambda p: out_q.put(("chunk", wid, p)), stop)
+        if spec is None:
+            runner.run(next_unit, lambda p: out_q.put(("chunk", wid, p)), stop)
+        else:
+            with WorkerShards(spec, wid) as shards:
+                sink = _OwnShards(shards, wid, out_q)
+                try:
+                    runner.run(next_unit, sink.emit, stop, idle=sink.flush)
+                finally:
+                    sink.close()
         out_q.put(("done", wid, runner.stats))
+    except OutputError as e:  # (a full disk: the run's clear message, not a traceback)
+        out_q.put(("output", wid, str(e)))
     except BaseException:
         out_q.put(("fail", wid, f"{device}: {traceback.format_exc()}"))
+
+
+class _OwnShards:
+    """A worker's frame chunks into its own shards (:class:`WorkerShards`): each whole item stored
+    there, each shard written by this worker and its rows sent to the runner to commit.  Pieces of
+    a split recording (stitched from several workers) and errors go to the runner as chunks;
+    progress goes as seconds, at most twice a second.  All of it in a thread of its own (``emit``
+    only queues), so that the encoder, and the device, never wait for a shard's build or fsync."""
+
+    _FLUSH, _END = object(), object()
+
+    def __init__(self, shards: WorkerShards, wid: int, out_q):
+        self.shards, self.wid, self.out_q = shards, wid, out_q
+        self.assembler = Assembler()
+        self.seconds, self.sent = 0.0, time.monotonic()
+        self.todo: queue_mod.Queue = queue_mod.Queue(maxsize=64)
+        self.error: list[BaseException] = []
+        self.thread = threading.Thread(target=self._work, name="shard writer", daemon=True)
+        self.thread.start()
+
+    def emit(self, chunk: FrameChunk) -> None:
+        self._put(chunk)
+
+    def flush(self) -> None:
+        """Write the open shard (once idle after the runner said FLUSH: it waits for its items before
+        it hands out the end)."""
+        self._put(self._FLUSH)
+
+    def close(self) -> None:
+        """Write the open shard and end the thread (this worker's end); raise what it raised."""
+        self._put(self._END)
+        self.thread.join()
+        if self.error:
+            raise self.error[0]
+
+    def _put(self, what) -> None:
+        while self.thread.is_alive():
+            try:
+                self.todo.put(what, timeout=0.5)
+                return
+            except queue_mod.Full:
+                continue
+        raise self.error[0] if self.error else RuntimeError("the shard writer thread ended")
+
+    def _work(self) -> None:
+        try:
+            while True:
+                what = self.todo.get()
+                if what is self._END:
+                    self._send(self.shards.flush())
+                    return
+                if what is self._FLUSH:
+                    self._send(self.shards.flush())
+                else:
+                    self._store(what)
+        except BaseException as e:  # (raised in the encoder's thread at its next emit, or at close)
+            self.error.append(e)
+
+    def _store(self, chunk: FrameChunk) -> None:
+        if chunk.item.piece is not None:
+            self.out_q.put(("chunk", self.wid, chunk))
+            return
+        whole = self.assembler.add(chunk)
+        if whole is not None and whole.error is not None:
+            self.out_q.put(("chunk", self.wid, whole))
+        elif whole is not None:
+            item = whole.item
+            self._send(self.shards.add(item.uid, item.key, whole.data, ManifestRow.for_item(item, whole.warnings),
+                                       item_attrs(item), chunk.seconds))
+        else:
+            self.seconds += chunk.seconds
+            if time.monotonic() - self.sent > 0.5:
+                self.out_q.put(("progress", self.wid, self.seconds))
+                self.seconds, self.sent = 0.0, time.monotonic()
+
+    def _send(self, ready) -> None:
+        for shard in ready:
+            self.out_q.put(("shard", self.wid, shard))
 
 
 def _forked_main(parent: int, settings: Settings, model, device: str, wid: int, requests, inbox, out_q, stop) -> None:
@@ -125,15 +229,21 @@ class ProcessEngine(Engine):
             p.join(5)
         self.procs = []
 
-    def run(self, units: list[WorkUnit], stop: threading.Event, model=None):
+    def run(self, units: list[WorkUnit], stop: threading.Event, model=None, shards: ShardSpec | None = None):
+        """``shards``: the workers write the run's shards themselves and this yields each as a
+        :class:`~mimi_extract.store.writer.PreparedShard` for the caller to commit (and
+        :class:`~.base.Progress`), besides the frame chunks of split recordings and errors."""
         self.start(model)  # (forked CPU workers inherit it)
         del model  # spawned workers load their own copy; this frame must not keep the caller's alive
         procs, inboxes, out_q, mp_stop = self.procs, self.inboxes, self.out_q, self.mp_stop
+        for inbox in inboxes:
+            inbox.put(shards)
         todo: deque[WorkUnit] = deque(units)
         keys_left = {u.index: {it.uid for it in u.items} for u in units}
         unit_of = {it.uid: u.index for u in units for it in u.items}
         taken: dict[int, set[int]] = {w: set() for w in range(len(procs))}
         waiting: list[int] = []
+        flushing: set[int] = set()  # waiting workers told FLUSH (once per wait)
         finished: set[int] = set()
         failed_workers: set[int] = set()
 
@@ -149,6 +259,26 @@ class ProcessEngine(Engine):
                     self.handed = True
                 else:
                     inboxes[wid].put(None)
+            if shards is not None and not todo and not stop.is_set():
+                for wid in waiting:  # nothing to hand out, items held: whoever is idle writes its shard
+                    if wid not in flushing:
+                        flushing.add(wid)
+                        inboxes[wid].put(FLUSH)
+
+        def hand_again(uids) -> list[int]:
+            """The units holding ``uids`` not yet stored, with only those items, back to the front of
+            the queue (a delivered item has its row already); returns their indices."""
+            lost = {unit_of[u] for u in uids if u in keys_left.get(unit_of.get(u, -1), ())}
+            todo.extendleft(replace(u, items=[it for it in u.items if it.uid in keys_left[u.index]])
+                            for u in reversed(units) if u.index in lost)
+            return sorted(lost)
+
+        def stored(uids) -> None:
+            for uid in uids:
+                left = keys_left.get(unit_of.get(uid, -1))
+                if left is not None:
+                    left.discard(uid)
+            hand_out()
 
         try:
             while len(finished | failed_workers) < len(procs):
@@ -160,13 +290,10 @@ class ProcessEngine(Engine):
                 except queue_mod.Empty:
                     for wid, p in enumerate(procs):
                         if wid not in finished and wid not in failed_workers and not p.is_alive():
-                            failed_workers.add(wid)
+                            failed_workers.add(wid)  # (from now on, a shard it sent before it died is refused)
                             if wid in waiting:
                                 waiting.remove(wid)
-                            lost = [i for i in taken[wid] if keys_left[i]]
-                            # only the items not yet delivered: a delivered one has its row already
-                            todo.extendleft(replace(u, items=[it for it in u.items if it.uid in keys_left[u.index]])
-                                            for u in reversed(units) if u.index in lost)
+                            lost = hand_again([it.uid for u in units if u.index in taken[wid] for it in u.items])
                             self.notes.append(f"worker on {self.settings.devices[wid]} died (exit code {p.exitcode}); "
                                               f"its {len(lost)} unfinished work units were handed to the others")
                     if len(failed_workers) == len(procs) and not stop.is_set():
@@ -174,21 +301,32 @@ class ProcessEngine(Engine):
                     hand_out()
                     continue
                 if kind == "want":
+                    flushing.discard(wid)
                     waiting.append(wid)
                     hand_out()
                 elif kind == "chunk":
                     if payload.final:
-                        left = keys_left.get(unit_of.get(payload.item.uid, -1))
-                        if left is not None:
-                            left.discard(payload.item.uid)
-                        hand_out()
+                        stored([payload.item.uid])
                     yield payload
+                elif kind == "shard":
+                    if wid in failed_workers:  # its units are handed out again already
+                        payload.discard()
+                        continue
+                    yield payload  # (committed by the caller, or refused, by the time it returns)
+                    if payload.committed:
+                        stored(payload.uids)
+                    else:
+                        hand_again(payload.uids)
+                        hand_out()
+                elif kind == "progress":
+                    yield Progress(payload)
                 elif kind == "done":
                     finished.add(wid)
                     self.stats.add(payload)
                     self.worker_stats[wid] = payload
+                elif kind == "output":
+                    raise OutputError(payload)
                 elif kind == "fail":
                     raise RuntimeError(f"device worker failed:\n{payload}")
         finally:
             self.close()
-

@@ -122,7 +122,7 @@ class RayEngine(Engine):
             _reaper.stop(self.reaper)
             self.reaper = None
 
-    def run(self, units: list[WorkUnit], stop: threading.Event, model=None):
+    def run(self, units: list[WorkUnit], stop: threading.Event, model=None, shards=None):  # (the caller writes)
         ray = self.ray
         from ray.exceptions import RayActorError, RayTaskError
 

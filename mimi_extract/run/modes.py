@@ -37,6 +37,11 @@ class EveryItem:
         request = self.request
         return run.writer(fmt, attrs, request.shard_size, int(request.shard_mb * 2**20), on_commit)
 
+    def worker_shards(self, writer):
+        """Where device workers may write this run's shards themselves: the writer's spec (None with
+        ``--single-writer``, a measurement's baseline: the runner writes every item)."""
+        return None if self.request.settings.single_writer else writer.spec()
+
 
 class SharExtend:
     """``--shar-extend``: every cut of the input Shar's shards (of this part's: whole shards, by
@@ -62,6 +67,10 @@ class SharExtend:
 
     def writer(self, run, fmt, attrs: dict, on_commit=None):
         return run.extend_writer(fmt, attrs, self.layout)
+
+    def worker_shards(self, writer):
+        """None: one tar per input shard, its items from every worker, so the runner writes them."""
+        return None
 
 
 def mode_of(request: RunRequest) -> EveryItem | SharExtend:

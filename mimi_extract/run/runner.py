@@ -2,8 +2,9 @@
 engine, load the model, begin on the run directory (identity, recovery, plan), plan the work units,
 encode, write, finish, report.
 
-The caller's thread is the only writer; engines (``engines/``) encode in threads, processes or
-Ray actors and hand back frame chunks.  SIGINT/SIGTERM stop the engines, commit exactly the items that
+The caller's thread holds OUT's lock and commits every shard; engines (``engines/``) encode in threads,
+processes or Ray actors and hand back frame chunks, which it stores, or (device worker processes) build
+and write whole shards themselves, in parallel, and hand back their rows, which it commits in order.  SIGINT/SIGTERM stop the engines, commit exactly the items that
 were completely encoded, and leave OUT ready to resume; a second signal exits at once (OUT is
 still consistent: the commit protocol survives any kill).  What the run directory holds and how it
 is checked is the store's (:class:`~mimi_extract.store.directory.RunDirectory`); what a run writes
@@ -30,12 +31,14 @@ from ..config.settings import Settings
 from ..config.taps import frame_rate
 from ..engines import make_engine
 from ..engines.assembly import Assembler
+from ..engines.base import Progress
 from ..engines.plan import padding_fraction
 from ..formats import get_format
 from ..sources import Discovered, discover
 from ..store.directory import RunDirectory
-from ..store.manifest import ManifestRow
+from ..store.manifest import ManifestRow, item_attrs
 from ..store.mirror import mirrored
+from ..store.writer import PreparedShard
 from .modes import mode_of
 from .summary import RunSummary
 
@@ -197,8 +200,6 @@ def _encode(found: Discovered, request: RunRequest, mode, run: RunDirectory, eng
         on_plan(summary)
     if stop.is_set():
         return summary
-    attrs_of = lambda it: {"duration": it.duration, "source_sample_rate": it.sample_rate,  # noqa: E731
-                           **({"start": it.segment[0], "end": it.segment[1]} if it.segment else {})}
     with mode.writer(run, fmt, begun.attrs, on_commit) as writer:
         for it in bad:
             writer.add_error(ManifestRow.for_item(it), it.error)
@@ -207,12 +208,22 @@ def _encode(found: Discovered, request: RunRequest, mode, run: RunDirectory, eng
             on_progress(len(bad), sum(it.samples for it in bad) / SAMPLE_RATE, len(bad))
         started = time.perf_counter()
         startup = summary.startup = {"to_encoding": process_age(), "to_first_result": None}
-        with closing(engine.run(units, stop, model)) as chunks:  # (closed: stops the engine's workers)
+        with closing(engine.run(units, stop, model, mode.worker_shards(writer))) as chunks:  # (closed: stops the workers)
             del model
             assembler = Assembler()  # chunks -> whole items: nothing of an item is stored before it is whole
             for chunk in chunks:
                 if startup["to_first_result"] is None:
                     startup["to_first_result"] = process_age()
+                if isinstance(chunk, PreparedShard):  # a worker built and wrote it: commit it
+                    if writer.commit_prepared(chunk):
+                        summary.ok += len(chunk.rows)
+                        if on_progress:
+                            on_progress(len(chunk.rows), chunk.seconds, 0)
+                    continue
+                if isinstance(chunk, Progress):
+                    if on_progress:
+                        on_progress(0, chunk.seconds, 0)
+                    continue
                 whole = assembler.add(chunk)
                 if whole is None:
                     if on_progress:
@@ -223,7 +234,8 @@ def _encode(found: Discovered, request: RunRequest, mode, run: RunDirectory, eng
                     writer.add_error(ManifestRow.for_item(item), whole.error)
                     summary.errors += 1
                 else:
-                    writer.add(item.key, whole.data, ManifestRow.for_item(item, whole.warnings, whole.fidelity), attrs_of(item))
+                    writer.add(item.key, whole.data, ManifestRow.for_item(item, whole.warnings, whole.fidelity),
+                               item_attrs(item))
                     summary.ok += 1
                 if on_progress:
                     on_progress(1, chunk.seconds, int(whole.error is not None))

@@ -4,6 +4,7 @@ trusted as a path: only names a registered format writes are accepted."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Iterator
@@ -68,13 +69,29 @@ def format_of_path(shard: str) -> Format:
 def valid_shard_name(name) -> bool:
     """A shard name as a writer makes it: a name matching a registered format's ``shard_re`` (a
     plain file name, or one under that format's fixed folder), never any other path."""
-    return isinstance(name, str) and format_of(name) is not None and not name.endswith(".tmp")
+    return isinstance(name, str) and _valid_name(name)
+
+
+@functools.lru_cache(maxsize=4096)
+def _valid_name(name: str) -> bool:  # (a shard's rows all name it: its name is matched once, not per row)
+    return format_of(name) is not None and not name.endswith(".tmp")
 
 
 def is_tmp(name: str) -> bool:
     """One of the temporary names this tool writes in a run directory (or a format's folder)."""
     return bool(TMP_RE.fullmatch(name)) or (
         name.endswith(".tmp") and any(f.is_file(name[:-4].replace("__", "/")) for f in registry.formats()))
+
+
+def remove_tmps(run_dir: str) -> None:
+    """Remove every temporary this tool writes in a run directory (and its formats' folders): a
+    commit a kill cut short, or the ``.tmp`` files of a device worker that died mid-shard."""
+    for name in os.listdir(run_dir):
+        if is_tmp(name):
+            os.remove(os.path.join(run_dir, name))
+    for name, _ in list(format_files(run_dir)):
+        if name.endswith(".tmp") and os.path.exists(os.path.join(run_dir, name)):
+            os.remove(os.path.join(run_dir, name))
 
 
 def format_files(run_dir: str):
@@ -166,6 +183,13 @@ class ManifestRow:
             if self.shard_checksum is not None:
                 row["shard_checksum"] = self.shard_checksum
         return row
+
+
+def item_attrs(item: Item) -> dict:
+    """What a shard stores about an item beside its array (its duration, source rate and segment):
+    the same wherever the shard is built (the runner, or a device worker)."""
+    return {"duration": item.duration, "source_sample_rate": item.sample_rate,
+            **({"start": item.segment[0], "end": item.segment[1]} if item.segment else {})}
 
 
 def with_shard_checksum(rows: list[ManifestRow], files: dict, shard: str) -> list[ManifestRow]:
@@ -324,7 +348,12 @@ def _typed(value, kinds: tuple) -> bool:
         return None in kinds
     if isinstance(value, bool):  # (a bool is an int to Python, not to a row)
         return bool in kinds
-    return isinstance(value, tuple(k for k in kinds if k is not None))
+    return isinstance(value, _CLASSES.get(kinds) or tuple(k for k in kinds if k is not None))
+
+
+# each field's kinds as isinstance takes them, made once (a row is checked each time a manifest is read:
+# at a run's end, by every reader)
+_CLASSES = {kinds: tuple(k for k in kinds if k is not None) for kinds in (*_ROW_TYPES.values(), *_SOURCE_TYPES.values())}
 
 
 def _type_name(value) -> str:

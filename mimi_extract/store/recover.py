@@ -13,7 +13,7 @@ from ..formats.registry import format_of
 from . import files as store_files
 from .files import MANIFEST, QUARANTINE, OutputError, fsync_dir, write_atomic
 from .identity import check_shard_settings
-from .manifest import format_files, is_tmp, read_rows, shard_attrs
+from .manifest import format_files, read_rows, remove_tmps, shard_attrs
 
 
 def _unique_path(path: str) -> str:
@@ -43,12 +43,7 @@ def recover(run_dir: str, expected_attrs: dict | None = None, damaged: dict[str,
     a checksum scan): quarantined with the others.  ``fmt``: the format this run writes; a
     committed shard of another format is refused (``run.json`` deleted, then another ``--format``)."""
     notes = []
-    for name in os.listdir(run_dir):
-        if is_tmp(name):
-            os.remove(os.path.join(run_dir, name))
-    for name, _ in list(format_files(run_dir)):
-        if name.endswith(".tmp") and os.path.exists(os.path.join(run_dir, name)):
-            os.remove(os.path.join(run_dir, name))
+    remove_tmps(run_dir)  # (a device worker's too: its provisional shard names are tmp names)
     by_shard: dict[str, list[dict]] = {}
     seen: set[str] = set()
     rows = read_rows(run_dir)

@@ -12,14 +12,14 @@ and (3) leaves rows naming a missing shard: on resume both are dropped and re-en
 from __future__ import annotations
 
 import os
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ..formats.base import Format
 from . import files as store_files  # (store_files.rename: the one rename, as it is when called)
 from .files import OutputError, fsync_dir, write_error, write_file
-from .manifest import ManifestAppender, ManifestRow, next_shard_index, with_shard_checksum
+from .manifest import ManifestAppender, ManifestRow, next_shard_index, remove_tmps, with_shard_checksum
 
 
 def tmp_path(run_dir: str, name: str) -> str:
@@ -37,11 +37,18 @@ def commit_files(run_dir: str, files: dict[str, bytes], append_rows) -> None:
     each into place, in order; fsync the directories.  Raises :class:`OutputError`; a failure
     before the renames removes the ``.tmp`` files (rows torn on disk name a shard that never
     exists, and resume drops them)."""
-    written = []
+    publish(run_dir, write_tmp_files(run_dir, files), append_rows)
+
+
+def write_tmp_files(run_dir: str, files: dict[str, bytes]) -> list[tuple[str, str]]:
+    """The commit protocol's first step, which any process may take (a device worker writes its
+    own shards): each of ``files`` to its :func:`tmp_path`, fsynced (its format's folder made
+    first).  Returns ``[(tmp path, final relative name)]`` in order; on :class:`OutputError` the
+    ``.tmp`` files written so far are removed."""
+    written: list[tuple[str, str]] = []
     try:
         for name, data in files.items():
-            path = os.path.join(run_dir, name)
-            folder = os.path.dirname(path)
+            folder = os.path.dirname(os.path.join(run_dir, name))
             if not os.path.isdir(folder):
                 try:
                     os.makedirs(folder, exist_ok=True)
@@ -49,17 +56,34 @@ def commit_files(run_dir: str, files: dict[str, bytes], append_rows) -> None:
                 except OSError as e:
                     raise write_error(e, folder) from e
             write_file(tmp_path(run_dir, name), data)
-            written.append((tmp_path(run_dir, name), path))
+            written.append((tmp_path(run_dir, name), name))
+    except OutputError:
+        remove_files([tmp for tmp, _ in written])
+        raise
+    return written
+
+
+def remove_files(paths) -> None:
+    for path in paths:
+        try:
+            os.remove(path)
+        except OSError:
+            pass
+
+
+def publish(run_dir: str, written: list[tuple[str, str]], append_rows) -> None:
+    """The commit protocol's ordered steps, taken by the lock holder only: ``append_rows()`` (the
+    manifest rows, fsynced), then each ``.tmp`` of ``written`` (:func:`write_tmp_files`) renamed to
+    its final name, in order (the shard last: its rename is the commit point), then the folders
+    fsynced.  A failure before the renames removes the ``.tmp`` files."""
+    try:
         append_rows()
     except OutputError:
-        for tmp, _ in written:
-            try:
-                os.remove(tmp)
-            except OSError:
-                pass
+        remove_files([tmp for tmp, _ in written])
         raise
     folders = [run_dir]
-    for tmp, path in written:
+    for tmp, name in written:
+        path = os.path.join(run_dir, name)
         try:
             store_files.rename(tmp, path)
         except OSError as e:
@@ -98,25 +122,156 @@ class WriterBlock:
         raise NotImplementedError
 
 
-class ShardWriter(WriterBlock):
-    """Streams utterances into size-capped shards of one format and the manifest (one row per input).
+@dataclass(frozen=True)
+class ShardSpec:
+    """What a device worker needs to build and write shards of this run itself (picklable: it
+    crosses to spawned and forked workers): the run directory, the format's name, the settings
+    every shard stores, and the shard limits of ``--shard-size``/``--shard-mb``."""
 
-    Only the lock holder writes, and only whole items (``engines.assembly`` joins their frame chunks), so
-    a shard only ever holds whole items, and an interrupted run commits exactly those.  The
-    format only builds each shard in memory (``fmt.builder``); this class owns the manifest and
-    the commit protocol (:func:`commit_files`)."""
+    run_dir: str
+    format: str
+    file_attrs: dict
+    max_items: int
+    max_bytes: int
 
-    def __init__(self, run_dir: str, fmt: Format, file_attrs: dict, max_items: int = 1000,
-                 max_bytes: int = 256 << 20, on_commit=None):
-        self.run_dir = run_dir
-        self.on_commit = on_commit  # called after each commit (an OUT on object storage uploads it: mirror.py)
+
+@dataclass
+class PreparedShard:
+    """A shard a worker has built and written to its ``.tmp`` files (fsynced), not yet committed:
+    ``name`` its provisional name (:data:`PROVISIONAL`), ``files`` its ``(tmp path, provisional
+    relative name)`` in commit order, ``rows`` its manifest rows (naming ``name``), ``uids`` the
+    work items it holds, ``seconds`` the encoder-input seconds they cover (progress).  The lock
+    holder commits it under its final name (:meth:`ShardWriter.commit_prepared`)."""
+
+    name: str
+    files: list[tuple[str, str]]
+    rows: list[ManifestRow]
+    uids: list[str]
+    seconds: float
+    committed: bool = False
+
+    def discard(self) -> None:
+        """Remove its ``.tmp`` files (a shard refused, or from a worker declared dead)."""
+        remove_files(tmp for tmp, _ in self.files)
+
+
+# a worker's shards are numbered from PROVISIONAL x (worker + 1) until the lock holder gives each its
+# final number as it commits it: far above any final number, and every worker's its own, so that
+# their .tmp names never meet each other's or a committed shard's (and resume removes them as any .tmp)
+PROVISIONAL = 10**9
+
+
+class _Filling(WriterBlock):
+    """The one rule of which items go into which shard, for the runner's writer and a worker's:
+    items in arrival order, a shard closed at ``max_items`` items or ``max_bytes`` (an item that
+    would pass ``max_bytes`` starts the next one); built in memory by the format's ShardBuilder."""
+
+    def __init__(self, fmt: Format, file_attrs: dict, max_items: int, max_bytes: int):
         self.format = fmt.for_run(file_attrs)  # a format whose shard names depend on the run (Shar's field)
         self.file_attrs = file_attrs
         self.max_items, self.max_bytes = max_items, max_bytes
-        self.index = next_shard_index(run_dir)
         self._shard = None  # the format's ShardBuilder of the open shard
         self._rows: list[ManifestRow] = []
         self._bytes = 0
+
+    def _fill(self, key: str, data: np.ndarray, row: ManifestRow, attrs: dict | None) -> None:
+        if self._shard is not None and self._bytes + data.nbytes > self.max_bytes and self._rows:
+            self.commit()
+        if self._shard is None:
+            self._shard = self.format.builder(self.file_attrs)
+        row = replace(row, key=key).shaped(data)
+        stored = self._shard.add(key, data, row.as_dict(), attrs or {})
+        self._rows.append(row.ok(data, "", stored))  # (the shard's name: once it has one, in _take)
+        self._bytes += data.nbytes
+        if len(self._rows) >= self.max_items or self._bytes >= self.max_bytes:
+            self.commit()
+
+    def _take(self, name: str) -> tuple[dict, list[ManifestRow]]:
+        """The open shard's files under ``name`` and its rows naming it (with its checksum); the
+        shard is closed."""
+        shard, self._shard = self._shard, None
+        try:
+            files = shard.files(name)
+        finally:
+            shard.close()
+        rows = with_shard_checksum([replace(r, shard=name) for r in self._rows], files, name)
+        self._rows, self._bytes = [], 0
+        return files, rows
+
+    def commit(self) -> None:
+        raise NotImplementedError
+
+    def abort(self) -> None:
+        if self._shard is not None:
+            self._shard.close()
+            self._shard = None
+        self._rows, self._bytes = [], 0
+
+
+class WorkerShards(_Filling):
+    """A device worker's own shards: it builds each in memory and writes its ``.tmp`` files
+    (:func:`write_tmp_files`), in parallel with the other workers, then hands the lock holder a
+    :class:`PreparedShard` (rows and names only), which commits it (:meth:`ShardWriter.commit_prepared`):
+    the bytes of a run no longer pass through one process.  ``add`` returns the shards it closed."""
+
+    def __init__(self, spec: ShardSpec, worker: int):
+        from ..formats import get_format
+
+        super().__init__(get_format(spec.format), spec.file_attrs, spec.max_items, spec.max_bytes)
+        self.run_dir = spec.run_dir
+        self.next = PROVISIONAL * (worker + 1)
+        self._uids: list[str] = []
+        self._seconds = 0.0
+        self._ready: list[PreparedShard] = []
+
+    def add(self, uid: str, key: str, data: np.ndarray, row: ManifestRow, attrs: dict | None,
+            seconds: float) -> list[PreparedShard]:
+        self._fill(key, data, row, attrs)  # (a shard it closes before the item holds the uids so far)
+        if self._shard is not None:  # (else the item closed its own shard: it is counted there)
+            self._uids.append(uid)
+            self._seconds += seconds
+        else:
+            self._ready[-1].uids.append(uid)
+            self._ready[-1].seconds += seconds
+        ready, self._ready = self._ready, []
+        return ready
+
+    def commit(self) -> None:
+        if self._shard is None:
+            return
+        name = self.format.shard_name(self.next)
+        self.next += 1
+        files, rows = self._take(name)
+        uids, seconds = self._uids, self._seconds
+        self._uids, self._seconds = [], 0.0
+        self._ready.append(PreparedShard(name, write_tmp_files(self.run_dir, files), rows, uids, seconds))
+
+    def flush(self) -> list[PreparedShard]:
+        """The open shard, written (a worker about to wait for work, or at its end)."""
+        self.commit()
+        ready, self._ready = self._ready, []
+        return ready
+
+    def close(self) -> None:
+        self.abort()
+
+
+class ShardWriter(_Filling):
+    """Streams utterances into size-capped shards of one format and the manifest (one row per input).
+
+    Only the lock holder commits, and only whole items (``engines.assembly`` joins their frame
+    chunks), so a shard only ever holds whole items, and an interrupted run commits exactly those.
+    The format only builds each shard in memory (``fmt.builder``); this class owns the manifest and
+    the commit protocol (:func:`commit_files`).  Shards that device workers built and wrote
+    (:class:`WorkerShards`) are committed here too (:meth:`commit_prepared`), numbered in commit
+    order with this writer's own."""
+
+    def __init__(self, run_dir: str, fmt: Format, file_attrs: dict, max_items: int = 1000,
+                 max_bytes: int = 256 << 20, on_commit=None):
+        super().__init__(fmt, file_attrs, max_items, max_bytes)
+        self.run_dir = run_dir
+        self.on_commit = on_commit  # called after each commit (an OUT on object storage uploads it: mirror.py)
+        self.index = next_shard_index(run_dir)
         self.written: set[str] = set()  # keys written by this run (a retried unit cannot add a second copy)
         self._manifest = ManifestAppender(run_dir)
         self.commits = 0
@@ -125,21 +280,16 @@ class ShardWriter(WriterBlock):
     def shard_name(self) -> str:
         return self.format.shard_name(self.index)
 
+    def spec(self) -> ShardSpec:
+        """What a device worker needs to write this run's shards itself (:class:`WorkerShards`)."""
+        return ShardSpec(self.run_dir, self.format.name, self.file_attrs, self.max_items, self.max_bytes)
+
     def add(self, key: str, data: np.ndarray, row: ManifestRow, attrs: dict | None = None) -> None:
         """Store one utterance; its manifest row is committed together with the shard."""
         if key in self.written:
             return
-        if self._shard is not None and self._bytes + data.nbytes > self.max_bytes and self._rows:
-            self.commit()
-        if self._shard is None:
-            self._shard = self.format.builder(self.file_attrs)
-        row = replace(row, key=key).shaped(data)
-        stored = self._shard.add(key, data, row.as_dict(), attrs or {})
-        self._rows.append(row.ok(data, self.shard_name, stored))
+        self._fill(key, data, row, attrs)
         self.written.add(key)
-        self._bytes += data.nbytes
-        if len(self._rows) >= self.max_items or self._bytes >= self.max_bytes:
-            self.commit()
 
     def add_error(self, row: ManifestRow, message: str) -> None:
         if row.key in self.written:
@@ -150,14 +300,30 @@ class ShardWriter(WriterBlock):
         """Write the open shard and make it (and its rows) durable."""
         if self._shard is None:
             return
-        shard, self._shard = self._shard, None
-        try:
-            files = shard.files(self.shard_name)
-        finally:
-            shard.close()
-        rows = with_shard_checksum(self._rows, files, self.shard_name)
+        name = self.shard_name
+        files, rows = self._take(name)
         commit_files(self.run_dir, files, lambda: self._manifest.append(rows))
-        self._rows, self._bytes = [], 0
+        self._committed()
+
+    def commit_prepared(self, shard: PreparedShard) -> bool:
+        """Commit a shard a worker wrote (:class:`WorkerShards`) under the next shard number: its
+        rows appended (fsynced), its ``.tmp`` files renamed, the folders fsynced.  A shard holding a
+        key this run already stored is refused and its files removed (a unit handed out again after
+        its worker died must never store an item twice): False."""
+        if any(r.key in self.written for r in shard.rows):
+            shard.discard()
+            return False
+        name = self.shard_name
+        given = [*self.format.companions(shard.name), shard.name]
+        final = dict(zip(given, [*self.format.companions(name), name]))
+        rows = [replace(r, shard=name) for r in shard.rows]
+        publish(self.run_dir, [(tmp, final[n]) for tmp, n in shard.files], lambda: self._manifest.append(rows))
+        self.written.update(r.key for r in rows)
+        shard.committed = True
+        self._committed()
+        return True
+
+    def _committed(self) -> None:
         self.index += 1
         self.commits += 1
         if self.on_commit is not None:
@@ -165,16 +331,15 @@ class ShardWriter(WriterBlock):
 
     def abort(self) -> None:
         """Discard what is not committed (an unrecoverable write error)."""
-        if self._shard is not None:
-            self._shard.close()
-            self._shard = None
         for key in (r.key for r in self._rows):
             self.written.discard(key)
-        self._rows = []
+        super().abort()
 
     def close(self) -> None:
+        """Commit the open shard; remove the ``.tmp`` files a worker that died mid-write left (every
+        worker has ended by now: only this writer is left)."""
         try:
             self.commit()
         finally:
             self._manifest.close()
-
+            remove_tmps(self.run_dir)

@@ -24,12 +24,16 @@ def test_gpu_check_dry_run(tmp_path):
     log = (out / "log.txt").read_text() if (out / "log.txt").exists() else ""
     assert run.returncode == 0, run.stdout + run.stderr + log[-4000:]
     phases = (out / "phases.txt").read_text().split("\n")
-    assert [p.split()[0] for p in phases if p][-6:] == ["env", "tests", "bench", "resample", "precision", "summary"]
+    assert [p.split()[0] for p in phases if p][-7:] == ["env", "tests", "bench", "resample", "precision", "scale",
+                                                         "summary"]
     assert all(" rc=0 " in p for p in phases if p), phases
     assert "TIMEOUT" not in "\n".join(phases) and "(limit none)" in (out / "log.txt").read_text()
     results = json.loads((out / "results.json").read_text())
     assert results["bench"]["mismatch"] == 0 and results["bench"]["stats"]["ok"] == 12
     assert any("--feeders-per-gpu 1" in label for label in results["bench"]["speeds"])
+    scale = results["scale"]  # the rows that decide scale: 1 vs 4 feeders, one writer vs each its own, resampling
+    assert scale["mismatch"] == 0 and {"--feeders-per-gpu 4 --single-writer", "--feeders-per-gpu 4",
+                                       "--feeders-per-gpu 4 --resample-on host"} <= {v.strip() for v in scale["variants"]}
     exact = results["resample"]["exact"]  # resampling on the device: the 24 kHz input, latents and codes vs the host path
     assert len(exact["files"]) == 4 and exact["totals"]["real"] == 0
     assert all(f["input_max_abs_diff"] < 1e-6 and f["latent_max_rel_diff"] < 1e-4 for f in exact["files"].values())

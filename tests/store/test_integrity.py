@@ -87,6 +87,21 @@ def test_kill_9_at_random_points_then_resume(many, tiny_model_dir, reference_run
         "." + {"hdf5": "h5", "megatron": "idx"}.get(fmt, fmt)}
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["hdf5", "shar", "megatron"])
+def test_kill_9_with_several_writers_mid_commit(many, tiny_model_dir, reference_run, tmp_path, fmt):
+    """Three device workers, each writing its own 3-item shards (a shard every few ms from each,
+    their .tmp files side by side, the runner committing them in turn): kill -9 at random points,
+    twice, then resume: after each kill OUT is consistent (only uncommitted shards' .tmp files
+    left, whichever worker wrote them), the next run resumes exactly what was committed, nothing
+    twice, and the end equals the uninterrupted run."""
+    out = str(tmp_path / "out")
+    trials = [KillTrial("3", (1, 30)), KillTrial("3", (1, 20))]
+    kill_9_then_resume(many, out, tiny_model_dir, reference_run, trials, random.Random(3), fmt)
+    rows = read_manifest(out)
+    assert len(rows) == len({r["key"] for r in rows}) == 120
+
+
 def worker_pids(parent: int) -> list[int]:
     """The device workers of ``parent`` (forked on CPU, spawned on GPU; not multiprocessing's
     resource tracker)."""

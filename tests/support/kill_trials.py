@@ -68,7 +68,8 @@ def kill_9_part_way(proc, out, target, rng, group, total=120) -> int:
     anywhere: encoding, writing a shard, between its commit steps); assert that the run is still
     going part-way through (alive, 0 < committed < total), then kill -9 it.  Returns the count."""
     def reached():
-        assert proc.poll() is None, f"the run exited ({proc.returncode}) before {target} rows were committed"
+        assert proc.poll() is None, (f"the run exited ({proc.returncode}) before {target} rows were committed:\n"
+                                     + proc.stdout.read()[-3000:])
         return committed_ok(out) >= target
 
     wait_for(reached, f"{target} committed rows", poll=0.002)
