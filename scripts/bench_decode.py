@@ -8,6 +8,7 @@ Full-size Mimi architecture with seeded random weights (speed does not depend on
 that the two agree to the suite's tolerance before timing.
 """
 
+import host_facts  # scripts/host_facts.py: the host a run's figures belong to
 import argparse
 import os
 import sys
@@ -35,6 +36,7 @@ p.add_argument("--device", default="cpu")
 p.add_argument("--batch-frames", type=int, help="padded frames per batch [default: decode's for the device]")
 p.add_argument("--chunk-frames", type=int, help="frames per chunk of a long item [default: decode's for the device]")
 a = p.parse_args()
+print(host_facts.header(), flush=True)
 torch.set_num_threads(a.threads)
 model = random_model(MimiConfig() if a.model == "full" else tiny_config(), seed=0).to(a.device)
 g = torch.Generator().manual_seed(0)
@@ -83,3 +85,4 @@ for name, t in times.items():
     print(f"  {name:26s} best {min(t):7.2f} s  ({audio_s / min(t):6.1f}x real time)  rounds {[round(x, 2) for x in t]}")
 base, new = (min(t) for t in times.values())
 print(f"  speed-up {base / new:.2f}x")
+print(host_facts.footer(), flush=True)

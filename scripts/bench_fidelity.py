@@ -10,6 +10,7 @@ Full-size Mimi architecture with seeded random weights (speed does not depend on
 noise at 24 kHz.  Also prints the fidelity run's median SI-SDR, as a check that it computed them.
 """
 
+import host_facts  # scripts/host_facts.py: the host a run's figures belong to
 import argparse
 import json
 import os
@@ -40,6 +41,7 @@ p.add_argument("--compute", type=int, default=0, metavar="REPS",
                help="instead: in this process, one step's encode vs its --fidelity work (decode + meters), "
                     "REPS interleaved repetitions, 1 torch thread (robust on a busy machine)")
 a = p.parse_args()
+print(host_facts.header(), flush=True)
 
 if a.compute:
     import torch
@@ -109,3 +111,4 @@ for name, t in times.items():
 base, with_fidelity = (min(t) for t in times.values())
 print(f"  --fidelity costs {with_fidelity / base:.2f}x the wall time ({100 * (base / with_fidelity):.0f}% of the throughput)")
 shutil.rmtree(work)
+print(host_facts.footer(), flush=True)

@@ -15,6 +15,7 @@ the last tree's largest run (the runner's process only), top functions by own ti
 
 from __future__ import annotations
 
+import host_facts  # scripts/host_facts.py: the host a run's figures belong to
 import argparse
 import json
 import os
@@ -156,8 +157,10 @@ def main() -> None:
         print(open(profile).read())
     shutil.rmtree(out, ignore_errors=True)
     if args.json:
-        json.dump(results, open(args.json, "w"), indent=2)
+        json.dump({"results": results, "host": host_facts.report()}, open(args.json, "w"), indent=2)
 
 
 if __name__ == "__main__":
+    print(host_facts.header(), flush=True)
     main()
+    print(host_facts.footer(), flush=True)

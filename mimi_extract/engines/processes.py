@@ -148,7 +148,8 @@ class _OwnShards:
             self.out_q.put(("chunk", self.wid, whole))
         elif whole is not None:
             item = whole.item
-            self._send(self.shards.add(item.uid, item.key, whole.data, ManifestRow.for_item(item, whole.warnings),
+            self._send(self.shards.add(item.uid, item.key, whole.data,
+                                       ManifestRow.for_item(item, whole.warnings, whole.fidelity),
                                        item_attrs(item), chunk.seconds))
         else:
             self.seconds += chunk.seconds
