@@ -214,7 +214,7 @@ def decoder_alone(folder: str, where: str, passes: int = 3) -> float:
     ``passes``): each file opened with the decoder the tool picks and read to its end in the tool's
     blocks, as the samples the run transports (int16 where the device path takes it: 16-bit mono
     through libsndfile), nothing else -- the floor the feed's cost is compared with."""
-    from mimi_extract.audio.decoders import _BLOCK, _read, open_decoder
+    from mimi_extract.audio.decoders import BLOCK, _read, open_decoder
 
     paths = sorted(os.path.join(d, f) for d, _, files in os.walk(folder) for f in files if not f.startswith("."))
     best, audio = float("inf"), 0.0
@@ -225,9 +225,9 @@ def decoder_alone(folder: str, where: str, passes: int = 3) -> float:
             int16 = where == "device" and isinstance(f, sf.SoundFile) and f.subtype == "PCM_16" and f.channels == 1
             n = 0
             while True:
-                got = len(_read(f, _BLOCK, "int16" if int16 else "float32"))
+                got = len(_read(f, BLOCK, "int16" if int16 else "float32"))
                 n += got
-                if got < _BLOCK:
+                if got < BLOCK:
                     break
             audio += n / f.samplerate
             f.close()

@@ -15,7 +15,7 @@ import soundfile as sf
 
 from .trailing import Window, audio_end
 
-_BLOCK = 1 << 16  # source frames decoded per read of a stream
+BLOCK = 1 << 16  # source frames decoded per read of a stream
 
 
 class AudioError(Exception):
@@ -412,7 +412,7 @@ def _seek(file, start: int) -> None:
     if at:
         file.seek(at)
     while at < start:
-        got = len(_read(file, min(start - at, _BLOCK)))
+        got = len(_read(file, min(start - at, BLOCK)))
         if got == 0:
             raise AudioError(f"ends at sample {at}")
         at += got

@@ -33,7 +33,7 @@ from ..config.choices import SAMPLE_RATE
 from .decoders import AudioError
 from .reader import AudioReader
 from .framing import Framing
-from .resample import _reduced, _sinc_kernel
+from .resample import _reduced, sinc_kernel
 
 INT16_SCALE = 1 / 32768  # libsndfile's float from 16-bit PCM (exact: a power of two)
 SKIP_STEP = 128 * 1920  # PieceReader drops a piece's warm-up in reads of this many 24 kHz samples
@@ -89,7 +89,7 @@ class NativeReader(AudioReader):
             raise AudioError(f"its sample rate, {self.rate} Hz, is not one the device resamples: did the file change "
                              "since the run was planned?")
         self.resampler = None
-        kernel, self.width = _sinc_kernel(self.orig, self.new)
+        kernel, self.width = sinc_kernel(self.orig, self.new)
         self.size = kernel.shape[-1]
         # int16 transport where libsndfile's float would be that int16 / 32768 and no channels are mixed
         self.dtype = "int16" if (isinstance(self.file, sf.SoundFile) and self.file.subtype == "PCM_16"
@@ -160,7 +160,7 @@ _KERNELS: dict[tuple[int, int, str], torch.Tensor] = {}
 def _kernel(orig: int, new: int, device: torch.device) -> torch.Tensor:
     key = (orig, new, str(device))
     if key not in _KERNELS:
-        _KERNELS[key] = _sinc_kernel(orig, new)[0].to(device)
+        _KERNELS[key] = sinc_kernel(orig, new)[0].to(device)
     return _KERNELS[key]
 
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from .lazy import torch  # imported at first use: probing headers (sources, `plan`) needs none of it
 from ..config.choices import SAMPLE_RATE
-from .decoders import _BLOCK, AudioError, _read, _seek, open_decoder
+from .decoders import BLOCK, AudioError, _read, _seek, open_decoder
 from .framing import Framing
 from .resample import SincResampler
 
@@ -132,7 +132,7 @@ class AudioReader:
         """The next block of the item's source samples, one channel (``_mono``), and whether it ends
         the item.  ``dtype`` int16: only for a 16-bit PCM file with one channel taken (see
         :mod:`~mimi_extract.audio.device`)."""
-        want = min(_BLOCK, self.remaining) if self.remaining is not None else _BLOCK
+        want = min(BLOCK, self.remaining) if self.remaining is not None else BLOCK
         try:
             data = _read(self.file, want, dtype) if want > 0 else np.zeros((0, 1), dtype)
         except AudioError:

@@ -12,7 +12,7 @@ from functools import lru_cache
 from .lazy import torch  # imported at first use: the framing arithmetic asks only for the look-ahead
 
 @lru_cache(maxsize=16)
-def _sinc_kernel(orig: int, new: int, width_zeros: int = 6, rolloff: float = 0.99) -> tuple[torch.Tensor, int]:
+def sinc_kernel(orig: int, new: int, width_zeros: int = 6, rolloff: float = 0.99) -> tuple[torch.Tensor, int]:
     """Hann-windowed sinc polyphase kernel [new, 1, 2*width + orig] (torchaudio's formula).
 
     ``orig``/``new`` are already divided by their gcd; returns (kernel, width in input samples)."""
@@ -35,7 +35,7 @@ def _reduced(orig_sr: int, new_sr: int) -> tuple[int, int]:
 def causal_lookahead(orig_sr: int, new_sr: int) -> int:
     """Input samples the causal resampler delays by (its filter's look-ahead)."""
     orig, new = _reduced(orig_sr, new_sr)
-    _, width = _sinc_kernel(orig, new)
+    _, width = sinc_kernel(orig, new)
     return width + orig - 1
 
 
@@ -46,7 +46,7 @@ class SincResampler:
 
     def __init__(self, orig_sr: int, new_sr: int, delay: int = 0):
         self.orig, self.new = _reduced(orig_sr, new_sr)
-        self.kernel, self.width = _sinc_kernel(self.orig, self.new)
+        self.kernel, self.width = sinc_kernel(self.orig, self.new)
         self.size = self.kernel.shape[-1]
         self.left = self.width + delay  # left padding (width) + delay, as torchaudio pads
         self.buffer: torch.Tensor | None = None  # [rows, samples] not yet consumed

@@ -21,7 +21,7 @@ from ..config.choices import SAMPLE_RATE
 from ..config.taps import frame_rate
 from ..audio.framing import Framing
 from ..config.input_options import Options
-from .report import _duration_histogram
+from .report import duration_histogram
 from ..config.settings import cpu_cores
 from ..formats.megatron import Tokens
 from ..sources import bytes_name, discover
@@ -117,7 +117,7 @@ def plan_report(source: str, options: Options | None = None, channel: str = "mix
     return {
         "input": found.root, "kind": found.kind, "items": len(items), "unreadable": len(found.bad),
         "errors_by_reason": dict(reasons.most_common(10)), "warnings": found.warnings,
-        "hours": hours, "durations": _duration_histogram(seconds),
+        "hours": hours, "durations": duration_histogram(seconds),
         "frames": {"12.5 Hz (latent, codes)": counts["codes"], "25 Hz (encoder)": counts["encoder"]},
         "tokens": counts["codes"] * ask.num_quantizers, "num_quantizers": ask.num_quantizers,
         "token_ids": {"layout": ask.token_layout, "offset": ask.token_offset, "dtype": ask.tokens.dtype},

@@ -143,7 +143,7 @@ def _entropy_bits(counts: np.ndarray) -> float:
     return float(-(p * np.log2(p)).sum())
 
 
-def _duration_histogram(seconds: np.ndarray) -> dict:
+def duration_histogram(seconds: np.ndarray) -> dict:
     edges = np.asarray(DURATION_EDGES, dtype=np.float64)
     counts = np.bincount(np.searchsorted(edges, seconds, side="right") - 1, minlength=len(edges)) if len(seconds) \
         else np.zeros(len(edges), np.int64)
@@ -374,7 +374,7 @@ def corpus_report(out_dir: str, by: str | None = None, arrays: bool = True, work
                                "mel_distance_median": by_subset[name]["mel_distance"]["median"]}
                               if by_subset[name] else {})}
                     for name, s in ordered.items()},
-        "durations": _duration_histogram(durations),
+        "durations": duration_histogram(durations),
         "errors_by_reason": dict(Counter(_reason(r.get("error")) for r in error_rows.values()).most_common()),
         "codebooks": codebooks,
         "fidelity": fidelity,  # --fidelity: outputs.fidelity_summary (None without it)

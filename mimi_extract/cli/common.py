@@ -120,7 +120,7 @@ LimitOpt = Annotated[Optional[int], typer.Option(min=1, help="Only the first N i
 
 
 def _option(name: str, annotation, default) -> inspect.Parameter:
-    """One shared command-line option: the parameter that ``_with_options`` adds to a command."""
+    """One shared command-line option: the parameter that ``with_options`` adds to a command."""
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=default)
 
 
@@ -181,7 +181,7 @@ RUN_OPTIONS = [
 ]
 
 
-class _OneInput(typer.core.TyperCommand):
+class OneInput(typer.core.TyperCommand):
     """A command whose INPUT is one argument: when the shell expanded an unquoted pattern into
     several (``shards/en-*.tar`` -> many files), click's "unexpected extra argument" says why."""
 
@@ -195,7 +195,7 @@ class _OneInput(typer.core.TyperCommand):
             raise
 
 
-def _with_options(*groups: list[inspect.Parameter], skip: tuple[str, ...] = ()):
+def with_options(*groups: list[inspect.Parameter], skip: tuple[str, ...] = ()):
     """Give a command the shared options of ``groups`` (but ``skip``) after its own parameters: typer
     reads the signature, and the command receives them as its ``**options``."""
     def add(command):
@@ -226,7 +226,7 @@ def _clock(seconds: float) -> str:
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
-def _say_common_failures(failures: list[dict], inputs: int, out=None) -> None:
+def say_common_failures(failures: list[dict], inputs: int, out=None) -> None:
     """The reasons many error rows share, each in one prominent line: a systematic rejection (a whole
     format refused, a wrong option) must not read like a clean run's few bad files."""
     for f in failures:
@@ -234,7 +234,7 @@ def _say_common_failures(failures: list[dict], inputs: int, out=None) -> None:
             f"reason: ", (f["reason"], "yellow"), f" (first: {', '.join(f['first_keys'])})", out=out)
 
 
-def _reading_errors() -> tuple[type[Exception], ...]:
+def reading_errors() -> tuple[type[Exception], ...]:
     """What reading an OUT raises for an OUT that is not there, not a run, malformed (MalformedError,
     naming the file and line), damaged or unreachable (object storage): one line each, exit 2."""
     from ..store.files import OutputError
@@ -246,7 +246,7 @@ def _report(make, out_dir: str, as_json: bool) -> dict | None:
     """``make(out_dir)``, or a clean error; with ``--json`` it is printed and None returned."""
     try:
         report = make(out_dir)
-    except _reading_errors() as e:
+    except reading_errors() as e:
         _fail(e)
     if as_json:
         print(json.dumps(report, indent=2))

@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 import typer
 
 from ..config.choices import MAX_TOKEN_ID
-from .common import (EXIT_ALL_FAILED, EXIT_CODES_HELP, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_NO_INPUT, FeatureDType, INPUT_OPTIONS, InputArg, OutArg, PROGRESS_ENV, RUN_OPTIONS, Tap, TokenLayout, _OneInput, _clock, _fail, _hours, _say_common_failures, _with_options, app, console, say)
+from .common import (EXIT_ALL_FAILED, EXIT_CODES_HELP, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_NO_INPUT, FeatureDType, INPUT_OPTIONS, InputArg, OutArg, PROGRESS_ENV, RUN_OPTIONS, Tap, TokenLayout, OneInput, _clock, _fail, _hours, say_common_failures, with_options, app, console, say)
 
 
 class _PlainProgress:
@@ -137,7 +137,7 @@ def _run(input_path: str, out_dir: str, strict: bool = False, progress_seconds: 
     if summary.errors:
         from ..audit.outputs import run_failures
 
-        _say_common_failures(run_failures(where), summary.inputs)
+        say_common_failures(run_failures(where), summary.inputs)
         say(f"error rows: mimi-extract info {out_dir}  (or grep '\"status\": \"error\"' {where}/manifest.jsonl)")
     if summary.inputs == 0:
         say(("error: ", "bold red"), f"no input found in {input_path}" + (f" (part {request.part})" if not request.part.whole else "")
@@ -157,8 +157,8 @@ _RUN_HELP = ("\n\n    Re-running the same command resumes: items already 'ok' in
              + EXIT_CODES_HELP)
 
 
-@app.command(cls=_OneInput)
-@_with_options(RUN_OPTIONS, INPUT_OPTIONS)
+@app.command(cls=OneInput)
+@with_options(RUN_OPTIONS, INPUT_OPTIONS)
 def features(
     input_path: InputArg,
     out_dir: OutArg,
@@ -181,8 +181,8 @@ def features(
 features.__doc__ += _RUN_HELP
 
 
-@app.command(cls=_OneInput)
-@_with_options(RUN_OPTIONS, INPUT_OPTIONS)
+@app.command(cls=OneInput)
+@with_options(RUN_OPTIONS, INPUT_OPTIONS)
 def codes(
     input_path: InputArg,
     out_dir: OutArg,

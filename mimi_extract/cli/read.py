@@ -13,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..config.choices import MAX_TOKEN_ID
-from .common import (Channel, ChannelOpt, EXIT_FAILED, FeatureDType, FramingArg, FramingOpt, INPUT_OPTIONS, InputArg, LimitOpt, OutFormat, Resampler, ResamplerOpt, TokenLayout, _OneInput, _fail, _hours, _reading_errors, _report, _say_common_failures, _size, _with_options, app, console, say)
+from .common import (Channel, ChannelOpt, EXIT_FAILED, FeatureDType, FramingArg, FramingOpt, INPUT_OPTIONS, InputArg, LimitOpt, OutFormat, Resampler, ResamplerOpt, TokenLayout, OneInput, _fail, _hours, reading_errors, _report, say_common_failures, _size, with_options, app, console, say)
 
 
 def _say_durations(d: dict, out) -> None:
@@ -49,7 +49,7 @@ def status(out_dir: Annotated[str, typer.Argument(metavar="OUT")],
     if missing:
         try:
             report = status_report(out_dir)
-        except _reading_errors() as e:
+        except reading_errors() as e:
             _fail(e)
         if as_json:
             print(json.dumps({k: report[k] for k in ("parts", "incomplete_parts", "array", "incomplete_shards")}))
@@ -77,8 +77,8 @@ def status(out_dir: Annotated[str, typer.Argument(metavar="OUT")],
         f": {report['ok']} ok, {report['errors']} errors, {report['remaining']} not yet encoded", out=out)
 
 
-@app.command(cls=_OneInput)
-@_with_options(INPUT_OPTIONS, skip=("keep_fields",))
+@app.command(cls=OneInput)
+@with_options(INPUT_OPTIONS, skip=("keep_fields",))
 def plan(
     input_path: InputArg,
     num_quantizers: Annotated[int, typer.Option("--num-quantizers", "-q", min=1, max=32, help="Codebooks the codes would keep (tokens, bytes).")] = 8,
@@ -189,7 +189,7 @@ def info(out_dir: Annotated[str, typer.Argument(metavar="OUT")],
         + (f", {report['pending']} not yet encoded" if report["pending"] else "")
         + f"; {report['hours']:.3f} h of audio, "
         f"{report['frames']} frames" + (f", {report['tokens']} tokens" if report.get("tokens") is not None else ""), out=out)
-    _say_common_failures(report["common_failures"], report["inputs"], out=out)
+    say_common_failures(report["common_failures"], report["inputs"], out=out)
     if report["unplanned"]:
         say(("warning: ", "yellow"), f"{report['unplanned']} of these items are beyond the "
             f"{report['inputs'] - report['unplanned']} inputs the last run found (an earlier run with a larger --limit, "
@@ -316,7 +316,7 @@ def cuts(out_dir: Annotated[str, typer.Argument(metavar="OUT")],
     storages: set = set()
     try:
         n = write_merged_cuts(out_dir, output, storages)
-    except _reading_errors() as e:
+    except reading_errors() as e:
         _fail(e)
     say(("done", "green"), f": {n} cuts -> {output}")
     ours = sorted(storages & set(our_storages()))
@@ -356,6 +356,6 @@ def decode(
     try:
         written = decode_items(out_dir, keys or None, output, model and model_path(model), resolve_devices(device)[0],
                                on_item=lambda key, path: say(f"{key} -> {path}"), overwrite=overwrite)
-    except (KeyError, RuntimeError, *_reading_errors()) as e:
+    except (KeyError, RuntimeError, *reading_errors()) as e:
         _fail(e if not isinstance(e, KeyError) else e.args[0])
     say(("done", "green"), f": {len(written)} files")

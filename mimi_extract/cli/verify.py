@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from .common import (CausalOpt, Channel, ChannelOpt, DType, DTypeOpt, EXIT_FAILED, FramesPerCallOpt, FramingArg, FramingOpt, INPUT_OPTIONS, LimitOpt, ResampleOn, ResampleOnOpt, Resampler, ResamplerOpt, _OneInput, _fail, _reading_errors, _with_options, app, say)
+from .common import (CausalOpt, Channel, ChannelOpt, DType, DTypeOpt, EXIT_FAILED, FramesPerCallOpt, FramingArg, FramingOpt, INPUT_OPTIONS, LimitOpt, ResampleOn, ResampleOnOpt, Resampler, ResamplerOpt, OneInput, _fail, reading_errors, with_options, app, say)
 
 
 def _check_table(title: str, checks, rtol: float, atol: float, max_real: int, features=("encoder", "latent")):
@@ -52,8 +52,8 @@ def _mismatch_report(out: Console, checks) -> None:
             say((c.key, "yellow"), f": {c.note}", out=out)
 
 
-@app.command(cls=_OneInput)
-@_with_options(INPUT_OPTIONS, skip=("keep_fields",))
+@app.command(cls=OneInput)
+@with_options(INPUT_OPTIONS, skip=("keep_fields",))
 def verify(
     input_path: Annotated[Optional[str], typer.Argument(metavar="[INPUT]", help="Files to encode both ways (omit with --out).")] = None,
     out: Annotated[Optional[str], typer.Option("--out", help="Audit this OUT: re-encode a sample of its items one by one and compare with what it holds.")] = None,
@@ -140,7 +140,7 @@ def verify(
                                              options=input_options(dict(inputs))), []
             title = f"engine ({settings.dtype}) vs single-item (fp32, transformers)"
             shown = ("encoder", "latent")
-    except (RuntimeError, KeyError, *_reading_errors()) as e:
+    except (RuntimeError, KeyError, *reading_errors()) as e:
         _fail(e)
     table, failed = _check_table(title, checks, rtol, atol, max_real_mismatches, shown)
     out_console.print(table)
@@ -172,7 +172,7 @@ def _verify_checksums(out: str) -> None:
         _fail(f"{out} does not exist")
     try:
         report = scan_checksums(out)
-    except _reading_errors() as e:
+    except reading_errors() as e:
         _fail(str(e))
     for d in report["damaged"]:
         say((d["key"], "bold red"), f" in {d['shard']}: {d['problem']}")

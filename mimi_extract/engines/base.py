@@ -151,10 +151,10 @@ class Engine(ABC):
         """Release workers or the cluster (idempotent)."""
 
 
-_DONE = object()  # end of work on a queue
+DONE = object()  # end of work on a queue
 
 
-class _AnyEvent:
+class AnyEvent:
     def __init__(self, *events):
         self.events = events
 
@@ -163,7 +163,7 @@ class _AnyEvent:
 
 
 
-def _get_while(q: queue_mod.Queue, producer: threading.Thread, poll: float = 1.0):
+def get_while(q: queue_mod.Queue, producer: threading.Thread, poll: float = 1.0):
     """``q.get()``, bounded by the producer's life: a producer that ended without its end-of-work
     marker (it cannot, but a wait must not outlive the one who would end it) gives an error."""
     while True:

@@ -33,7 +33,7 @@ from ..codec.model import load_model, prepare
 from ..audio.framing import Framing
 from ..config.settings import Settings, default_cpu_workers, feeders_per_gpu
 from ..sources import Item, bytes_name, open_audio
-from .base import _DONE, FrameChunk, Stats, _AnyEvent, _get_while, is_out_of_memory
+from .base import DONE, FrameChunk, Stats, AnyEvent, get_while, is_out_of_memory
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}  # choices.DTYPES
 
@@ -320,7 +320,7 @@ class DeviceRunner:
             pool.shutdown(wait=False, cancel_futures=True)
             while not consumer_gone.is_set():  # the encoder loop drains until it sees this: never dropped
                 try:  # while it listens, however long its step takes (a dropped one hung the run for good)
-                    steps.put(_DONE, timeout=0.2)
+                    steps.put(DONE, timeout=0.2)
                     break
                 except queue_mod.Full:
                     continue
@@ -444,7 +444,7 @@ class DeviceRunner:
         self.idle = idle
         steps: queue_mod.Queue = queue_mod.Queue(maxsize=2)
         halt = threading.Event()  # this runner's own stop (an error here must not stop the others)
-        feeder_stop = _AnyEvent(stop, halt)
+        feeder_stop = AnyEvent(stop, halt)
         feeder = threading.Thread(target=self._feed, args=(next_unit, steps, feeder_stop, halt), name="feeder",
                                   daemon=True)
         start = time.perf_counter()
@@ -452,9 +452,9 @@ class DeviceRunner:
         try:
             while True:
                 t0 = time.perf_counter()
-                step = _get_while(steps, feeder)
+                step = get_while(steps, feeder)
                 self.stats.wait_input += time.perf_counter() - t0
-                if step is _DONE:
+                if step is DONE:
                     break
                 if step is _IDLE:  # every step fed so far is encoded and emitted
                     if self.idle is not None:

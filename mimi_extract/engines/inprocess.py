@@ -10,7 +10,7 @@ import torch
 
 from .plan import WorkUnit
 from ..config.settings import threads_per_worker
-from .base import _DONE, Engine, _AnyEvent, _get_while
+from .base import DONE, Engine, AnyEvent, get_while
 from .device import DeviceRunner
 
 
@@ -33,21 +33,21 @@ class InProcessEngine(Engine):
         def work():
             try:
                 runner = DeviceRunner(self.settings, self.settings.devices[0], given.pop())
-                runner.run(lambda block=True: next(todo, None), out.put, _AnyEvent(stop, abandoned))
+                runner.run(lambda block=True: next(todo, None), out.put, AnyEvent(stop, abandoned))
                 self.stats.add(runner.stats)
             except BaseException as e:
                 error.append(e)
             finally:
-                out.put(_DONE)
+                out.put(DONE)
 
         thread = threading.Thread(target=work, name="encoder", daemon=True)
         thread.start()
         try:
             while True:
-                chunk = _get_while(out, thread)
-                if chunk is _DONE:
+                chunk = get_while(out, thread)
+                if chunk is DONE:
                     break
-                if isinstance(chunk, RuntimeError):  # from _get_while: chunks are never exceptions
+                if isinstance(chunk, RuntimeError):  # from get_while: chunks are never exceptions
                     raise chunk
                 yield chunk
         finally:

@@ -147,7 +147,7 @@ def dataset_name(key: str) -> str:
     return "%2E" + name[1:] if name.startswith(".") else name
 
 
-def _printable(name: str) -> str | None:
+def non_utf8_shown(name: str) -> str | None:
     """None if ``name`` is valid UTF-8, else a readable rendering of its bytes."""
     try:
         name.encode("utf-8")

@@ -7,7 +7,7 @@ import json
 import os
 
 from ..config.input_options import CSV_FIELD_LIMIT, MAX_ROW_BYTES
-from .base import (AUDIO_EXTENSIONS, ITEM_FIELDS, Entry, Options, Source, _printable, id_text, json_object, printable,
+from .base import (AUDIO_EXTENSIONS, ITEM_FIELDS, Entry, Options, Source, non_utf8_shown, id_text, json_object, printable,
                    register, row_failed, segment_fields, shown_value, text_problem)
 
 LIST_EXTENSIONS = (".txt", ".lst", ".scp", ".jsonl", ".csv", ".tsv")
@@ -54,7 +54,7 @@ def walk_directory(root: str, warnings: list[str], exclude: str | None = None) -
             if f.lower().endswith(AUDIO_EXTENSIONS):
                 path = os.path.join(dirpath, f)
                 rel = os.path.relpath(path, root).replace(os.sep, "/")
-                shown = _printable(rel)
+                shown = non_utf8_shown(rel)
                 error = f"file name is not valid UTF-8 ({shown}); rename the file" if shown else None
                 found.append(Entry(path, shown or rel, error=error))
     return found

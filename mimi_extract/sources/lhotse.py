@@ -97,7 +97,7 @@ _KINDS = {"Recording": "RecordingSet", "SupervisionSegment": "SupervisionSet", "
           "MultiCut": "CutSet", "MixedCut": "CutSet"}
 
 
-def _manifest_items(path: str):
+def manifest_items(path: str):
     """(where, lhotse object or the reason it is none, manifest kind) per row: every row is
     deserialized alone, so one malformed row is that row's error, not the manifest's."""
     from lhotse.serialization import deserialize_item
@@ -159,7 +159,7 @@ def read_lhotse_manifest(path: str, recordings: str | None = None, keep: Keep | 
 
     recs = None
     kind = None
-    for where, obj, ident, row_kind in _manifest_items(path):
+    for where, obj, ident, row_kind in manifest_items(path):
         if isinstance(obj, str):
             fail(where, ident, obj)
             continue
@@ -175,7 +175,7 @@ def read_lhotse_manifest(path: str, recordings: str | None = None, keep: Keep | 
                     if not recordings:
                         raise ValueError(f"{path} is a SupervisionSet: give the recordings too "
                                          "(--recordings recordings.jsonl.gz)")
-                    recs = {r.id: r for _, r, _, k in _manifest_items(recordings) if k == "RecordingSet"}
+                    recs = {r.id: r for _, r, _, k in manifest_items(recordings) if k == "RecordingSet"}
                 if obj.recording_id not in recs:
                     fail(where, obj.id, f"recording {obj.recording_id!r} not in {recordings}")
                     continue

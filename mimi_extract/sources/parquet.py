@@ -278,9 +278,9 @@ class ParquetSource(Source):
         if remote.isfile(path):
             return path.lower().endswith(PARQUET_EXTENSIONS)
         if not remote.exists(path):
-            from .tar import _is_shard_input
+            from .tar import is_shard_input
 
-            return _is_shard_input(path, PARQUET_EXTENSIONS)
+            return is_shard_input(path, PARQUET_EXTENSIONS)
         return _is_dataset_dir(path)
 
     def files(self) -> list[str]:
@@ -295,10 +295,10 @@ class ParquetSource(Source):
         files = self.files()
         folder = remote.isdir(self.path)
         entries, columns_found, present = [], 0, set()
-        from .tar import _shown_names
+        from .tar import shown_names
 
         names = [remote.relpath(p, self.path) for p in files] if folder \
-            else _shown_names(files)  # file names (paths when two files share one)
+            else shown_names(files)  # file names (paths when two files share one)
         for path, shown in self.mine(list(zip(files, names))):  # (names: over every file)
             full = remote.absolute(path)
             try:

@@ -15,7 +15,7 @@ import re
 
 from ..common import remote
 from .base import Entry, Source, printable, register, row_failed, supervisions_for_channel, text_problem
-from .lhotse import _manifest_items, cut_meta
+from .lhotse import manifest_items, cut_meta
 from .tar import SPARSE, MemberLoc, index_tar, shard_identity, sparse_error
 
 _CUTS = re.compile(r"cuts\.(\d+)\.jsonl(\.gz)?$")
@@ -57,7 +57,7 @@ class SharSource(Source):
                 members, damage = [], f"{shown_tar} is missing"
             data = [m for m in members if not m[0].endswith(".json")
                     and (wanted is None or m[0].rsplit(".", 1)[-1].lower() in wanted)]
-            rows = list(_manifest_items(cuts_file))
+            rows = list(manifest_items(cuts_file))
             for n, (where, cut, ident, kind) in enumerate(rows):
                 where = f"{os.path.basename(cuts_file)}:{where}"
                 key = getattr(cut, "id", None) or ident or where

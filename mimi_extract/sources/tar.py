@@ -190,7 +190,7 @@ def missing_shard(path: str) -> str | None:
     return None
 
 
-def _is_shard_input(path: str, extensions) -> bool:
+def is_shard_input(path: str, extensions) -> bool:
     if remote.isfile(path):
         return path.lower().endswith(extensions)
     if remote.isdir(path):
@@ -513,7 +513,7 @@ def check_first_samples(options, shown: str, samples: list[tuple[dict, bytes | N
                      f"has it (fields: {', '.join(fields)})")
 
 
-def _shown_names(shards: list[str]) -> list[str]:
+def shown_names(shards: list[str]) -> list[str]:
     """Shard names as keys show them: the file name, or the path relative to the shards' common
     folder when two shards share a file name."""
     names = [remote.basename(s) for s in shards]
@@ -543,7 +543,7 @@ class TarSource(Source):
 
     @classmethod
     def detect(cls, path: str) -> bool:
-        return _is_shard_input(path, TAR_EXTENSIONS)
+        return is_shard_input(path, TAR_EXTENSIONS)
 
     def shards(self) -> list[str]:
         if not hasattr(self, "_shards"):
@@ -560,7 +560,7 @@ class TarSource(Source):
     def entries(self, warnings: list[str]) -> list[Entry]:
         shards = self.shards()
         entries, checked = [], False
-        for shard, shown in self.mine(list(zip(shards, _shown_names(shards)))):  # (names: over every shard)
+        for shard, shown in self.mine(list(zip(shards, shown_names(shards)))):  # (names: over every shard)
             full = remote.absolute(shard)
             members, damage = index_tar(full, keep=lambda name: name.lower().endswith(".json"))
             samples = group_samples(members)

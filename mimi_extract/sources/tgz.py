@@ -33,7 +33,7 @@ from types import SimpleNamespace
 from ..common import remote
 from ..config.input_options import MAX_ROW_BYTES
 from .base import Entry, Loc, Source, SourceError, register
-from .tar import COMPRESSED_TAR_EXTENSIONS, SPARSE, audio_candidate, _is_shard_input, _shown_names, check_first_samples, \
+from .tar import COMPRESSED_TAR_EXTENSIONS, SPARSE, audio_candidate, is_shard_input, shown_names, check_first_samples, \
     guarded_sample, missing_end, shard_identity, split_name, stored_size, tar_shards
 
 FIRST_SAMPLES = 64  # --id-field and --audio-ext are checked against this many first samples (a stream)
@@ -207,7 +207,7 @@ class CompressedTarSource(Source):
 
     @classmethod
     def detect(cls, path: str) -> bool:
-        return _is_shard_input(path, COMPRESSED_TAR_EXTENSIONS)
+        return is_shard_input(path, COMPRESSED_TAR_EXTENSIONS)
 
     def shards(self) -> list[str]:
         if not hasattr(self, "_shards"):
@@ -233,7 +233,7 @@ class CompressedTarSource(Source):
                 e.loc = replace(e.loc, start=state["start"], end=min(end, stop))
             state["open"] = []
 
-        for shard, shown in self.mine(list(zip(shards, _shown_names(shards)))):  # (names: over every shard)
+        for shard, shown in self.mine(list(zip(shards, shown_names(shards)))):  # (names: over every shard)
             full = remote.absolute(shard)
             sample_key, parts, end, damage = None, {}, 0, None
             close_group(end)

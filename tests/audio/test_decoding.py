@@ -16,10 +16,10 @@ import torch
 import av
 from support.shapes import ffmpeg_decode
 from support.waits import HANG_S
-from mimi_extract.audio.decoders import _BLOCK, _seek, decoder_for, open_decoder
+from mimi_extract.audio.decoders import BLOCK, _seek, decoder_for, open_decoder
 from mimi_extract.audio.reader import AudioReader, load
 
-SAMPLES = 4 * _BLOCK + 12_345  # several blocks, and a partial one
+SAMPLES = 4 * BLOCK + 12_345  # several blocks, and a partial one
 
 
 def music(rate: int, n: int, seed: int = 0) -> np.ndarray:
@@ -67,9 +67,9 @@ def tool_read(path, start: int = 0, frames: int | None = None) -> np.ndarray:
             _seek(f, start)
         parts = []
         while True:
-            block = f.read(_BLOCK, dtype="float32", always_2d=True)
+            block = f.read(BLOCK, dtype="float32", always_2d=True)
             parts.append(block)
-            if len(block) < _BLOCK or (frames is not None and sum(map(len, parts)) >= frames):
+            if len(block) < BLOCK or (frames is not None and sum(map(len, parts)) >= frames):
                 break
     finally:
         f.close()
@@ -83,7 +83,7 @@ def to_24k(stereo: np.ndarray, rate: int) -> torch.Tensor:
     return mono if rate == 24_000 else taf.resample(mono, rate, 24_000)
 
 
-STARTS = (1, 30_001, _BLOCK + 5, 150_001)  # inside the pre-roll, past it, at a block boundary
+STARTS = (1, 30_001, BLOCK + 5, 150_001)  # inside the pre-roll, past it, at a block boundary
 
 
 def check_reads(path, rate, ref, seek_tolerance):
@@ -196,7 +196,7 @@ def test_ogg_opus_is_decoded_by_ffmpeg_at_48k_whatever_rate_its_header_states(tm
         assert (f.samplerate, f.channels, f.frames) == (48_000, 1, len(ref))
         f.close()
     check_reads(path, 48_000, ref, 0.0)
-    for start in (2 * _BLOCK + 1, len(ref) - 30_000):  # seeks through the container (past 2 pre-rolls)
+    for start in (2 * BLOCK + 1, len(ref) - 30_000):  # seeks through the container (past 2 pre-rolls)
         seg = tool_read(path, start, 20_000)
         assert np.array_equal(seg, ref[start: start + 20_000]), start
 
