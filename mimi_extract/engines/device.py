@@ -166,7 +166,6 @@ class DeviceRunner:
             and settings.tap == "codes" else None
         self.decoder_state = None
         self.meters: dict[str, FidelityMeter] = {}
-        self.idle = None  # run's idle hook
         # step lengths rounded up to 4 frames (0.32 s): shapes repeat, so cuDNN's autotuning and
         # oneDNN's per-shape kernels are reused (CPU: a new shape costs ~30% more, measured)
         self._bucket = 4 * self.encoder.hop
@@ -441,7 +440,6 @@ class DeviceRunner:
         again), ``emit``-ting frame chunks in order.  ``stop`` (an Event) ends the run early.
         ``idle()``: called in the encoder's thread after IDLE, once every step fed before it is
         emitted (a worker writing its own shards writes the open one: the run waits for it)."""
-        self.idle = idle
         steps: queue_mod.Queue = queue_mod.Queue(maxsize=2)
         halt = threading.Event()  # this runner's own stop (an error here must not stop the others)
         feeder_stop = AnyEvent(stop, halt)
@@ -457,8 +455,8 @@ class DeviceRunner:
                 if step is DONE:
                     break
                 if step is _IDLE:  # every step fed so far is encoded and emitted
-                    if self.idle is not None:
-                        self.idle()
+                    if idle is not None:
+                        idle()
                     continue
                 if isinstance(step, BaseException):
                     raise step
