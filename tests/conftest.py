@@ -5,10 +5,12 @@ module or this file."""
 
 import os
 
-# torch's OpenMP threads wait passively (before torch loads libgomp; the CLI subprocesses inherit it): two
-# spinning threads on a busy machine burn the cores the rest of the suite needs (issue 40 measured
-# 0.11-0.15x one thread's CPU efficiency spinning, 0.94x passive)
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+from mimi_extract.common.threads import passive_openmp
+
+# torch's OpenMP threads wait passively, as in the tool's own processes (before torch loads libgomp;
+# the CLI subprocesses inherit it): spinning threads on a busy machine burn the cores the rest of the
+# suite needs
+passive_openmp()
 
 import hypothesis  # noqa: E402
 import torch  # noqa: E402
