@@ -36,6 +36,7 @@ from ..engines.plan import padding_fraction
 from ..formats import get_format
 from ..sources import Discovered, discover
 from ..store.directory import RunDirectory
+from ..store.lock import start_ticks
 from ..store.manifest import ManifestRow, item_attrs
 from ..store.mirror import mirrored
 from ..store.writer import PreparedShard
@@ -254,11 +255,10 @@ def process_age() -> float | None:
     """Seconds since this process started (Linux's /proc; None elsewhere): where a short job's time
     goes is mostly before its first encoded step (imports, weights), so the run reports it."""
     try:
-        with open("/proc/self/stat") as f:
-            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime
+        started = start_ticks()
         with open("/proc/uptime") as f:
             uptime = float(f.read().split()[0])
-        return round(uptime - start_ticks / os.sysconf("SC_CLK_TCK"), 2)
+        return round(uptime - started / os.sysconf("SC_CLK_TCK"), 2)
     except (OSError, ValueError, IndexError):
         return None
 

@@ -120,6 +120,14 @@ def live_holder(lock: str) -> str | None:
 
 
 # -- a lock's holder process, told apart from any other (the lock object of an OUT on object storage) --
+def start_ticks(pid: int | str = "self") -> int:
+    """When process ``pid`` started, in clock ticks since boot (/proc's ``stat`` field 22,
+    ``starttime``; its name, field 2, may hold spaces and parentheses: fields are counted after the
+    last ')').  OSError, ValueError or IndexError where it cannot be read."""
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[19])
+
+
 def process_identity(pid: int | None = None) -> dict:
     """What tells process ``pid`` (default: this one) apart on this machine, for a lock's holder
     record: its host, the kernel's boot id and PID namespace (the same host name can be a container
@@ -129,7 +137,7 @@ def process_identity(pid: int | None = None) -> dict:
     found: dict = {"pid": pid, "host": socket.gethostname()}
     for key, read in (("boot", lambda: open("/proc/sys/kernel/random/boot_id").read().strip()),
                       ("pidns", lambda: os.readlink(f"/proc/{pid}/ns/pid")),
-                      ("start", lambda: int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[19]))):
+                      ("start", lambda: start_ticks(pid))):
         try:
             found[key] = read()
         except (OSError, ValueError, IndexError):
