@@ -29,6 +29,7 @@ from ..store.manifest import ManifestRow, item_attrs
 from ..store.writer import ShardSpec, WorkerShards
 from .assembly import Assembler
 from .base import Engine, FrameChunk, Progress, Stats
+from .channels import GONE, WorkerPipe, WorkerPipes
 from .device import IDLE, LATER, DeviceRunner
 
 WORKER_MAIN = "mimi_extract.engines.processes:_process_main"  # what _boot.worker_main runs, by name
@@ -37,7 +38,7 @@ WORKER_MAIN = "mimi_extract.engines.processes:_process_main"  # what _boot.worke
 FLUSH = "flush"
 
 
-def _process_main(settings: Settings, device: str, wid: int, requests, inbox, out_q, stop, model=None) -> None:
+def _process_main(settings: Settings, device: str, wid: int, inbox, out_q: WorkerPipe, stop, model=None) -> None:
     """A device worker (started by ``_boot.worker_main``, which ties it to its parent first, and
     finds this function by its name, ``WORKER_MAIN``; or forked by :func:`_forked_main` with the
     parent's ``model``).  Its first message is where it writes (:class:`ShardSpec`: it builds and
@@ -51,7 +52,7 @@ def _process_main(settings: Settings, device: str, wid: int, requests, inbox, ou
 
         def next_unit(block=True):
             if not asked[0]:
-                requests.put(("want", wid, None))
+                out_q.put(("want", wid, None))
                 asked[0] = True
             while True:
                 if block and flush[0]:  # (only once idle: every item it holds is then in its open shard)
@@ -162,11 +163,11 @@ class _OwnShards:
             self.out_q.put(("shard", self.wid, shard))
 
 
-def _forked_main(parent: int, settings: Settings, model, device: str, wid: int, requests, inbox, out_q, stop) -> None:
+def _forked_main(parent: int, settings: Settings, model, device: str, wid: int, inbox, out_q, stop) -> None:
     """A CPU worker forked from the runner's process: it already has torch and the ``model``."""
     die_with_parent(parent)
     ignore_stop_signals()
-    _process_main(settings, device, wid, requests, inbox, out_q, stop, model)
+    _process_main(settings, device, wid, inbox, out_q, stop, model)
 
 
 def forks_workers(settings: Settings) -> bool:
@@ -194,18 +195,19 @@ class ProcessEngine(Engine):
         fork = model is not None and forks_workers(self.settings)
         self.start_method = "fork" if fork else "spawn"
         ctx = torch.multiprocessing.get_context(self.start_method)
-        self.out_q = ctx.Queue(maxsize=8 * len(self.settings.devices) + 8)
+        self.out_q = WorkerPipes(ctx)  # (one pipe per worker: see .channels)
         self.inboxes = [ctx.Queue() for _ in self.settings.devices]
         self.mp_stop = ctx.Event()
         if fork:
             target, given = _forked_main, (self.settings, model)
         else:
             target, given = worker_main, (self.settings, WORKER_MAIN)
-        self.procs = [ctx.Process(target=target, args=(os.getpid(), *given, dev, wid, self.out_q, self.inboxes[wid],
-                                                       self.out_q, self.mp_stop), daemon=True)
-                      for wid, dev in enumerate(self.settings.devices)]
-        for p in self.procs:
+        for wid, dev in enumerate(self.settings.devices):
+            p = ctx.Process(target=target, args=(os.getpid(), *given, dev, wid, self.inboxes[wid],
+                                                 self.out_q.open(wid), self.mp_stop), daemon=True)
             p.start()
+            self.out_q.started(wid)
+            self.procs.append(p)
 
     def close(self) -> None:
         """Stop the workers (idempotent).  Workers never given a unit (a run that failed or was
@@ -220,7 +222,7 @@ class ProcessEngine(Engine):
             inbox.put(None)
         deadline = time.time() + 30
         while any(p.is_alive() for p in self.procs) and time.time() < deadline:
-            try:  # drain: a worker blocked on a full queue must see the stop
+            try:  # drain: a worker blocked on a full pipe must see the stop
                 self.out_q.get(timeout=0.1)
             except queue_mod.Empty:
                 pass
@@ -228,6 +230,7 @@ class ProcessEngine(Engine):
             if p.is_alive():
                 p.kill()  # (workers ignore SIGTERM: the parent decides what a stop means)
             p.join(5)
+        self.out_q.close()
         self.procs = []
 
     def run(self, units: list[WorkUnit], stop: threading.Event, model=None, shards: ShardSpec | None = None):
@@ -281,6 +284,18 @@ class ProcessEngine(Engine):
                     left.discard(uid)
             hand_out()
 
+        def died(wid) -> None:
+            failed_workers.add(wid)  # (from now on, a shard it sent before it died is refused)
+            if wid in waiting:
+                waiting.remove(wid)
+            lost = hand_again([it.uid for u in units if u.index in taken[wid] for it in u.items])
+            procs[wid].join(5)  # (its pipe ended with it: the exit code is there or about to be)
+            self.notes.append(f"worker on {self.settings.devices[wid]} died (exit code {procs[wid].exitcode}); "
+                              f"its {len(lost)} unfinished work units were handed to the others")
+            if len(failed_workers) == len(procs) and not stop.is_set():
+                raise RuntimeError("every device worker died (killed? out of host memory?)")
+            hand_out()
+
         try:
             while len(finished | failed_workers) < len(procs):
                 if stop.is_set():
@@ -289,19 +304,15 @@ class ProcessEngine(Engine):
                 try:
                     kind, wid, payload = out_q.get(timeout=0.5)
                 except queue_mod.Empty:
-                    for wid, p in enumerate(procs):
+                    for wid, p in enumerate(procs):  # (its pipe's end says so first; this, if it does not)
                         if wid not in finished and wid not in failed_workers and not p.is_alive():
-                            failed_workers.add(wid)  # (from now on, a shard it sent before it died is refused)
-                            if wid in waiting:
-                                waiting.remove(wid)
-                            lost = hand_again([it.uid for u in units if u.index in taken[wid] for it in u.items])
-                            self.notes.append(f"worker on {self.settings.devices[wid]} died (exit code {p.exitcode}); "
-                                              f"its {len(lost)} unfinished work units were handed to the others")
-                    if len(failed_workers) == len(procs) and not stop.is_set():
-                        raise RuntimeError("every device worker died (killed? out of host memory?)")
+                            died(wid)
                     hand_out()
                     continue
-                if kind == "want":
+                if kind == GONE:
+                    if wid not in finished and wid not in failed_workers:
+                        died(wid)
+                elif kind == "want":
                     flushing.discard(wid)
                     waiting.append(wid)
                     hand_out()
