@@ -30,6 +30,9 @@ class WorkerPipe:
         with self.lock:
             self.conn.send(message)
 
+    def __reduce__(self):  # (to a spawned worker: the pipe's end, with a lock of its own there)
+        return WorkerPipe, (self.conn,)
+
 
 class WorkerPipes:
     """The runner's ends, one per worker, read as messages arrive on any of them."""
