@@ -4,6 +4,7 @@ packaged corpora (``support.corpora``).  Helpers are imported from ``support``, 
 module or this file."""
 
 import os
+import re
 
 from mimi_extract.common.threads import passive_openmp
 
@@ -13,11 +14,13 @@ from mimi_extract.common.threads import passive_openmp
 passive_openmp()
 
 import hypothesis  # noqa: E402
+import pytest  # noqa: E402
 import torch  # noqa: E402
 
 pytest_plugins = ("support.fixtures", "support.corpora")
 
-torch.set_num_threads(2)
+# 2 threads, or a fair share of the cores when pytest-xdist runs the suite in several processes (-n)
+torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 # property-based fuzzing (the parsers the tool owns): a small budget per test in the suite; a longer
@@ -25,3 +28,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 hypothesis.settings.register_profile("suite", max_examples=30, deadline=None)
 hypothesis.settings.register_profile("long", max_examples=3000, deadline=None)
 hypothesis.settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "suite"))
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (``-n 2 --dist loadgroup``, as scripts/test.sh runs the suite), the tests that
+    use Ray run one after another in one process: they share the session's cluster, and some find a
+    Ray actor's process by its name (``pgrep``), which must not be another process's actor."""
+    for item in items:
+        if "ray_cluster" in item.fixturenames or re.search(r"(^|[^a-z])ray([^a-z]|$)", item.name):
+            item.add_marker(pytest.mark.xdist_group("ray"))

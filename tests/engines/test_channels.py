@@ -12,7 +12,7 @@ import time
 import torch.multiprocessing as tmp
 
 from mimi_extract.engines.channels import GONE, WorkerPipes
-from tests.support.waits import HANG_QUICK_S, wait_for
+from support.waits import HANG_QUICK_S, wait_for
 
 BIG = 16 * 1024 * 1024  # far above a pipe's capacity (64 KiB by default, at most /proc/sys/fs/pipe-max-size)
 
