@@ -231,6 +231,130 @@ def default_workers() -> int:
     return max(1, min(8, cpus))
 
 
+def _counted(runs: list[tuple[RunFiles, str]]) -> tuple[dict[str, tuple[int, int]], dict[str, dict]]:
+    """The manifests' first pass (memory: a key index, not every row): which row of a key counts
+    ((run, row) of its last ok one, as for mimi_extract.open / read), and the error rows of the keys
+    never encoded (a key encoded later, a retry, is not an error of OUT)."""
+    winner: dict[str, tuple[int, int]] = {}
+    error_rows: dict[str, dict] = {}
+    for r, (d, _) in enumerate(runs):
+        for i, row in enumerate(_rows_of(d)):
+            if row.get("status") == "ok" and row.get("shard"):
+                winner[row["key"]] = (r, i)
+            elif row.get("status") == "error":
+                error_rows[row["key"]] = row
+    return winner, {key: row for key, row in error_rows.items() if key not in winner}
+
+
+class _Tally:
+    """The manifests' second pass: the counted rows' numbers, per subset and in all, added as
+    :meth:`shards` streams the rows shard by shard; then the error rows' (:meth:`add_errors`)."""
+
+    def __init__(self, subsets: _Subsets, winner: dict[str, tuple[int, int]], error_rows: dict[str, dict]):
+        self.subsets, self.by, self.winner, self.error_rows = subsets, subsets.by, winner, error_rows
+        self.per: dict[str, dict] = {}
+        self.durations = np.empty(len(winner), dtype=np.float64)
+        self.items = self.frames = 0
+        self.row_dims: set[int] = set()
+        self.containers: set[str] = set()  # input shards seen (an error row's subset is one of them)
+        # the arrays' (or, with the manifests only, the rows' dims)
+        self.counts: np.ndarray | None = None  # [codebooks, codes] int64, codes only
+        self.dims: set[int] = set()
+        self.damaged: list[dict] = []
+
+    def subset(self, name: str) -> dict:
+        s = self.per.get(name)
+        if s is None:
+            s = self.per[name] = {"items": 0, "errors": 0, "seconds": 0.0, "frames": 0, "reasons": Counter(),
+                                  "fidelity": []}
+        return s
+
+    def add(self, row: dict) -> None:
+        seconds, frames = float(row.get("duration") or 0.0), int(row.get("frames") or 0)
+        self.durations[self.items] = seconds
+        self.items += 1
+        self.frames += frames
+        name = self.subsets.of_ok(row)
+        if self.subsets.kind == "input shard" and not self.by:
+            self.containers.add(name)
+        s = self.subset(name)
+        s["items"] += 1
+        s["seconds"] += seconds
+        s["frames"] += frames
+        if row.get("mel_distance") is not None:  # --fidelity (kept slim: three fields a row)
+            s["fidelity"].append({k: row.get(k) for k in ("key", "si_sdr", "mel_distance")})
+        if isinstance(row.get("dims"), int):
+            self.row_dims.add(row["dims"])
+
+    def shards(self, runs: list[tuple[RunFiles, str]]):
+        """(shard relative to OUT, its counted rows), in manifest order; numbers added on the way."""
+        shard, rows = None, []
+        for r, (d, prefix) in enumerate(runs):
+            for i, row in enumerate(_rows_of(d)):
+                if self.winner.get(row["key"]) != (r, i):
+                    continue
+                if prefix != ".":
+                    row["shard"] = f"{prefix}/{row['shard']}"
+                self.add(row)
+                if row["shard"] != shard and rows:
+                    yield shard, rows
+                    rows = []
+                shard = row["shard"]
+                rows.append(row)
+        if rows:
+            yield shard, rows
+
+    def read_arrays(self, out_dir: str, runs, tap: str, size: int | None, workers: int, on_shard) -> None:
+        """The code histograms, dims and damaged items of every shard (:func:`_array_stats`), as the
+        manifests are streamed."""
+        for stats in _array_stats(out_dir, self.shards(runs), tap, size, workers, on_shard):
+            self.damaged += stats["damaged"]
+            self.dims.update(stats["dims"])
+            if stats["counts"] is not None:
+                self.counts = stats["counts"] if self.counts is None else _merge_counts(self.counts, stats["counts"])
+
+    def read_rows(self, runs) -> None:
+        """The manifests only: the dims the rows say."""
+        for _ in self.shards(runs):
+            pass
+        self.dims = self.row_dims
+
+    def add_errors(self) -> None:
+        containers = sorted(self.containers, key=len, reverse=True)
+        for row in self.error_rows.values():
+            s = self.subset(self.subsets.of_error(row, containers))
+            s["errors"] += 1
+            s["reasons"][_reason(row.get("error"))] += 1
+
+
+def _no_such_field(out_dir: str, by: str, runs, tally: _Tally) -> ValueError:
+    sample = next(iter(tally.error_rows.values()), None) if not tally.winner else next(
+        (row for d, _ in runs for row in _rows_of(d) if row.get("status") == "ok"), None)
+    fields = sorted(_flat_fields(sample or {}))
+    return ValueError(f"no row of {out_dir} has a field {by!r}; rows have: {', '.join(fields)}")
+
+
+def _codebooks(counts: np.ndarray, size_from: str | None) -> dict:
+    """Per codebook: tokens, codes used and unused, entropy and perplexity, the usage histogram."""
+    codebooks = {"size": int(counts.shape[1]), "size_from": size_from, "per_codebook": []}
+    for q in range(counts.shape[0]):
+        c = counts[q]
+        h = _entropy_bits(c)
+        used = int((c > 0).sum())
+        codebooks["per_codebook"].append({
+            "index": q, "tokens": int(c.sum()), "used": used, "unused": int(c.shape[0]) - used,
+            "entropy_bits": h, "perplexity": 2.0 ** h, "counts": [int(x) for x in c]})
+    return codebooks
+
+
+def _subset_numbers(s: dict, num_q: int | None, tokens: bool) -> dict:
+    fidelity = fidelity_summary(s["fidelity"])
+    return {"items": s["items"], "errors": s["errors"], "hours": s["seconds"] / 3600, "frames": s["frames"],
+            "tokens": s["frames"] * num_q if tokens else None, "errors_by_reason": dict(s["reasons"].most_common()),
+            **({"si_sdr_median": fidelity["si_sdr"]["median"], "si_sdr_p5": fidelity["si_sdr"]["p5"],
+                "mel_distance_median": fidelity["mel_distance"]["median"]} if fidelity else {})}
+
+
 def corpus_report(out_dir: str, by: str | None = None, arrays: bool = True, workers: int | None = None,
                   on_shard=None) -> dict:
     """The report of OUT as a dict (the ``--json`` schema, ``SCHEMA``).  ``by``: a manifest row field
@@ -245,139 +369,54 @@ def corpus_report(out_dir: str, by: str | None = None, arrays: bool = True, work
     size, size_from = codebook_size(info) if tap == "codes" else (None, None)
     subsets = _Subsets(info, by)
     runs = [(f, remote.relpath(f.path, out_dir)) for f in files]
-
-    # the manifests, streamed twice (memory: a key index, not every row): which row of a key counts
-    # (the last ok one, as for mimi_extract.open / read), then its numbers, shard by shard
-    winner: dict[str, tuple[int, int]] = {}
-    error_rows: dict[str, dict] = {}
-    for r, (d, _) in enumerate(runs):
-        for i, row in enumerate(_rows_of(d)):
-            if row.get("status") == "ok" and row.get("shard"):
-                winner[row["key"]] = (r, i)
-            elif row.get("status") == "error":
-                error_rows[row["key"]] = row
-    for key in list(error_rows):
-        if key in winner:  # a key encoded later (a retry) is not an error of OUT
-            del error_rows[key]
-
-    per: dict[str, dict] = {}
-
-    def subset(name: str) -> dict:
-        s = per.get(name)
-        if s is None:
-            s = per[name] = {"items": 0, "errors": 0, "seconds": 0.0, "frames": 0, "reasons": Counter(), "fidelity": []}
-        return s
-
-    durations = np.empty(len(winner), dtype=np.float64)
-    totals = {"items": 0, "frames": 0}
-    row_dims: set[int] = set()
-    seen_containers = set()
-
-    def shards():
-        """(shard relative to OUT, its counted rows), in manifest order; numbers added on the way."""
-        shard, rows = None, []
-        for r, (d, prefix) in enumerate(runs):
-            for i, row in enumerate(_rows_of(d)):
-                if winner.get(row["key"]) != (r, i):
-                    continue
-                if prefix != ".":
-                    row["shard"] = f"{prefix}/{row['shard']}"
-                seconds, frames = float(row.get("duration") or 0.0), int(row.get("frames") or 0)
-                durations[totals["items"]] = seconds
-                totals["items"] += 1
-                totals["frames"] += frames
-                name = subsets.of_ok(row)
-                if subsets.kind == "input shard" and not by:
-                    seen_containers.add(name)
-                s = subset(name)
-                s["items"] += 1
-                s["seconds"] += seconds
-                s["frames"] += frames
-                if row.get("mel_distance") is not None:  # --fidelity (kept slim: three fields a row)
-                    s["fidelity"].append({k: row.get(k) for k in ("key", "si_sdr", "mel_distance")})
-                if isinstance(row.get("dims"), int):
-                    row_dims.add(row["dims"])
-                if row["shard"] != shard and rows:
-                    yield shard, rows
-                    rows = []
-                shard = row["shard"]
-                rows.append(row)
-        if rows:
-            yield shard, rows
-
-    # the arrays: code histograms, shard by shard
-    counts = None  # [codebooks, codes] int64, codes only
-    dims: set[int] = set()
-    damaged: list[dict] = []
+    # the manifests, streamed twice: which row of a key counts, then its numbers, shard by shard
+    tally = _Tally(subsets, *_counted(runs))
     if arrays:
-        for stats in _array_stats(out_dir, shards(), tap, size, workers or default_workers(), on_shard):
-            damaged += stats["damaged"]
-            dims.update(stats["dims"])
-            if stats["counts"] is not None:
-                counts = stats["counts"] if counts is None else _merge_counts(counts, stats["counts"])
+        tally.read_arrays(out_dir, runs, tap, size, workers or default_workers(), on_shard)
     else:
-        for _ in shards():
-            pass
-        dims = row_dims
-    frames_total = totals["frames"]
-    durations = durations[:totals["items"]]  # a shard quarantined by a resume between the two passes: its rows are gone
-    if by and list(per) == [NO_VALUE]:
-        sample = next(iter(error_rows.values()), None) if not winner else next(
-            (row for d, _ in runs for row in _rows_of(d) if row.get("status") == "ok"), None)
-        fields = sorted(_flat_fields(sample or {}))
-        raise ValueError(f"no row of {out_dir} has a field {by!r}; rows have: {', '.join(fields)}")
-    containers = sorted(seen_containers, key=len, reverse=True)
-    for row in error_rows.values():
-        s = subset(subsets.of_error(row, containers))
-        s["errors"] += 1
-        s["reasons"][_reason(row.get("error"))] += 1
+        tally.read_rows(runs)
+    if by and list(tally.per) == [NO_VALUE]:
+        raise _no_such_field(out_dir, by, runs, tally)
+    tally.add_errors()
+    return _summary(out_dir, info, len(dirs), tally, arrays, (size, size_from))
 
+
+def _summary(out_dir: str, info: dict, parts: int, tally: _Tally, arrays: bool,
+             codebook: tuple[int | None, str | None]) -> dict:
+    """What :func:`corpus_report` gathered, summarised (the ``--json`` schema); ``codebook``: (size,
+    where it came from) as :func:`codebook_size` says."""
+    tap, counts, dims = info.get("tap"), tally.counts, tally.dims
+    durations = tally.durations[:tally.items]  # a shard quarantined by a resume between the two passes: its rows are gone
     num_q = counts.shape[0] if counts is not None else (next(iter(dims)) if tap == "codes" and len(dims) == 1 else None)
-    tokens = frames_total * num_q if tap == "codes" and num_q else None
+    tokens = tally.frames * num_q if tap == "codes" and num_q else None
     codebooks = None
     if tap == "codes" and arrays:
         if counts is None:
-            counts = np.zeros((num_q or info.get("num_quantizers") or 0, size or 0), np.int64)
-        codebooks = {"size": int(counts.shape[1]), "size_from": size_from, "per_codebook": []}
-        for q in range(counts.shape[0]):
-            c = counts[q]
-            h = _entropy_bits(c)
-            used = int((c > 0).sum())
-            codebooks["per_codebook"].append({
-                "index": q, "tokens": int(c.sum()), "used": used, "unused": int(c.shape[0]) - used,
-                "entropy_bits": h, "perplexity": 2.0 ** h, "counts": [int(x) for x in c]})
+            counts = np.zeros((num_q or info.get("num_quantizers") or 0, codebook[0] or 0), np.int64)
+        codebooks = _codebooks(counts, codebook[1])
     model = {k: info.get(k) for k in ("model", "weights", "config_hash", "dtype", "feature_dtype", "tap",
                                       "num_quantizers", "framing", "format", "tool_version")}
     model["precision"] = info.get("dtype")  # the encoder's compute dtype (--dtype); features are stored as feature_dtype
-    ordered = dict(sorted(per.items()))
-    fidelity = fidelity_summary([f for s in ordered.values() for f in s["fidelity"]])
-    by_subset = {name: fidelity_summary(s["fidelity"]) for name, s in ordered.items()}
+    ordered = dict(sorted(tally.per.items()))
     return {
         "schema": SCHEMA,
         "out": out_dir,
-        "parts": len(dirs),
+        "parts": parts,
         "model": model,
-        "items": totals["items"],
-        "errors": len(error_rows),
-        "damaged": damaged,
+        "items": tally.items,
+        "errors": len(tally.error_rows),
+        "damaged": tally.damaged,
         "hours": float(durations.sum()) / 3600,
-        "frames": frames_total,
+        "frames": tally.frames,
         "tokens": tokens,
         "frame_rate": frame_rate(tap),
         "dims": sorted(dims),
-        "subsets_by": subsets.kind or ("field " + by if by else "top-level folder"),
-        "subsets": {name: {"items": s["items"], "errors": s["errors"], "hours": s["seconds"] / 3600,
-                           "frames": s["frames"], "tokens": s["frames"] * num_q if tokens is not None else None,
-                           "errors_by_reason": dict(s["reasons"].most_common()),
-                           **({"si_sdr_median": by_subset[name]["si_sdr"]["median"],
-                               "si_sdr_p5": by_subset[name]["si_sdr"]["p5"],
-                               "mel_distance_median": by_subset[name]["mel_distance"]["median"]}
-                              if by_subset[name] else {})}
-                    for name, s in ordered.items()},
+        "subsets_by": tally.subsets.kind or ("field " + tally.by if tally.by else "top-level folder"),
+        "subsets": {name: _subset_numbers(s, num_q, tokens is not None) for name, s in ordered.items()},
         "durations": duration_histogram(durations),
-        "errors_by_reason": dict(Counter(_reason(r.get("error")) for r in error_rows.values()).most_common()),
+        "errors_by_reason": dict(Counter(_reason(r.get("error")) for r in tally.error_rows.values()).most_common()),
         "codebooks": codebooks,
-        "fidelity": fidelity,  # --fidelity: outputs.fidelity_summary (None without it)
+        "fidelity": fidelity_summary([f for s in ordered.values() for f in s["fidelity"]]),  # --fidelity: None without it
     }
 
 

@@ -295,6 +295,96 @@ def transformers_drift(out_dir: str) -> str | None:
             "the reference re-encodes with the installed one, so a difference may be the version's")
 
 
+def _run_info(out_dir: str, rows: list[dict]) -> dict:
+    """The settings OUT's items were made with: run.json of the first run (part) the ``rows`` are in;
+    an error if one of those runs has none (channel, causal_16k... are not all in the shards)."""
+    infos = {}
+    for row in rows:
+        top = row["shard"].split("/")[0]  # a part's folder, or a shard (or a format's folder) of a whole run
+        run_dir = remote.join(out_dir, top) if PART_RE.fullmatch(top) else out_dir
+        if run_dir not in infos:
+            infos[run_dir] = read_run_info(run_dir)
+    missing = sorted(d for d, i in infos.items() if i is None)
+    if missing:
+        raise ValueError(f"{remote.join(missing[0], 'run.json')} is missing: verify --out re-encodes with the "
+                         "settings OUT was made with, which it records; resume OUT with its original settings "
+                         "(that writes run.json back), or use verify --out OUT --checksums (no settings needed)")
+    return next(iter(infos.values()))
+
+
+class _StoredCheck:
+    """One stored item of OUT against its re-encode: the reference model (fp32) and its chunked
+    encoder for long items, with the settings (``run.json``) OUT was made with."""
+
+    def __init__(self, out_dir: str, info: dict, reference, device: str, rtol: float, atol: float,
+                 chunk_seconds: float):
+        self.out_dir, self.info, self.reference, self.device, self.rtol, self.atol = (out_dir, info, reference,
+                                                                                      device, rtol, atol)
+        self.framing = Framing(info.get("framing", "transformers"), info.get("causal_16k", True),
+                               info.get("frames_per_call", 1),
+                               info.get("resampled_length", "exact"))  # (an OUT made before 0.3 was cut to the exact length)
+        self.tap, self.nq = info["tap"], info.get("num_quantizers")
+        self.chunked = PaddedMimiEncoder(reference, self.framing.stream_frames)
+        self.chunk = max(self.chunked.hop, int(chunk_seconds * SAMPLE_RATE) // self.chunked.hop * self.chunked.hop)
+
+    def __call__(self, row: dict, on_file=None) -> FileCheck:
+        """``row``'s check; ``on_file(check)`` once it is compared (not when its source, its re-encode
+        or its stored item fails)."""
+        item = _item_of_row(row)
+        check = FileCheck(row["key"], row.get("duration", 0.0))
+        try:
+            channel = item.channel if item.channel is not None else self.info.get("channel", "mix")
+            audio = load(open_audio(item), channel, framing=self.framing, start=item.start, frames=item.frames)
+        except Exception as e:
+            check.error = f"cannot re-read the source: {e}"
+            return check
+        try:
+            ref = self._reencode(check, audio)
+        except Exception as e:  # out of memory, or anything else: this item's check fails, the audit goes on
+            check.error = f"cannot re-encode: {type(e).__name__}: {e}"
+            return check
+        try:  # through the shard's format: an HDF5 dataset, a Parquet row...
+            stored = torch.from_numpy(np.ascontiguousarray(load_row(self.out_dir, row)))
+            attrs, ds_attrs = shard_attrs(self.out_dir, row["shard"]), item_attrs(self.out_dir, row)
+        except Exception as e:  # noqa: BLE001 -- a damaged item fails its check, the audit goes on
+            check.error = f"cannot read the stored item: {type(e).__name__}: {e}"
+            return check
+        self._check_attributes(check, row, attrs, ds_attrs)
+        if check.error is None:
+            self._compare(check, stored, ref)
+        if on_file:
+            on_file(check)
+        return check
+
+    def _reencode(self, check: FileCheck, audio: torch.Tensor) -> dict:
+        if audio.shape[-1] > self.chunk:
+            check.chunked = True
+            return encode_chunked(self.chunked, [audio.to(self.device)], self.chunk, ("encoder", "latent", "codes"),
+                                  self.nq)[0]
+        return reference_single(self.reference, audio.to(self.device), self.nq, self.framing.stream_frames)
+
+    def _check_attributes(self, check: FileCheck, row: dict, attrs: dict, ds_attrs: dict) -> None:
+        """The shard's attributes against run.json, the item's duration against the manifest's."""
+        for key, want in (("tap", self.tap), ("framing", self.framing.name), ("weights", self.info.get("weights"))):
+            if attrs.get(key) is not None and attrs.get(key) != want:
+                check.error = f"shard attribute {key}={attrs.get(key)!r}, run.json says {want!r}"
+        if check.error is None and abs(float(ds_attrs.get("duration", row["duration"])) - row["duration"]) > 1e-3:
+            check.error = f"dataset duration {ds_attrs.get('duration')} != manifest {row['duration']}"
+
+    def _compare(self, check: FileCheck, stored: torch.Tensor, ref: dict) -> None:
+        tap = self.tap
+        check.frames = int(ref[tap].shape[0])  # (the encoder tap runs at 25 Hz, the others at 12.5)
+        if tap != "codes":
+            _compare_features(check, tap, stored, ref[tap], self.rtol, self.atol)
+        elif stored.shape != ref["codes"].shape:
+            check.error = f"codes shape {tuple(stored.shape)} != reference {tuple(ref['codes'].shape)}"
+        else:
+            check.code_total = stored.numel()
+            check.mismatches, _ = classify_codes(self.reference, stored, ref["latent"], self.nq, None, self.rtol)
+            bad = [m.frame for m in check.mismatches if not m.tie]
+            check.first_diverging["codes"] = min(bad) if bad else None
+
+
 def verify_outputs(out_dir: str, sample: int | None = 20, seed: int = 0, device: str = "cpu", model: str | None = None,
                    rtol: float = 1e-5, atol: float = 1e-6, on_file=None,
                    chunk_seconds: float = 30.0) -> tuple[list[FileCheck], list[str]]:
@@ -308,77 +398,14 @@ def verify_outputs(out_dir: str, sample: int | None = 20, seed: int = 0, device:
     problems = []
     if not rows:
         return [], [f"{out_dir} holds no encoded items"]
-    infos = {}
-    for row in rows:
-        top = row["shard"].split("/")[0]  # a part's folder, or a shard (or a format's folder) of a whole run
-        run_dir = remote.join(out_dir, top) if PART_RE.fullmatch(top) else out_dir
-        if run_dir not in infos:
-            infos[run_dir] = read_run_info(run_dir)
-    missing = sorted(d for d, i in infos.items() if i is None)
-    if missing:  # the settings the items were made with (channel, causal_16k...) are not all in the shards
-        raise ValueError(f"{remote.join(missing[0], 'run.json')} is missing: verify --out re-encodes with the "
-                         "settings OUT was made with, which it records; resume OUT with its original settings "
-                         "(that writes run.json back), or use verify --out OUT --checksums (no settings needed)")
-    info = next(iter(infos.values()))
+    info = _run_info(out_dir, rows)
     name = model or info["model"]
     reference = load_model(name, device, torch.float32)
     if weights_hash(reference) != info.get("weights"):
         problems.append(f"the model {name!r} is not the one OUT was made with (weights {info.get('weights')})")
     picked = random.Random(seed).sample(rows, min(sample, len(rows))) if sample else rows
-    framing = Framing(info.get("framing", "transformers"), info.get("causal_16k", True), info.get("frames_per_call", 1),
-                      info.get("resampled_length", "exact"))  # (an OUT made before 0.3 was cut to the exact length)
-    tap, nq = info["tap"], info.get("num_quantizers")
-    chunked = PaddedMimiEncoder(reference, framing.stream_frames)
-    chunk = max(chunked.hop, int(chunk_seconds * SAMPLE_RATE) // chunked.hop * chunked.hop)
-    checks = []
-    for row in picked:
-        item = _item_of_row(row)
-        check = FileCheck(row["key"], row.get("duration", 0.0))
-        try:
-            channel = item.channel if item.channel is not None else info.get("channel", "mix")
-            audio = load(open_audio(item), channel, framing=framing, start=item.start, frames=item.frames)
-        except Exception as e:
-            check.error = f"cannot re-read the source: {e}"
-            checks.append(check)
-            continue
-        try:
-            if audio.shape[-1] > chunk:
-                check.chunked = True
-                ref = encode_chunked(chunked, [audio.to(device)], chunk, ("encoder", "latent", "codes"), nq)[0]
-            else:
-                ref = reference_single(reference, audio.to(device), nq, framing.stream_frames)
-        except Exception as e:  # out of memory, or anything else: this item's check fails, the audit goes on
-            check.error = f"cannot re-encode: {type(e).__name__}: {e}"
-            checks.append(check)
-            continue
-        try:  # through the shard's format: an HDF5 dataset, a Parquet row...
-            stored = torch.from_numpy(np.ascontiguousarray(load_row(out_dir, row)))
-            attrs, ds_attrs = shard_attrs(out_dir, row["shard"]), item_attrs(out_dir, row)
-        except Exception as e:  # noqa: BLE001 -- a damaged item fails its check, the audit goes on
-            check.error = f"cannot read the stored item: {type(e).__name__}: {e}"
-            checks.append(check)
-            continue
-        for key, want in (("tap", tap), ("framing", framing.name), ("weights", info.get("weights"))):
-            if attrs.get(key) is not None and attrs.get(key) != want:
-                check.error = f"shard attribute {key}={attrs.get(key)!r}, run.json says {want!r}"
-        if check.error is None and abs(float(ds_attrs.get("duration", row["duration"])) - row["duration"]) > 1e-3:
-            check.error = f"dataset duration {ds_attrs.get('duration')} != manifest {row['duration']}"
-        if check.error is None:
-            check.frames = int(ref[tap].shape[0])  # (the encoder tap runs at 25 Hz, the others at 12.5)
-            if tap == "codes":
-                if stored.shape != ref["codes"].shape:
-                    check.error = f"codes shape {tuple(stored.shape)} != reference {tuple(ref['codes'].shape)}"
-                else:
-                    check.code_total = stored.numel()
-                    check.mismatches, _ = classify_codes(reference, stored, ref["latent"], nq, None, rtol)
-                    bad = [m.frame for m in check.mismatches if not m.tie]
-                    check.first_diverging["codes"] = min(bad) if bad else None
-            else:
-                _compare_features(check, tap, stored, ref[tap], rtol, atol)
-        checks.append(check)
-        if on_file:
-            on_file(check)
-    return checks, problems
+    check = _StoredCheck(out_dir, info, reference, device, rtol, atol, chunk_seconds)
+    return [check(row, on_file) for row in picked], problems
 
 
 __all__ = ["FileCheck", "Mismatch", "classify_codes", "rvq_trace", "verify_source", "verify_outputs"]

@@ -37,38 +37,36 @@ class _PlainProgress:
             f"{speed:.1f}x real time, ETA {eta}, {state['errors']} errors")
 
 
-def _run(input_path: str, out_dir: str, strict: bool = False, progress_seconds: float | None = None, **values) -> None:
-    """Build the run's request from the command line's ``values`` (usage errors: exit 2), run it with
-    a progress display, and print the outcome."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-    from .request import build_request
-
+def _progress_every(progress_seconds: float | None) -> float:
+    """Seconds between plain progress lines: the option's, else ``PROGRESS_ENV``'s (usage error if not a number), else 30."""
+    if progress_seconds is not None:
+        return progress_seconds
     try:
-        request = build_request(input_path, out_dir, **values)
-    except (ValueError, RuntimeError) as e:
-        _fail(e)
-    from ..run.runner import NoInputError, run_request
-    from ..store.files import OutputError
+        return float(os.environ.get(PROGRESS_ENV, 30))
+    except ValueError:
+        _fail(f"{PROGRESS_ENV}={os.environ[PROGRESS_ENV]!r} is not a number of seconds")
 
-    if progress_seconds is None:
-        try:
-            progress_seconds = float(os.environ.get(PROGRESS_ENV, 30))
-        except ValueError:
-            _fail(f"{PROGRESS_ENV}={os.environ[PROGRESS_ENV]!r} is not a number of seconds")
-    plain = None if console.is_terminal else _PlainProgress(progress_seconds)
-    progress = Progress(
-        TextColumn("encoding"), BarColumn(),
-        TextColumn("{task.fields[audio]} / {task.fields[total_audio]} audio, {task.fields[items]} files, "
-                   "{task.fields[speed]:.1f}x realtime, {task.fields[errors]} errors"),
-        TimeElapsedColumn(), TimeRemainingColumn(), console=console, disable=plain is not None,
-    )
-    state = {"seconds": 0.0, "errors": 0, "items": 0}
 
-    def on_phase(text):
+class _Display:
+    """The run's progress as ``run_request``'s callbacks show it: a bar on a terminal, plain lines
+    (:class:`_PlainProgress`) in a log."""
+
+    def __init__(self, every: float):
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+        self.plain = None if console.is_terminal else _PlainProgress(every)
+        self.progress = Progress(
+            TextColumn("encoding"), BarColumn(),
+            TextColumn("{task.fields[audio]} / {task.fields[total_audio]} audio, {task.fields[items]} files, "
+                       "{task.fields[speed]:.1f}x realtime, {task.fields[errors]} errors"),
+            TimeElapsedColumn(), TimeRemainingColumn(), console=console, disable=self.plain is not None,
+        )
+        self.state = {"seconds": 0.0, "errors": 0, "items": 0}
+
+    def on_phase(self, text) -> None:
         say((f"{time.strftime('%H:%M:%S')} ", "dim"), text)
 
-    def on_plan(s):
+    def on_plan(self, s) -> None:
         for w in s.warnings:
             say(("warning: ", "yellow"), w)
         for n in s.notes:
@@ -82,44 +80,70 @@ def _run(input_path: str, out_dir: str, strict: bool = False, progress_seconds: 
             sp = s.split
             say(f"split {sp.items} long recording(s) into {sp.pieces} pieces "
                 f"(warm-up {100 * sp.overhead:.1f}% of their audio encoded twice)")
-        state["total"] = s.seconds
-        state["task"] = progress.add_task("encoding", total=max(s.seconds, 1e-9), audio=_hours(0),
-                                          total_audio=_hours(s.seconds), items=0, speed=0.0, errors=0)
-        if plain is not None:
-            plain.start(s.seconds)
+        self.state["total"] = s.seconds
+        self.state["task"] = self.progress.add_task("encoding", total=max(s.seconds, 1e-9), audio=_hours(0),
+                                                    total_audio=_hours(s.seconds), items=0, speed=0.0, errors=0)
+        if self.plain is not None:
+            self.plain.start(s.seconds)
         else:
-            progress.start()
+            self.progress.start()
 
-    def on_progress(items, seconds, errors):
+    def on_progress(self, items, seconds, errors) -> None:
+        state = self.state
         state["seconds"] += seconds
         state["errors"] += errors
         state["items"] += items
         task = state["task"]
-        elapsed = progress.tasks[task].elapsed or 1e-9
-        progress.update(task, advance=seconds, audio=_hours(state["seconds"]), speed=state["seconds"] / elapsed,
-                        errors=state["errors"], items=state["items"])
-        if plain is not None:
-            plain.update(state)
+        elapsed = self.progress.tasks[task].elapsed or 1e-9
+        self.progress.update(task, advance=seconds, audio=_hours(state["seconds"]), speed=state["seconds"] / elapsed,
+                             errors=state["errors"], items=state["items"])
+        if self.plain is not None:
+            self.plain.update(state)
 
-    def on_signal(name):
-        progress.stop()
+    def on_signal(self, name) -> None:
+        self.progress.stop()
         say((f"{name}: ", "yellow"), "stopping; committing what was completely encoded "
             "(press Ctrl-C again to stop at once)...")
 
+    def end(self) -> None:
+        self.progress.stop()
+        if self.plain is not None:
+            self.plain.update(self.state, final=True)
+
+
+def _run(input_path: str, out_dir: str, strict: bool = False, progress_seconds: float | None = None, **values) -> None:
+    """Build the run's request from the command line's ``values`` (usage errors: exit 2), run it with
+    a progress display, and print the outcome."""
+    from .request import build_request
+
     try:
-        summary = run_request(request, on_plan=on_plan, on_progress=on_progress, on_signal=on_signal, on_phase=on_phase)
+        request = build_request(input_path, out_dir, **values)
+    except (ValueError, RuntimeError) as e:
+        _fail(e)
+    from ..run.runner import NoInputError, run_request
+    from ..store.files import OutputError
+
+    display = _Display(_progress_every(progress_seconds))
+    try:
+        summary = run_request(request, on_plan=display.on_plan, on_progress=display.on_progress,
+                              on_signal=display.on_signal, on_phase=display.on_phase)
     except KeyboardInterrupt:
-        progress.stop()
+        display.progress.stop()
         say(("interrupted", "yellow"), " before encoding started; run the same command again to resume.")
         raise typer.Exit(EXIT_INTERRUPTED)
     except NoInputError as e:  # found before OUT was touched: nothing written
         _fail(e, EXIT_NO_INPUT)
     except (ValueError, FileNotFoundError, RuntimeError, OSError, OutputError) as e:
-        progress.stop()
+        display.progress.stop()
         _fail(e)
-    progress.stop()
-    if plain is not None:
-        plain.update(state, final=True)
+    display.end()
+    _say_outcome(summary, input_path, out_dir, request.part)
+    if summary.errors and strict:
+        raise typer.Exit(EXIT_FAILED)
+
+
+def _say_outcome(summary, input_path: str, out_dir: str, part) -> None:
+    """The run's outcome; exits with its code when it was interrupted, found no input or every input failed."""
     for n in summary.engine_notes:
         say(("note: ", "yellow"), n)
     stats = summary.stats
@@ -140,15 +164,13 @@ def _run(input_path: str, out_dir: str, strict: bool = False, progress_seconds: 
         say_common_failures(run_failures(where), summary.inputs)
         say(f"error rows: mimi-extract info {out_dir}  (or grep '\"status\": \"error\"' {where}/manifest.jsonl)")
     if summary.inputs == 0:
-        say(("error: ", "bold red"), f"no input found in {input_path}" + (f" (part {request.part})" if not request.part.whole else "")
+        say(("error: ", "bold red"), f"no input found in {input_path}" + (f" (part {part})" if not part.whole else "")
             + ": a directory is searched for audio files (wav, flac, mp3, ogg, ...); a list or lhotse manifest "
             "names them")
         raise typer.Exit(EXIT_NO_INPUT)
     if summary.errors and summary.ok == 0 and summary.skipped == 0:
         say(("error: ", "bold red"), f"every input failed ({summary.errors} of {summary.inputs})")
         raise typer.Exit(EXIT_ALL_FAILED)
-    if summary.errors and strict:
-        raise typer.Exit(EXIT_FAILED)
 
 
 _RUN_HELP = ("\n\n    Re-running the same command resumes: items already 'ok' in the manifest are skipped; a "

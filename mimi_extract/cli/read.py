@@ -127,6 +127,11 @@ def plan(
     if as_json:
         print(json.dumps(report, indent=2))
         return
+    _say_plan(report, feature_dtype.value)
+
+
+def _say_plan(report: dict, feature_dtype: str) -> None:
+    """``plan``'s report as lines and a table of output sizes."""
     out = Console(highlight=False)
     ix = report["indexing"]
     say(f"{report['input']} ({report['kind']}): {report['items']} items, {report['unreadable']} unreadable; "
@@ -143,7 +148,7 @@ def plan(
         table.add_column(name + (f" ({report['token_ids']['dtype']} ids)" if name == "megatron" else ""),
                          justify="left" if name == "tap" else "right")
     for tap, b in report["bytes"].items():
-        label = f"codes (-q {report['num_quantizers']})" if tap == "codes" else f"{tap} ({feature_dtype.value})"
+        label = f"codes (-q {report['num_quantizers']})" if tap == "codes" else f"{tap} ({feature_dtype})"
         table.add_row(label, *(_size(b[k]) if k in b else "-" for k in columns))
     out.print(table)
     host = report["host"]

@@ -102,53 +102,77 @@ def verify(
       mimi-extract verify --out codes/ --sample 50
       mimi-extract verify --out codes/ --checksums             # bit rot: every item, no model
     """
+    _check_options(input_path, out, sample, checksums)
+    if checksums:
+        _verify_checksums(out)
+        return
+    out_console = Console(width=max(Console().width, 120), highlight=False)
+    try:
+        if out is not None:
+            checks, problems, title, shown = _audit_out(out, 20 if sample is None else sample, seed, device, model,
+                                                        rtol, atol, chunk_seconds)
+        else:
+            settings = dict(model=model or "kyutai/mimi", device=device, dtype=dtype, batch_size=batch_size,
+                            max_batch_seconds=max_batch_seconds, channel=channel, resampler=resampler,
+                            causal_16k=causal_16k, resample_on=resample_on, tap="codes",
+                            num_quantizers=num_quantizers, chunk_seconds=chunk_seconds, framing=framing,
+                            frames_per_call=frames_per_call)
+            checks, problems, title, shown = _check_engine(input_path, settings, limit, rtol, atol, inputs)
+    except (RuntimeError, KeyError, *reading_errors()) as e:
+        _fail(e)
+    table, failed = _check_table(title, checks, rtol, atol, max_real_mismatches, shown)
+    out_console.print(table)
+    if out is not None:
+        from ..audit.verify import transformers_drift
+
+        if drift := transformers_drift(out):
+            say(("warning: ", "yellow"), drift, out=out_console)
+    _mismatch_report(out_console, checks)
+    for p in problems:
+        say(("problem: ", "bold red"), p, out=out_console)
+    _say_verdict(out_console, checks, problems, failed, rtol, atol)
+
+
+def _check_options(input_path: str | None, out: str | None, sample: int | None, checksums: bool) -> None:
+    """Usage errors of what INPUT, --out, --sample and --checksums ask together."""
     if checksums:
         if out is None or input_path is not None:
             _fail("--checksums checks what an OUT holds: give --out OUT (and no INPUT)")
         if sample is not None:
             _fail("--checksums reads every stored item; --sample picks items to re-encode: give one or the other")
-        _verify_checksums(out)
-        return
-    sample = 20 if sample is None else sample
-    from ..engines.device import resolve_devices
-    from .request import engine_check_settings, input_options, model_path
-    from ..audit.verify import transformers_drift, verify_outputs, verify_source
-
-    out_console = Console(width=max(Console().width, 120), highlight=False)
-    if (input_path is None) == (out is None):
+    elif (input_path is None) == (out is None):
         _fail("give INPUT (encode it both ways) or --out OUT (audit what OUT holds)"
               + (", not both" if out is not None else ""))
-    try:
-        if out is not None:
-            dev = resolve_devices(device)[0]
-            checks, problems = verify_outputs(out, sample, seed, dev, model and model_path(model), rtol, atol,
-                                              chunk_seconds=chunk_seconds)
-            title = f"{out}: stored vs single-item (fp32, transformers)"
-            from ..store.identity import read_run_info
-            from ..store.manifest import run_dirs
 
-            info = read_run_info(run_dirs(out)[0]) or {}
-            shown = (info.get("tap", "codes"),) if info.get("tap") != "codes" else ()
-        else:
-            settings = engine_check_settings(dict(
-                model=model or "kyutai/mimi", device=device, dtype=dtype, batch_size=batch_size,
-                max_batch_seconds=max_batch_seconds, channel=channel, resampler=resampler, causal_16k=causal_16k,
-                resample_on=resample_on,
-                tap="codes", num_quantizers=num_quantizers, chunk_seconds=chunk_seconds, framing=framing,
-                frames_per_call=frames_per_call))
-            checks, problems = verify_source(input_path, settings, limit, rtol, atol,
-                                             options=input_options(dict(inputs))), []
-            title = f"engine ({settings.dtype}) vs single-item (fp32, transformers)"
-            shown = ("encoder", "latent")
-    except (RuntimeError, KeyError, *reading_errors()) as e:
-        _fail(e)
-    table, failed = _check_table(title, checks, rtol, atol, max_real_mismatches, shown)
-    out_console.print(table)
-    if out is not None and (drift := transformers_drift(out)):
-        say(("warning: ", "yellow"), drift, out=out_console)
-    _mismatch_report(out_console, checks)
-    for p in problems:
-        say(("problem: ", "bold red"), p, out=out_console)
+
+def _audit_out(out: str, sample: int, seed: int, device: str, model: str | None, rtol: float, atol: float,
+               chunk_seconds: float):
+    """``verify --out``: (checks, problems, the table's title, the feature taps it shows)."""
+    from ..audit.verify import verify_outputs
+    from ..engines.device import resolve_devices
+    from ..store.identity import read_run_info
+    from ..store.manifest import run_dirs
+    from .request import model_path
+
+    checks, problems = verify_outputs(out, sample, seed, resolve_devices(device)[0], model and model_path(model),
+                                      rtol, atol, chunk_seconds=chunk_seconds)
+    info = read_run_info(run_dirs(out)[0]) or {}
+    shown = (info.get("tap", "codes"),) if info.get("tap") != "codes" else ()
+    return checks, problems, f"{out}: stored vs single-item (fp32, transformers)", shown
+
+
+def _check_engine(input_path: str, values: dict, limit: int | None, rtol: float, atol: float, inputs: dict):
+    """``verify INPUT``: (checks, problems, the table's title, the feature taps it shows)."""
+    from ..audit.verify import verify_source
+    from .request import engine_check_settings, input_options
+
+    settings = engine_check_settings(values)
+    checks = verify_source(input_path, settings, limit, rtol, atol, options=input_options(dict(inputs)))
+    return checks, [], f"engine ({settings.dtype}) vs single-item (fp32, transformers)", ("encoder", "latent")
+
+
+def _say_verdict(out: Console, checks, problems: list[str], failed: int, rtol: float, atol: float) -> None:
+    """The summary line, PASS or FAIL (exit 1: a check failed, a problem, or nothing compared)."""
     good = [c for c in checks if c.error is None and c.note is None]
     ties = sum(c.ties for c in good)
     real = sum(c.real for c in good)
@@ -159,7 +183,7 @@ def verify(
                f"{sum(c.note is not None for c in checks)} skipped; worst relative max|Δ| {worst:.1e} "
                f"(rtol {rtol:g}, atol {atol:g}); codes differing {ties + real}/{total}: {ties} tie flips, {real} real; ")
     say(summary, ("PASS", "green") if verdict else (f"FAIL ({failed} files)" if failed else "FAIL (nothing compared)"
-                                                      if not good else "FAIL", "bold red"), out=out_console)
+                                                      if not good else "FAIL", "bold red"), out=out)
     if not verdict:
         raise typer.Exit(EXIT_FAILED)
 

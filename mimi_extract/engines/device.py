@@ -99,7 +99,7 @@ class _Stream:
     emitted: int = 0  # samples handed to the encoder
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Step:
     audio: torch.Tensor  # [R, T] (24 kHz); with device resampling, only the rows ``host_rows``
     lengths: torch.Tensor
@@ -141,6 +141,187 @@ class _Step:
 LATER = object()  # next_unit(block=False): nothing to hand out right now
 IDLE = object()  # next_unit(block=True): nothing to hand out until what was handed is stored (then ask again)
 _IDLE = object()  # on the steps queue: the feeder waits for work (DeviceRunner.run's idle)
+
+
+class _Stopped(Exception):
+    """The run stopped while the feeder waited to hand something over (the feeder ends)."""
+
+
+@dataclass(frozen=True)
+class _Row:
+    """A row of the step being composed: its stream's next chunk."""
+
+    stream: _Stream
+    chunk: torch.Tensor | NativeChunk  # 24 kHz samples, or native-rate ones the encoder thread resamples
+    final: bool  # the stream ends with this chunk
+    fresh: bool  # the stream starts with this chunk
+
+
+class _Feeder:
+    """The feeder thread's state for one :meth:`DeviceRunner.run`: the streams being read (a row slot
+    each), the items of the units handed to it and not started yet, the decode pool; it composes
+    each step (see the module docstring) and puts it on ``steps``."""
+
+    def __init__(self, runner: "DeviceRunner", next_unit, steps: queue_mod.Queue, stop):
+        self.runner, self.next_unit, self.steps, self.stop = runner, next_unit, steps, stop
+        self.pending: deque[Item] = deque()
+        self.active: dict[int, _Stream] = {}
+        self.free = list(range(runner.rows))[::-1]
+        self.units_done = False
+        self.errors: list[FrameChunk] = []  # of the step being composed
+        self.pool = ThreadPoolExecutor(runner.settings.decode_threads, thread_name_prefix="decode")
+
+    def offer(self, item) -> bool:
+        """``item`` onto the steps queue, unless the run stops first (False)."""
+        while not self.stop.is_set():
+            try:
+                self.steps.put(item, timeout=0.2)
+                return True
+            except queue_mod.Full:
+                continue
+        return False
+
+    def put(self, item) -> None:
+        if not self.offer(item):
+            raise _Stopped
+
+    def feed(self) -> None:
+        while not self.stop.is_set():
+            self.errors = []
+            self._drop_failed()
+            rows = self._go_on()
+            rows += self._begin(self._choose(rows))
+            if rows:
+                step = self._compose(rows)
+                self._advance(rows)
+                self.put(step)
+                continue
+            if self.errors:
+                self._deliver_errors()
+            if self.units_done and not self.pending and not self.active:
+                return
+
+    def close(self) -> None:
+        for stream in self.active.values():
+            stream.reader.close()
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    def _deliver_errors(self) -> None:
+        self.put(_Step.only_errors(self.errors))
+        self.errors = []
+
+    def _end(self, stream: _Stream) -> None:
+        self.active.pop(stream.slot).reader.close()
+        self.free.append(stream.slot)
+
+    def _drop_failed(self) -> None:
+        """Streams that failed in the encoder (out of memory alone) free their rows."""
+        for stream in [st for st in self.active.values() if st.item.uid in self.runner.failed]:
+            self._end(stream)
+
+    def _go_on(self) -> list[_Row]:
+        """The next chunk of each running stream, read in the decode pool; a stream that fails to
+        read ends with an error."""
+        rows = []
+        streams = list(self.active.values())
+        for stream, result in zip(streams, self.pool.map(self.runner._read, streams)):
+            if isinstance(result, AudioError):
+                left = (stream.item.samples - stream.emitted) / SAMPLE_RATE
+                self.errors.append(FrameChunk(stream.item, None, False, True, max(0.0, left), str(result)))
+                self._end(stream)
+            else:
+                chunk, final = result
+                rows.append(_Row(stream, chunk, final, fresh=False))
+        return rows
+
+    def _choose(self, rows: list[_Row]) -> list[Item]:
+        """The items to start in the free rows, while the step stays within the padded-seconds
+        budget; units are asked for as they are needed."""
+        runner, chosen = self.runner, []
+        size = max((len(row.chunk) for row in rows), default=0)
+        while len(chosen) < len(self.free) and len(rows) + len(chosen) < runner.rows:
+            if not self.pending:
+                if self.units_done:
+                    break
+                if (rows or chosen) and (len(rows) + len(chosen) + 1) * size > runner.budget:
+                    break  # nothing more fits this step: leave the next unit to a free worker
+                if not self._take_unit(block=not rows and not chosen):  # never stall running streams
+                    break
+                continue
+            first = min(runner.chunk, self.pending[0].samples)
+            n = len(rows) + len(chosen) + 1
+            if n > 1 and n * max(size, first) > runner.budget:
+                break
+            size = max(size, first)
+            chosen.append(self.pending.popleft())
+        return chosen
+
+    def _take_unit(self, block: bool) -> bool:
+        """The next unit's items into ``pending``; False when none comes (none yet, or no more)."""
+        if block and self.errors:  # deliver them before waiting: the caller may be waiting for them
+            self._deliver_errors()
+        unit = self.next_unit(block=block)
+        if unit is IDLE:  # no work for a while: once every step fed so far is out, say so
+            self.put(_IDLE)
+            unit = self.next_unit(block=True)
+        if unit is None:
+            self.units_done = True
+            return False
+        if unit is LATER:
+            return False
+        self.pending.extend(unit.items)
+        return True
+
+    def _begin(self, chosen: list[Item]) -> list[_Row]:
+        """The chosen items opened (in the decode pool) with their first chunk, each in a free row;
+        one that fails to open or read is an error."""
+        rows = []
+        for item, result in zip(chosen, self.pool.map(self.runner._start, chosen)):
+            if not isinstance(result, AudioError):
+                stream, chunk = result
+                result = chunk if isinstance(chunk, AudioError) else result
+            if isinstance(result, AudioError):
+                self.errors.append(FrameChunk(item, None, True, True, item.samples / SAMPLE_RATE, str(result)))
+                continue
+            stream.slot = self.free.pop()
+            self.active[stream.slot] = stream
+            rows.append(_Row(stream, chunk[0], chunk[1], fresh=True))
+        return rows
+
+    def _compose(self, rows: list[_Row]) -> _Step:
+        """The step of ``rows``: the host's rows in one zero-padded buffer (pinned for a GPU), written
+        once; the native-rate ones grouped by rate for the encoder thread to resample."""
+        runner = self.runner
+        size = max(len(row.chunk) for row in rows)
+        if all(row.final for row in rows):  # rows that go on fix the size (the chunk) themselves
+            size = min(-(-size // runner._bucket) * runner._bucket, max(size, runner.chunk))
+        pin = runner.device.startswith("cuda")
+        host = [r for r, row in enumerate(rows) if not isinstance(row.chunk, NativeChunk)]
+        audio = torch.empty(len(host), size, pin_memory=pin)  # (one write of each sample)
+        for i, r in enumerate(host):
+            c = rows[r].chunk
+            audio[i, : len(c)] = c
+            audio[i, len(c):] = 0
+        groups: dict[tuple, list[int]] = {}
+        for r, row in enumerate(rows):
+            if isinstance(row.chunk, NativeChunk):
+                groups.setdefault(row.chunk.group, []).append(r)
+        return _Step(audio, lengths=torch.tensor([len(row.chunk) for row in rows]),
+                     final=torch.tensor([row.final for row in rows]), fresh=torch.tensor([row.fresh for row in rows]),
+                     slots=torch.tensor([row.stream.slot for row in rows]), items=[row.stream.item for row in rows],
+                     errors=self.errors,
+                     host_rows=None if len(host) == len(rows) else torch.tensor(host, dtype=torch.long),
+                     groups=[NativeGroup.of(g, [rows[r].chunk for r in g], pin) for g in groups.values()])
+
+    def _advance(self, rows: list[_Row]) -> None:
+        """After composing: each stream's emitted samples counted; an ending stream frees its row."""
+        for row in rows:
+            row.stream.emitted += len(row.chunk)
+            if row.final:
+                if row.stream.reader.warnings:  # before the step is handed over: _encode reads it
+                    self.runner.decoder_warnings[row.stream.item.uid] = row.stream.reader.warnings
+                self._end(row.stream)
+
 
 class DeviceRunner:
     """Continuous-batching encode on one device; see the module docstring."""
@@ -204,119 +385,16 @@ class DeviceRunner:
         return stream, result
 
     def _feed(self, next_unit, steps: queue_mod.Queue, stop, consumer_gone: threading.Event) -> None:
-        pending: deque[Item] = deque()
-        active: dict[int, _Stream] = {}
-        free = list(range(self.rows))[::-1]
-        units_done = False
-        pool = ThreadPoolExecutor(self.settings.decode_threads, thread_name_prefix="decode")
-
-        def put(item) -> bool:
-            while not stop.is_set():
-                try:
-                    steps.put(item, timeout=0.2)
-                    return True
-                except queue_mod.Full:
-                    continue
-            return False
-
+        """The feeder thread: :class:`_Feeder`'s steps onto ``steps``, then DONE (always, however it ends)."""
+        feeder = _Feeder(self, next_unit, steps, stop)
         try:
-            while not stop.is_set():
-                errors: list[FrameChunk] = []
-                for slot in [s for s, st in active.items() if st.item.uid in self.failed]:
-                    active.pop(slot).reader.close()
-                    free.append(slot)
-                rows: list[tuple[_Stream, torch.Tensor, bool, bool]] = []
-                streams = list(active.values())
-                for stream, result in zip(streams, pool.map(self._read, streams)):
-                    if isinstance(result, AudioError):
-                        left = (stream.item.samples - stream.emitted) / SAMPLE_RATE
-                        errors.append(FrameChunk(stream.item, None, False, True, max(0.0, left), str(result)))
-                        active.pop(stream.slot).reader.close()
-                        free.append(stream.slot)
-                    else:
-                        rows.append((stream, *result, False))
-                size = max((len(c) for _, c, _, _ in rows), default=0)
-                chosen: list[Item] = []
-                while len(chosen) < len(free) and len(rows) + len(chosen) < self.rows:
-                    if not pending:
-                        if units_done:
-                            break
-                        if (rows or chosen) and (len(rows) + len(chosen) + 1) * size > self.budget:
-                            break  # nothing more fits this step: leave the next unit to a free worker
-                        block = not rows and not chosen  # never stall running streams
-                        if block and errors:  # deliver them before waiting: the caller may be waiting for them
-                            if not put(_Step.only_errors(errors)):
-                                return
-                            errors = []
-                        unit = next_unit(block=block)
-                        if unit is IDLE:  # no work for a while: once every step fed so far is out, say so
-                            if not put(_IDLE):
-                                return
-                            unit = next_unit(block=True)
-                        if unit is None:
-                            units_done = True
-                            break
-                        if unit is LATER:
-                            break
-                        pending.extend(unit.items)
-                        continue
-                    first = min(self.chunk, pending[0].samples)
-                    n = len(rows) + len(chosen) + 1
-                    if n > 1 and n * max(size, first) > self.budget:
-                        break
-                    size = max(size, first)
-                    chosen.append(pending.popleft())
-                for item, result in zip(chosen, pool.map(self._start, chosen)):
-                    if not isinstance(result, AudioError):
-                        stream, chunk = result
-                        result = chunk if isinstance(chunk, AudioError) else result
-                    if isinstance(result, AudioError):
-                        errors.append(FrameChunk(item, None, True, True, item.samples / SAMPLE_RATE, str(result)))
-                        continue
-                    stream.slot = free.pop()
-                    active[stream.slot] = stream
-                    rows.append((stream, chunk[0], chunk[1], True))
-                if not rows:
-                    if errors and not put(_Step.only_errors(errors)):
-                        return
-                    if units_done and not pending and not active:
-                        break
-                    continue
-                size = max(len(c) for _, c, _, _ in rows)
-                if all(fin for _, _, fin, _ in rows):  # rows that go on fix the size (the chunk) themselves
-                    size = min(-(-size // self._bucket) * self._bucket, max(size, self.chunk))
-                pin = self.device.startswith("cuda")
-                host = [r for r, (_, c, _, _) in enumerate(rows) if not isinstance(c, NativeChunk)]
-                audio = torch.empty(len(host), size, pin_memory=pin)  # (one write of each sample)
-                for i, r in enumerate(host):
-                    c = rows[r][1]
-                    audio[i, : len(c)] = c
-                    audio[i, len(c):] = 0
-                groups: dict[tuple, list[int]] = {}
-                for r, (_, c, _, _) in enumerate(rows):
-                    if isinstance(c, NativeChunk):
-                        groups.setdefault(c.group, []).append(r)
-                step = _Step(audio, torch.tensor([len(c) for _, c, _, _ in rows]),
-                             torch.tensor([fin for _, _, fin, _ in rows]),
-                             torch.tensor([fresh for _, _, _, fresh in rows]),
-                             torch.tensor([s.slot for s, _, _, _ in rows]), [s.item for s, _, _, _ in rows], errors,
-                             None if len(host) == len(rows) else torch.tensor(host, dtype=torch.long),
-                             [NativeGroup.of(g, [rows[r][1] for r in g], pin) for g in groups.values()])
-                for stream, c, fin, _ in rows:
-                    stream.emitted += len(c)
-                    if fin:
-                        if stream.reader.warnings:  # before the step is handed over: _encode reads it
-                            self.decoder_warnings[stream.item.uid] = stream.reader.warnings
-                        active.pop(stream.slot).reader.close()
-                        free.append(stream.slot)
-                if not put(step):
-                    return
+            feeder.feed()
+        except _Stopped:
+            pass
         except BaseException as e:  # surfaced in the encoder thread
-            put(e)
+            feeder.offer(e)
         finally:
-            for stream in active.values():
-                stream.reader.close()
-            pool.shutdown(wait=False, cancel_futures=True)
+            feeder.close()
             while not consumer_gone.is_set():  # the encoder loop drains until it sees this: never dropped
                 try:  # while it listens, however long its step takes (a dropped one hung the run for good)
                     steps.put(DONE, timeout=0.2)

@@ -239,97 +239,43 @@ class ProcessEngine(Engine):
         :class:`~.base.Progress`), besides the frame chunks of split recordings and errors."""
         self.start(model)  # (forked CPU workers inherit it)
         del model  # spawned workers load their own copy; this frame must not keep the caller's alive
-        procs, inboxes, out_q, mp_stop = self.procs, self.inboxes, self.out_q, self.mp_stop
-        for inbox in inboxes:
+        procs, out_q, mp_stop = self.procs, self.out_q, self.mp_stop
+        for inbox in self.inboxes:
             inbox.put(shards)
-        todo: deque[WorkUnit] = deque(units)
-        keys_left = {u.index: {it.uid for it in u.items} for u in units}
-        unit_of = {it.uid: u.index for u in units for it in u.items}
-        taken: dict[int, set[int]] = {w: set() for w in range(len(procs))}
-        waiting: list[int] = []
-        flushing: set[int] = set()  # waiting workers told FLUSH (once per wait)
+        hand = _HandOut(self, units, stop, flush=shards is not None)
         finished: set[int] = set()
-        failed_workers: set[int] = set()
-
-        def hand_out():
-            while waiting and (todo or not any(keys_left.values()) or stop.is_set()):
-                wid = waiting.pop(0)
-                if wid in failed_workers:
-                    continue
-                if todo and not stop.is_set():
-                    unit = todo.popleft()
-                    taken[wid].add(unit.index)
-                    inboxes[wid].put(unit)
-                    self.handed = True
-                else:
-                    inboxes[wid].put(None)
-            if shards is not None and not todo and not stop.is_set():
-                for wid in waiting:  # nothing to hand out, items held: whoever is idle writes its shard
-                    if wid not in flushing:
-                        flushing.add(wid)
-                        inboxes[wid].put(FLUSH)
-
-        def hand_again(uids) -> list[int]:
-            """The units holding ``uids`` not yet stored, with only those items, back to the front of
-            the queue (a delivered item has its row already); returns their indices."""
-            lost = {unit_of[u] for u in uids if u in keys_left.get(unit_of.get(u, -1), ())}
-            todo.extendleft(replace(u, items=[it for it in u.items if it.uid in keys_left[u.index]])
-                            for u in reversed(units) if u.index in lost)
-            return sorted(lost)
-
-        def stored(uids) -> None:
-            for uid in uids:
-                left = keys_left.get(unit_of.get(uid, -1))
-                if left is not None:
-                    left.discard(uid)
-            hand_out()
-
-        def died(wid) -> None:
-            failed_workers.add(wid)  # (from now on, a shard it sent before it died is refused)
-            if wid in waiting:
-                waiting.remove(wid)
-            lost = hand_again([it.uid for u in units if u.index in taken[wid] for it in u.items])
-            procs[wid].join(5)  # (its pipe ended with it: the exit code is there or about to be)
-            self.notes.append(f"worker on {self.settings.devices[wid]} died (exit code {procs[wid].exitcode}); "
-                              f"its {len(lost)} unfinished work units were handed to the others")
-            if len(failed_workers) == len(procs) and not stop.is_set():
-                raise RuntimeError("every device worker died (killed? out of host memory?)")
-            hand_out()
-
         try:
-            while len(finished | failed_workers) < len(procs):
+            while len(finished | hand.failed) < len(procs):
                 if stop.is_set():
                     mp_stop.set()
-                    hand_out()
+                    hand.hand_out()
                 try:
                     kind, wid, payload = out_q.get(timeout=0.5)
                 except queue_mod.Empty:
                     for wid, p in enumerate(procs):  # (its pipe's end says so first; this, if it does not)
-                        if wid not in finished and wid not in failed_workers and not p.is_alive():
-                            died(wid)
-                    hand_out()
+                        if wid not in finished and wid not in hand.failed and not p.is_alive():
+                            hand.died(wid)
+                    hand.hand_out()
                     continue
                 if kind == GONE:
-                    if wid not in finished and wid not in failed_workers:
-                        died(wid)
+                    if wid not in finished and wid not in hand.failed:
+                        hand.died(wid)
                 elif kind == "want":
-                    flushing.discard(wid)
-                    waiting.append(wid)
-                    hand_out()
+                    hand.want(wid)
                 elif kind == "chunk":
                     if payload.final:
-                        stored([payload.item.uid])
+                        hand.stored([payload.item.uid])
                     yield payload
                 elif kind == "shard":
-                    if wid in failed_workers:  # its units are handed out again already
+                    if wid in hand.failed:  # its units are handed out again already
                         payload.discard()
                         continue
                     yield payload  # (committed by the caller, or refused, by the time it returns)
                     if payload.committed:
-                        stored(payload.uids)
+                        hand.stored(payload.uids)
                     else:
-                        hand_again(payload.uids)
-                        hand_out()
+                        hand.hand_again(payload.uids)
+                        hand.hand_out()
                 elif kind == "progress":
                     yield Progress(payload)
                 elif kind == "done":
@@ -342,3 +288,71 @@ class ProcessEngine(Engine):
                     raise RuntimeError(f"device worker failed:\n{payload}")
         finally:
             self.close()
+
+
+class _HandOut:
+    """A run's units among :class:`ProcessEngine`'s workers: handed to whoever asks, in order; the
+    items of each unit not stored yet; a dead worker's, or a refused shard's, handed again."""
+
+    def __init__(self, engine: ProcessEngine, units: list[WorkUnit], stop: threading.Event, flush: bool):
+        self.engine, self.units, self.stop, self.flush = engine, units, stop, flush
+        self.todo: deque[WorkUnit] = deque(units)
+        self.keys_left = {u.index: {it.uid for it in u.items} for u in units}
+        self.unit_of = {it.uid: u.index for u in units for it in u.items}
+        self.taken: dict[int, set[int]] = {w: set() for w in range(len(engine.procs))}
+        self.waiting: list[int] = []
+        self.flushing: set[int] = set()  # waiting workers told FLUSH (once per wait)
+        self.failed: set[int] = set()  # workers that died
+
+    def want(self, wid: int) -> None:
+        self.flushing.discard(wid)
+        self.waiting.append(wid)
+        self.hand_out()
+
+    def hand_out(self) -> None:
+        inboxes, todo, stop = self.engine.inboxes, self.todo, self.stop
+        while self.waiting and (todo or not any(self.keys_left.values()) or stop.is_set()):
+            wid = self.waiting.pop(0)
+            if wid in self.failed:
+                continue
+            if todo and not stop.is_set():
+                unit = todo.popleft()
+                self.taken[wid].add(unit.index)
+                inboxes[wid].put(unit)
+                self.engine.handed = True
+            else:
+                inboxes[wid].put(None)
+        if self.flush and not todo and not stop.is_set():
+            for wid in self.waiting:  # nothing to hand out, items held: whoever is idle writes its shard
+                if wid not in self.flushing:
+                    self.flushing.add(wid)
+                    inboxes[wid].put(FLUSH)
+
+    def hand_again(self, uids) -> list[int]:
+        """The units holding ``uids`` not yet stored, with only those items, back to the front of
+        the queue (a delivered item has its row already); returns their indices."""
+        keys_left, unit_of = self.keys_left, self.unit_of
+        lost = {unit_of[u] for u in uids if u in keys_left.get(unit_of.get(u, -1), ())}
+        self.todo.extendleft(replace(u, items=[it for it in u.items if it.uid in keys_left[u.index]])
+                             for u in reversed(self.units) if u.index in lost)
+        return sorted(lost)
+
+    def stored(self, uids) -> None:
+        for uid in uids:
+            left = self.keys_left.get(self.unit_of.get(uid, -1))
+            if left is not None:
+                left.discard(uid)
+        self.hand_out()
+
+    def died(self, wid: int) -> None:
+        engine, procs = self.engine, self.engine.procs
+        self.failed.add(wid)  # (from now on, a shard it sent before it died is refused)
+        if wid in self.waiting:
+            self.waiting.remove(wid)
+        lost = self.hand_again([it.uid for u in self.units if u.index in self.taken[wid] for it in u.items])
+        procs[wid].join(5)  # (its pipe ended with it: the exit code is there or about to be)
+        engine.notes.append(f"worker on {engine.settings.devices[wid]} died (exit code {procs[wid].exitcode}); "
+                            f"its {len(lost)} unfinished work units were handed to the others")
+        if len(self.failed) == len(procs) and not self.stop.is_set():
+            raise RuntimeError("every device worker died (killed? out of host memory?)")
+        self.hand_out()

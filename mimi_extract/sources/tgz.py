@@ -196,6 +196,113 @@ class _Counted(io.RawIOBase):
         super().close()
 
 
+class _Indexing:
+    """One :meth:`CompressedTarSource.entries` pass: each shard streamed once, a sample made an entry
+    as its last member passes, the entries cut into groups of members (a group is read as one span
+    of the decompressed stream, within ``--sort-buffer-mb``)."""
+
+    def __init__(self, source: "CompressedTarSource", warnings: list[str]):
+        self.source, self.options, self.warnings = source, source.options, warnings
+        self.budget = int(source.options.sort_buffer_mb * 2**20)
+        self.entries: list[Entry] = []
+        self.group, self.start, self.open = -1, 0, []  # the group being filled: its start and its entries
+        # the first samples, until --id-field and --audio-ext are checked against them (tar.check_first_samples)
+        self.first = [] if self.options.id_field or self.options.audio_ext else None
+
+    def close_group(self, end: int) -> None:
+        # the group's bytes end where its last audio member does (``end`` or before it): what
+        # follows in the stream is not held -- a sample's members repeated under one name (only
+        # the first is read; 2,000 x 1 MiB of them made one 2 GiB group), members no sample reads
+        stop = max((e.loc.offset + e.loc.size for e in self.open), default=end)
+        for e in self.open:
+            e.loc = replace(e.loc, start=self.start, end=min(end, stop))
+        self.open = []
+
+    def shard(self, shard: str, shown: str) -> None:
+        full = remote.absolute(shard)
+        sample_key, parts, end, damage = None, {}, 0, None
+        self.close_group(end)
+        self.group += 1
+        self.start = 0
+        stream = None
+        reading = False  # inside a member's data (a sample cut there is incomplete)
+        header_at = 0  # where the header after the last member (or the end-of-archive marker) is
+        try:
+            with _Counted(full) as stream, tarfile.open(fileobj=stream, mode="r|") as tf:
+                for info in tf:
+                    stored = stored_size(info)  # (a sparse member's size counts its holes, not stored)
+                    header_at = info.offset_data + -(-stored // 512) * 512
+                    if not info.isfile():
+                        continue
+                    key, ext = split_name(info.name)
+                    if key != sample_key:  # the previous sample is complete
+                        self.sample(full, shown, sample_key, parts, end)
+                        sample_key, parts = key, {}
+                    reading = True
+                    data = SPARSE if info.sparse is not None else \
+                        self.source._member_data(tf, info, ext, ext in parts, f"{shown}: member {info.name!r}")
+                    reading = False
+                    if ext in parts and data is not None and data is not SPARSE and not isinstance(data, bytes):
+                        data.close()
+                    parts.setdefault(ext, (info.name, info.offset_data, info.size, data))
+                    end = info.offset_data + stored
+                # tarfile stops silently where the stream ends, marker or not: a tar cut at a
+                # member boundary or in a member's padding would lose the rest of the shard unsaid
+                damage = stream.end_damage(header_at, max(parts.values(), key=lambda m: m[1])[0] if parts else None)
+        except (tarfile.ReadError, EOFError, OSError, zlib.error) as e:
+            damage = f"damaged or truncated after byte {end} of the decompressed stream ({e or type(e).__name__})"
+            if not reading and stream is not None:  # cut between members (in a header, a padding):
+                damage = (f"damaged or truncated at byte {stream.pos} of the decompressed stream, between "
+                          f"members ({e or type(e).__name__})")
+                self.sample(full, shown, sample_key, parts, end)  # the members read are whole: kept, as in a .tar
+        else:
+            self.sample(full, shown, sample_key, parts, end)
+        self.close_group(end)
+        if self.first:  # a first shard of fewer samples
+            check_first_samples(self.options, shown, self.first)
+            self.first = None
+        if damage:
+            kind = self.source.kind
+            self.entries.append(Entry(full, f"{shown}@damage", key=f"{shown}@damage", where=shown, kind=kind,
+                                      error=f"{shown}: {damage}; the samples from there on are not read"))
+            self.warnings.append(f"{shown}: {damage}")
+
+    def sample(self, full: str, shown: str, key: str | None, parts: dict, end: int) -> None:
+        """The sample ``key`` of ``parts`` (ext -> its member), whose last member ends at ``end``, as an entry."""
+        if key is None or not parts:
+            return
+        first = min(m[1] for m in parts.values())
+        # in no group: its audio is read alone (a sparse member is never read: see tar.SPARSE)
+        alone = max((m[2] for m in parts.values() if m[3] is not SPARSE), default=0) > SPILL_BYTES
+        if self.open and (alone or end - self.start > self.budget):
+            self.close_group(first)
+            self.group += 1
+            self.start = first
+        if self.first is not None:
+            self.first.append((dict.fromkeys(parts, True), parts["json"][3] if "json" in parts else None))
+            if len(self.first) >= FIRST_SAMPLES:
+                check_first_samples(self.options, shown, self.first)
+                self.first = None
+        try:
+            entry = guarded_sample(full, shown, key, parts, self.options, self.source.kind, data_of=_kept)
+            if entry.loc is not None:
+                member = entry.loc
+                start, stop = (member.offset, member.offset + member.size) if alone else (self.start, None)
+                entry.loc = GroupMemberLoc(self.group, start, stop, member.offset, member.size, member.name)
+                entry.header = _header(next(m[3] for m in parts.values() if m[0] == member.name), member.name,
+                                       entry.rel)
+                if not alone:
+                    self.open.append(entry)
+            self.entries.append(entry)
+        finally:
+            for m in parts.values():
+                if m[3] is not None and m[3] is not SPARSE and not isinstance(m[3], bytes):
+                    m[3].close()  # a spilled member's temporary file
+        if alone:
+            self.group += 1
+            self.start = end
+
+
 @register
 class CompressedTarSource(Source):
     """``.tar.gz`` / ``.tgz`` shards, streamed in groups of ``--sort-buffer-mb``; see the module docstring."""
@@ -217,105 +324,11 @@ class CompressedTarSource(Source):
     def entries(self, warnings: list[str]) -> list[Entry]:
         """Stream each shard once: samples are closed as their last member passes, their audio's
         header probed from the bytes in hand (then dropped), and cut into groups of members."""
-        budget = int(self.options.sort_buffer_mb * 2**20)
+        indexing = _Indexing(self, warnings)
         shards = self.shards()
-        entries: list[Entry] = []
-        state = {"group": -1, "start": 0, "open": []}  # the group being filled: its start and its entries
-        # the first samples, until --id-field and --audio-ext are checked against them (tar.check_first_samples)
-        state["first"] = [] if self.options.id_field or self.options.audio_ext else None
-
-        def close_group(end):
-            # the group's bytes end where its last audio member does (``end`` or before it): what
-            # follows in the stream is not held -- a sample's members repeated under one name (only
-            # the first is read; 2,000 x 1 MiB of them made one 2 GiB group), members no sample reads
-            stop = max((e.loc.offset + e.loc.size for e in state["open"]), default=end)
-            for e in state["open"]:
-                e.loc = replace(e.loc, start=state["start"], end=min(end, stop))
-            state["open"] = []
-
         for shard, shown in self.mine(list(zip(shards, shown_names(shards)))):  # (names: over every shard)
-            full = remote.absolute(shard)
-            sample_key, parts, end, damage = None, {}, 0, None
-            close_group(end)
-            state["group"] += 1
-            state["start"] = 0
-
-            def flush():
-                if sample_key is None or not parts:
-                    return
-                first = min(m[1] for m in parts.values())
-                # in no group: its audio is read alone (a sparse member is never read: see tar.SPARSE)
-                alone = max((m[2] for m in parts.values() if m[3] is not SPARSE), default=0) > SPILL_BYTES
-                if state["open"] and (alone or end - state["start"] > budget):
-                    close_group(first)
-                    state["group"] += 1
-                    state["start"] = first
-                if state["first"] is not None:
-                    state["first"].append((dict.fromkeys(parts, True), parts["json"][3] if "json" in parts else None))
-                    if len(state["first"]) >= FIRST_SAMPLES:
-                        check_first_samples(self.options, shown, state["first"])
-                        state["first"] = None
-                try:
-                    entry = guarded_sample(full, shown, sample_key, parts, self.options, self.kind, data_of=_kept)
-                    if entry.loc is not None:
-                        member = entry.loc
-                        start, stop = (member.offset, member.offset + member.size) if alone else (state["start"], None)
-                        entry.loc = GroupMemberLoc(state["group"], start, stop, member.offset, member.size, member.name)
-                        entry.header = _header(next(m[3] for m in parts.values() if m[0] == member.name), member.name,
-                                               entry.rel)
-                        if not alone:
-                            state["open"].append(entry)
-                    entries.append(entry)
-                finally:
-                    for m in parts.values():
-                        if m[3] is not None and m[3] is not SPARSE and not isinstance(m[3], bytes):
-                            m[3].close()  # a spilled member's temporary file
-                if alone:
-                    state["group"] += 1
-                    state["start"] = end
-
-            stream = None
-            reading = False  # inside a member's data (a sample cut there is incomplete)
-            header_at = 0  # where the header after the last member (or the end-of-archive marker) is
-            try:
-                with _Counted(full) as stream, tarfile.open(fileobj=stream, mode="r|") as tf:
-                    for info in tf:
-                        stored = stored_size(info)  # (a sparse member's size counts its holes, not stored)
-                        header_at = info.offset_data + -(-stored // 512) * 512
-                        if not info.isfile():
-                            continue
-                        key, ext = split_name(info.name)
-                        if key != sample_key:  # the previous sample is complete
-                            flush()
-                            sample_key, parts = key, {}
-                        reading = True
-                        data = SPARSE if info.sparse is not None else \
-                            self._member_data(tf, info, ext, ext in parts, f"{shown}: member {info.name!r}")
-                        reading = False
-                        if ext in parts and data is not None and data is not SPARSE and not isinstance(data, bytes):
-                            data.close()
-                        parts.setdefault(ext, (info.name, info.offset_data, info.size, data))
-                        end = info.offset_data + stored
-                    # tarfile stops silently where the stream ends, marker or not: a tar cut at a
-                    # member boundary or in a member's padding would lose the rest of the shard unsaid
-                    damage = stream.end_damage(header_at, max(parts.values(), key=lambda m: m[1])[0] if parts else None)
-            except (tarfile.ReadError, EOFError, OSError, zlib.error) as e:
-                damage = f"damaged or truncated after byte {end} of the decompressed stream ({e or type(e).__name__})"
-                if not reading and stream is not None:  # cut between members (in a header, a padding):
-                    damage = (f"damaged or truncated at byte {stream.pos} of the decompressed stream, between "
-                              f"members ({e or type(e).__name__})")
-                    flush()  # the members read are whole: kept, as in a .tar
-            else:
-                flush()
-            close_group(end)
-            if state["first"]:  # a first shard of fewer samples
-                check_first_samples(self.options, shown, state["first"])
-                state["first"] = None
-            if damage:
-                entries.append(Entry(full, f"{shown}@damage", key=f"{shown}@damage", where=shown, kind=self.kind,
-                                     error=f"{shown}: {damage}; the samples from there on are not read"))
-                warnings.append(f"{shown}: {damage}")
-        return entries
+            indexing.shard(shard, shown)
+        return indexing.entries
 
     def _member_data(self, tf, info, ext: str, seen: bool, where: str):
         """What the index keeps of a member as it streams by: a sidecar's bytes (None over
