@@ -21,6 +21,12 @@ result -- the trailing partial frame included -- in memory bounded by the chunk,
 A single-shot batch is simply one chunk with a fresh state in which every row ends.
 
 Everything is one batched op per layer: there is no loop over batch items.
+
+The rule is written once, as the *exact path* (``PaddedMimiEncoder.forward``, ``_seanet``,
+``_layers``, ``exact_conv``, read top to bottom).  Its *accelerations* are methods apart, each
+stating the condition under which it computes what the exact path does (``_pointwise_conv``,
+``_zero_padded_conv``, ``_block_gemm_conv``, ``_tiled_seanet``), and :class:`Routes` is the one
+place they are chosen; ``Routes.exact()`` takes none (tests/codec/test_routes.py holds each to it).
 """
 
 from __future__ import annotations
@@ -260,8 +266,8 @@ class Routes:
     (:meth:`conv` for a conv, :meth:`tile` for SEANet's first stage).
 
     Each acceleration computes what the exact path computes, under a condition its docstring states
-    and :meth:`conv`/:meth:`tile` check (tests/codec/test_routes.py holds each, alone, to the exact
-    path).  The default takes every one where it applies (the tool's speed); :meth:`exact` takes
+    and :meth:`conv`/:meth:`tile` check (tests/codec/test_routes.py holds each, alone and together, to
+    the exact path).  The default takes every one where it applies (the tool's speed); :meth:`exact` takes
     none, so every step is the readable rule itself."""
 
     pointwise: bool = True  # 1x1 convs as one matrix product (PaddedMimiEncoder._pointwise_conv)
