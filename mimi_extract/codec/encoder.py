@@ -21,12 +21,19 @@ result -- the trailing partial frame included -- in memory bounded by the chunk,
 A single-shot batch is simply one chunk with a fresh state in which every row ends.
 
 Everything is one batched op per layer: there is no loop over batch items.
+
+The rule is written once, as the *exact path* (``PaddedMimiEncoder.forward``, ``_seanet``,
+``_layers``, ``exact_conv``, read top to bottom).  Its *accelerations* are methods apart, each
+stating the condition under which it computes what the exact path does (``_pointwise_conv``,
+``_zero_padded_conv``, ``_block_gemm_conv``, ``_tiled_seanet``), and :class:`Routes` is the one
+place they are chosen; ``Routes.exact()`` takes none (tests/codec/test_routes.py holds each to it).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from enum import Enum
 
 import numpy as np
 import torch
@@ -243,6 +250,61 @@ class WindowedTransformer:
         return h
 
 
+class ConvRoute(Enum):
+    """How one conv is computed: by the exact path's :meth:`PaddedMimiEncoder.exact_conv`, or by one of its
+    accelerations (each value names the encoder's method that computes it)."""
+
+    EXACT = "exact_conv"
+    POINTWISE = "_pointwise_conv"
+    ZERO_PADDED = "_zero_padded_conv"
+    BLOCK_GEMM = "_block_gemm_conv"
+
+
+@dataclass(frozen=True)
+class Routes:
+    """Which accelerations of the exact path an encoder takes, and the one place each is chosen
+    (:meth:`conv` for a conv, :meth:`tile` for SEANet's first stage).
+
+    Each acceleration computes what the exact path computes, under a condition its docstring states
+    and :meth:`conv`/:meth:`tile` check (tests/codec/test_routes.py holds each, alone and together, to
+    the exact path).  The default takes every one where it applies (the tool's speed); :meth:`exact` takes
+    none, so every step is the readable rule itself."""
+
+    pointwise: bool = True  # 1x1 convs as one matrix product (PaddedMimiEncoder._pointwise_conv)
+    zero_padded: bool = True  # convs padding zeros themselves, the head recomputed (_zero_padded_conv)
+    block_gemm: bool = True  # Mimi's wide strided convs as two GEMMs over blocks, CPU (_block_gemm_conv)
+    tiles: bool = True  # SEANet's first stage in tiles, CPU (_tiled_seanet)
+    block_gemm_min_width: int = 512  # stride x C_in from which the block GEMM wins (see _block_gemm_conv)
+    front_tile: int = 24_000  # at most this many input samples per row in a tile of SEANet's first stage (CPU)
+    front_tile_cells: int = 96_000  # rows x samples per tile: a batch of 8 rows gets 11,520-sample tiles
+
+    @classmethod
+    def exact(cls) -> "Routes":
+        """No acceleration: the reference exact path (slower, and the same to float rounding)."""
+        return cls(pointwise=False, zero_padded=False, block_gemm=False, tiles=False)
+
+    def conv(self, conv: nn.Module, x: torch.Tensor) -> ConvRoute:
+        """The route of ``conv`` on the time-major input ``x`` [B, T, C_in]: the first acceleration
+        (in this order) that is on and whose exactness condition holds, else the exact conv."""
+        pad, stride, inner = padding_total(conv), int(conv.stride), inner_conv(conv)
+        if conv.pad_mode != "constant" or -x.shape[1] % stride > pad:
+            return ConvRoute.EXACT  # every acceleration pads zeros, at most pad at the end (Mimi: the downsample)
+        if (self.block_gemm and x.device.type == "cpu" and stride > 1 and int(conv.kernel_size) == 2 * stride
+                and pad == stride and inner.dilation[0] == 1 and inner.groups == 1
+                and stride * conv.in_channels >= self.block_gemm_min_width):
+            return ConvRoute.BLOCK_GEMM
+        if self.pointwise and pad == 0 and stride == 1 and inner.groups == 1:
+            return ConvRoute.POINTWISE
+        return ConvRoute.ZERO_PADDED if self.zero_padded else ConvRoute.EXACT
+
+    def tile(self, x: torch.Tensor) -> int | None:
+        """The tile (input samples per row) SEANet's first stage runs in on the input ``x`` [B, T, 1],
+        or None: in one piece.  Tiles only on CPU, for the cache (see ``_tiled_seanet``), and shorter
+        for more rows (``front_tile_cells`` / rows, a multiple of 960 samples)."""
+        size = min(self.front_tile, max(960, self.front_tile_cells // x.shape[0] // 960 * 960))
+        return size if self.tiles and x.device.type == "cpu" and x.shape[1] > size else None
+
+
 class PaddedMimiEncoder(WindowedTransformer, nn.Module):
     """Batched (and optionally chunked) Mimi encoding whose valid outputs equal encoding each item alone.
 
@@ -256,19 +318,23 @@ class PaddedMimiEncoder(WindowedTransformer, nn.Module):
     modes), so the batched, padded and chunked paths all give moshi's streaming output.  An item
     that is not a whole number of calls ends in moshi's last call *zero-padded* to N frames (the
     rule above, for every call): not moshi fed the frames left as a shorter call, whose window
-    ends at the audio's end and so differs in that call's frames (README, tests/codec/test_moshi_stream)."""
+    ends at the audio's end and so differs in that call's frames (README, tests/codec/test_moshi_stream).
 
-    def __init__(self, model: nn.Module, frames_per_call: int | None = None):
+    ``routes``: the accelerations taken (:class:`Routes`: all by default; ``Routes.exact()`` is the
+    reference exact path, which the tests hold each acceleration to)."""
+
+    def __init__(self, model: nn.Module, frames_per_call: int | None = None, routes: Routes = Routes()):
         super().__init__()
         require(model)  # every transformers internal used below is there (see internals.py)
         self.model = model
+        self.routes = routes
         self.seanet, self.transformer, self.downsample = encoder_parts(model)
         self.quantizer = model.quantizer
         self.convs = [m for m in self.seanet.modules() if isinstance(m, MimiConv1d)]
         if self.downsample is not None:
             self.convs.append(self.downsample)
         self._conv_index = {id(m): i for i, m in enumerate(self.convs)}
-        # the first SEANet stage: its layers up to the first strided conv (tiled on CPU, see _seanet)
+        # the first SEANet stage: its layers up to the first strided conv (tiled on CPU, see _tiled_seanet)
         self._front = next((i + 1 for i, m in enumerate(self.seanet.layers)
                             if isinstance(m, MimiConv1d) and int(m.stride) > 1), len(self.seanet.layers))
         self._weights: dict[tuple[int, str], tuple] = {}  # (conv, layout) -> (weight version, tensor)
@@ -348,118 +414,115 @@ class PaddedMimiEncoder(WindowedTransformer, nn.Module):
                 for c in self.convs]
         return self._fresh_state(conv, batch_size, device, dtype)
 
-    # -- layers ----------------------------------------------------------------------------
-    def _cached(self, conv: nn.Module, kind: str, make):
-        """``make(weight)`` for ``conv``, cached per device, dtype and weight version."""
-        w = inner_conv(conv).weight
-        key = (w.device, w.dtype, w._version)
-        slot = (id(conv), kind)
-        if self._weights.get(slot, (None,))[0] != key:
-            self._weights[slot] = (key, make(w))
-        return self._weights[slot][1]
+    # -- the exact path: the rule, read top to bottom (forward, _seanet, _layers, exact_conv) ----------------
+    @torch.no_grad()
+    def forward(
+        self,
+        audio: torch.Tensor,
+        lengths: torch.Tensor,
+        taps: tuple[str, ...] = ("latent",),
+        num_quantizers: int | None = None,
+        state: EncoderState | None = None,
+        final: torch.Tensor | None = None,
+    ) -> EncoderOutput:
+        """Encode a right-padded batch ``audio`` [B, T] or [B, 1, T] with per-item sample ``lengths``.
 
-    def _weight(self, conv: nn.Module) -> torch.Tensor:
-        """``conv``'s weight as a [C_out, C_in, 1, K] channels-last 2-D kernel."""
-        return self._cached(conv, "nhwc", lambda w: w[:, :, None, :].contiguous(memory_format=torch.channels_last))
+        Without ``state`` every row is a whole item.  With ``state`` this is the next chunk of each
+        row's stream, and ``final`` (bool [B]) marks the rows whose stream ends with it; a row that
+        goes on must fill the chunk (length T), and T must be a multiple of :attr:`hop`.
 
-    def _block_weights(self, conv: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
-        """A kernel of 2 x stride taps split in two [stride * C_in, C_out] matrices: the taps over
-        the previous block of ``stride`` input steps, and those over the current block."""
-        def make(w):
-            s = int(conv.stride)
-            half = lambda taps: taps.permute(2, 1, 0).reshape(s * w.shape[1], w.shape[0]).contiguous()  # noqa: E731
-            return half(w[:, :, :s]), half(w[:, :, s:])
-        return self._cached(conv, "blocks", make)
-
-    def _uses_block_gemm(self, conv: nn.Module, x: torch.Tensor) -> bool:
-        """Whether a strided conv runs as two GEMMs over blocks of ``stride`` steps (CPU only).
-
-        Mimi's downsampling convs have kernel = 2 x stride and left padding = stride, so each output
-        reads exactly two consecutive input blocks.  Single-threaded, full-size Mimi, 4 s of audio,
-        as block GEMMs vs oneDNN's strided conv: k10 s5 128->256 64 vs 76 ms, k12 s6 256->512 27 vs
-        40 ms, k16 s8 512->1024 23 vs 48 ms; k8 s4 64->128 60 vs 48 ms (a [.., 256] x [256, 128] GEMM
-        is too thin), hence the width threshold.  Not measured on GPU: cuDNN keeps its conv there."""
-        s = int(conv.stride)
-        return (x.device.type == "cpu" and conv.pad_mode == "constant" and s > 1 and int(conv.kernel_size) == 2 * s
-                and padding_total(conv) == s
-                and inner_conv(conv).dilation[0] == 1 and inner_conv(conv).groups == 1
-                and s * conv.in_channels >= self.block_gemm_min_width)
-
-    block_gemm_min_width = 512  # stride x C_in from which the block GEMM wins (see _uses_block_gemm)
-
-    def _block_gemm(self, conv: nn.Module, x: torch.Tensor, lengths: torch.Tensor, state: EncoderState | None):
-        """The strided conv as ``out[t] = block[t - 1] @ Wa + block[t] @ Wb + bias``, where
-        ``block[-1]`` is the left context (zeros, or the carried state) and the last block is
-        completed with zeros, as MimiConv1d's extra padding completes the last window."""
-        s = int(conv.stride)
-        batch, size, channels = x.shape
-        n = -(-size // s)
-        previous, current = self._block_weights(conv)
-        blocks = x if size == n * s else torch.nn.functional.pad(x, (0, 0, 0, n * s - size))
-        blocks = blocks.reshape(batch * n, s * channels)
-        bias = inner_conv(conv).bias
-        out = (torch.addmm(bias, blocks, current) if bias is not None else blocks @ current).view(batch, n, -1)
-        from_previous = (blocks @ previous).view(batch, n, -1)
-        out[:, 1:] += from_previous[:, :-1]
+        The steps are transformers' own, each given per-item lengths: SEANet (every conv's input
+        padded as for the item alone, every layer's padded outputs zeroed), the transformer under the
+        per-item causal sliding-window mask, the downsample (a conv like the others, replicate-padded),
+        then the quantizer (frame by frame: nothing to pad)."""
+        unknown = set(taps) - set(TAPS)
+        if unknown:
+            raise ValueError(f"unknown taps {sorted(unknown)}; choose from {TAPS}")
+        if audio.dim() == 3:
+            audio = audio[:, 0]
+        audio = audio[:, :, None]  # time-major [B, T, 1]
+        lengths = torch.as_tensor(lengths, dtype=torch.long, device=audio.device)
+        if (lengths < 1).any() or (lengths > audio.shape[1]).any():
+            raise ValueError("every length must be in [1, padded length]")
         if state is not None:
-            index = self._conv_index[id(conv)]
-            out[:, 0] += state.conv[index].reshape(batch, s * channels) @ previous
-            _carry_context(state, index, x, s)
-        out_lengths = output_length(conv, lengths).to(lengths.device)
-        return _zero_padding(out, out_lengths, inplace=True), out_lengths
+            final = torch.as_tensor(final, dtype=torch.bool, device=audio.device)
+            going_on = ~final
+            if going_on.any() and (audio.shape[1] % self.hop or (lengths[going_on] != audio.shape[1]).any()):
+                raise ValueError(f"a chunk that does not end its stream must fill the batch and be a multiple "
+                                 f"of {self.hop} samples")
+            if state.batch_size != audio.shape[0]:
+                raise ValueError(f"state has {state.batch_size} rows, the chunk {audio.shape[0]}")
+        x = _zero_padding(audio, lengths)  # whatever the padding held (NaN included)
+
+        x, n25 = self._seanet(x, lengths, state)
+        x = self._transformer(x, n25, state)  # WindowedTransformer: the length mask, the carried window
+        tensors, out_lengths = {}, {"encoder": n25.cpu()}
+        if "encoder" in taps:
+            tensors["encoder"] = x
+        if "latent" in taps or "codes" in taps:
+            n12 = n25
+            if self.downsample is not None:
+                x, n12 = self._conv(self.downsample, x, n25, state)
+            out_lengths["latent"] = out_lengths["codes"] = n12.cpu()
+            if "latent" in taps:
+                tensors["latent"] = x
+            if "codes" in taps:
+                tensors["codes"] = self.quantizer.encode(x.transpose(1, 2), num_quantizers).transpose(0, 1)
+        if state is not None:
+            state.samples += lengths
+        return EncoderOutput(tensors, {t: out_lengths[t] for t in taps})
+
+    def _seanet(self, x: torch.Tensor, lengths: torch.Tensor, state: EncoderState | None):
+        """SEANet on [B, T, 1]: its layers in order (on CPU its first stage in tiles, where
+        :meth:`Routes.tile` says so: :meth:`_tiled_seanet`)."""
+        tile = self.routes.tile(x)
+        if tile is not None:
+            return self._tiled_seanet(x, lengths, state, tile)
+        x, lengths = self._layers(list(self.seanet.layers), x, lengths, state)
+        return x.contiguous(), lengths
+
+    def _layers(self, layers, x: torch.Tensor, lengths: torch.Tensor, state: EncoderState | None):
+        """SEANet ``layers`` on [B, T, C], zeroing each layer's padded outputs (every conv then finds
+        zeros there, what a lone item is padded with).  The ELUs run in place where that cannot touch
+        a residual (the same values, one pass less)."""
+        for layer in layers:
+            if isinstance(layer, MimiConv1d):
+                x, lengths = self._conv(layer, x, lengths, state)
+            elif isinstance(layer, MimiResnetBlock):
+                h = x
+                for sub in layer.block:
+                    if isinstance(sub, MimiConv1d):
+                        h, _ = self._conv(sub, h, lengths, state)
+                    elif isinstance(sub, nn.ELU) and h is not x:  # never in place on the residual
+                        h = _zero_padding(_elu(h, sub.alpha), lengths, inplace=True)
+                    else:
+                        h = _zero_padding(sub(h), lengths, inplace=True)
+                shortcut = layer.shortcut
+                residual = self._conv(shortcut, x, lengths, state)[0] if isinstance(shortcut, MimiConv1d) else x
+                x = _zero_padding(h.add_(residual), lengths, inplace=True)
+            elif isinstance(layer, nn.ELU):  # x is the previous block's fresh output: in place is safe
+                x = _zero_padding(_elu(x, layer.alpha), lengths, inplace=True)
+            else:
+                x = _zero_padding(layer(x.transpose(1, 2)).transpose(1, 2), lengths, inplace=True)
+        return x, lengths
 
     def _conv(self, conv: nn.Module, x: torch.Tensor, lengths: torch.Tensor, state: EncoderState | None):
-        """One causal conv on a padded time-major batch [B, T, C_in], as the reference computes it:
-        left context (zeros, the first step for ``replicate``, or the carried state), the
-        reference's right padding of each row's end, transformers' weights.
+        """``conv`` on the route :meth:`Routes.conv` picks: :meth:`exact_conv`, or an acceleration of it."""
+        return getattr(self, self.routes.conv(conv, x).value)(conv, x, lengths, state)
 
-        It runs channels-last (time-major data is NHWC to oneDNN and cuDNN: measured 1.4x faster
-        than channel-major convs on CPU, and no transposes anywhere), lets the conv pad zeros itself
-        rather than copying the input into a padded buffer, and recomputes only the few leading
-        outputs that see a carried context; 1x1 convs are one matrix product."""
-        pad = padding_total(conv)
-        stride = int(conv.stride)
-        dilation = inner_conv(conv).dilation[0]
-        if conv.pad_mode == "replicate" or -x.shape[1] % stride > pad:  # (Mimi: only the downsample)
-            return self._conv_explicit(conv, x, lengths, state)
-        if self._uses_block_gemm(conv, x):
-            return self._block_gemm(conv, x.contiguous(), lengths, state)
-        size = x.shape[1]
-        n = -(-size // stride)  # outputs: ceil(T / S), MimiConv1d's extra padding completing the last window
-        weight, bias = self._weight(conv), inner_conv(conv).bias
-        if pad == 0 and stride == 1:
-            flat = x.reshape(-1, x.shape[2])
-            w2 = weight[:, :, 0, 0]
-            out = (torch.addmm(bias, flat, w2.T) if bias is not None else flat @ w2.T).view(x.shape[0], size, -1)
-        else:
-            def run(inp, padding):
-                y = torch.nn.functional.conv2d(inp[:, None].permute(0, 3, 1, 2), weight, bias, stride=(1, stride),
-                                               padding=(0, padding), dilation=(1, dilation), groups=inner_conv(conv).groups)
-                return y.permute(0, 2, 3, 1)[:, 0]  # channels-last memory: [B, n, C_out] contiguous
+    def exact_conv(self, conv: nn.Module, x: torch.Tensor, lengths: torch.Tensor, state: EncoderState | None):
+        """One causal conv on a padded time-major batch [B, T, C_in], as the rule states it: each row's
+        input laid out as transformers' MimiConv1d pads that item alone, then transformers' weights.
 
-            # zeros on both sides; the right side needs at most `pad` (its extra is < stride <= pad)
-            out = run(x, pad)[:, :n]
-            if state is not None:
-                index = self._conv_index[id(conv)]
-                head = -(-pad // stride)  # outputs whose window reaches into the left context
-                need = head * stride + int(conv.kernel_size) - pad  # samples of x their windows cover
-                lead = [state.conv[index], x[:, :need]]
-                if size < need:  # a stream's short last chunk: the reference's zeros after its end
-                    lead.append(x.new_zeros(x.shape[0], need - size, x.shape[2]))
-                lead = torch.cat(lead, dim=1)
-                out = out.clone() if out.shape[1] != n else out
-                head = min(head, n)
-                out[:, :head] = run(lead, 0)[:, :head]
-                _carry_context(state, index, x, pad)
-        out_lengths = output_length(conv, lengths).to(lengths.device)
-        # `out` may be a view that drops the conv's extra right outputs (not contiguous): its consumer,
-        # an out-of-place ELU (see _layers) or the next conv, lays it out afresh anyway, so copying it
-        # here would be a second pass over it (8 % of a CPU step, measured)
-        return _zero_padding(out, out_lengths, inplace=True), out_lengths
+        * before the row: ``padding_total`` steps of left context: zeros (``constant``), the row's
+          first step (``replicate``), or, chunk by chunk, the stream's last inputs carried from its
+          previous chunk (this chunk's are kept here for the next one);
+        * the row's padded steps: zeros already, or for ``replicate`` its last valid step;
+        * after the batch: the extra steps that complete the last stride window, zeros or the
+          last step again.
 
-    def _conv_explicit(self, conv: nn.Module, x: torch.Tensor, lengths: torch.Tensor, state: EncoderState | None):
-        """The same conv with its padding built explicitly: the replicate-padded downsample (small,
-        at 25 Hz), and any conv whose end padding would exceed its kernel - stride."""
+        Outputs past each row's output length are zeroed.  Mimi's route for its replicate-padded
+        downsample (small, at 25 Hz) and any conv whose end padding would exceed kernel - stride."""
         pad, stride = padding_total(conv), int(conv.stride)
         replicate = conv.pad_mode == "replicate"
         if replicate:
@@ -486,23 +549,106 @@ class PaddedMimiEncoder(WindowedTransformer, nn.Module):
         out_lengths = output_length(conv, lengths).to(lengths.device)
         return _zero_padding(out.contiguous(), out_lengths, inplace=True), out_lengths
 
-    front_tile = 24_000  # at most this many input samples per row in a tile of SEANet's first stage (CPU)
-    front_tile_cells = 96_000  # rows x samples per tile: a batch of 8 rows gets 11,520-sample tiles
+    # -- accelerations: each computes what the exact path does, under the condition its docstring states ------
+    def _pointwise_conv(self, conv: nn.Module, x: torch.Tensor, lengths: torch.Tensor, state: EncoderState | None):
+        """``ConvRoute.POINTWISE``: a 1x1 conv (kernel 1, stride 1, one group) as one matrix product
+        over every step.  Exact because an output step reads its own input step alone: no context to
+        pad or carry, no end padding, and the padded steps' outputs are zeroed after."""
+        weight, bias = self._weight(conv), inner_conv(conv).bias
+        flat = x.reshape(-1, x.shape[2])
+        w2 = weight[:, :, 0, 0]
+        out = (torch.addmm(bias, flat, w2.T) if bias is not None else flat @ w2.T).view(x.shape[0], x.shape[1], -1)
+        out_lengths = output_length(conv, lengths).to(lengths.device)
+        return _zero_padding(out, out_lengths, inplace=True), out_lengths
 
-    def _seanet(self, x: torch.Tensor, lengths: torch.Tensor, state: EncoderState | None):
-        """SEANet on [B, T, 1].  On CPU its first stage (the 24 kHz layers up to the first strided
-        conv, 64 channels: 24.6 MB per 4 s row) runs tile by tile through the streaming path, each
-        tile's activations staying in cache, then the rest on the whole input.  Exact: a tile is
-        a chunk of the conv streams with their left context carried.  Single-threaded, full-size,
-        4 s of audio: that stage 113-125 ms whole, 82-95 ms in 1 s tiles (0.16 s tiles: 129 ms).  A
-        batch shares the tile's cache, so its tiles are shorter (``front_tile_cells`` / rows, a multiple
-        of 960 samples): a step of 8 ragged rows of <= 4 s, 2.81-2.85 s in 1 s tiles, 2.53-2.72 s in
-        0.25-0.5 s tiles (measured side by side, bit-identical codes)."""
+    def _zero_padded_conv(self, conv: nn.Module, x: torch.Tensor, lengths: torch.Tensor, state: EncoderState | None):
+        """``ConvRoute.ZERO_PADDED``: the conv pads zeros itself (``padding_total`` on both sides)
+        rather than copying the input into a padded buffer, and chunk by chunk recomputes only the
+        few leading outputs that see the carried context.  Runs channels-last (time-major data is
+        NHWC to oneDNN and cuDNN: measured 1.4x faster than channel-major convs on CPU, and no
+        transposes anywhere).
+
+        Exact for a ``constant`` conv whose end padding (``-T % stride``) is at most ``padding_total``:
+        the left zeros are a lone item's context, every row's padded steps hold zeros already, the
+        right zeros cover MimiConv1d's extra padding (outputs past ceil(T / stride) are dropped), and
+        with a state the outputs whose window reaches into the left context (the first
+        ceil(padding_total / stride)) are recomputed over the carried inputs instead."""
+        pad, stride = padding_total(conv), int(conv.stride)
+        dilation = inner_conv(conv).dilation[0]
+        size = x.shape[1]
+        n = -(-size // stride)  # outputs: ceil(T / S), MimiConv1d's extra padding completing the last window
+        weight, bias = self._weight(conv), inner_conv(conv).bias
+
+        def run(inp, padding):
+            y = torch.nn.functional.conv2d(inp[:, None].permute(0, 3, 1, 2), weight, bias, stride=(1, stride),
+                                           padding=(0, padding), dilation=(1, dilation), groups=inner_conv(conv).groups)
+            return y.permute(0, 2, 3, 1)[:, 0]  # channels-last memory: [B, n, C_out] contiguous
+
+        # zeros on both sides; the right side needs at most `pad` (its extra is < stride <= pad)
+        out = run(x, pad)[:, :n]
+        if state is not None:
+            index = self._conv_index[id(conv)]
+            head = -(-pad // stride)  # outputs whose window reaches into the left context
+            need = head * stride + int(conv.kernel_size) - pad  # samples of x their windows cover
+            lead = [state.conv[index], x[:, :need]]
+            if size < need:  # a stream's short last chunk: the reference's zeros after its end
+                lead.append(x.new_zeros(x.shape[0], need - size, x.shape[2]))
+            lead = torch.cat(lead, dim=1)
+            out = out.clone() if out.shape[1] != n else out
+            head = min(head, n)
+            out[:, :head] = run(lead, 0)[:, :head]
+            _carry_context(state, index, x, pad)
+        out_lengths = output_length(conv, lengths).to(lengths.device)
+        # `out` may be a view that drops the conv's extra right outputs (not contiguous): its consumer,
+        # an out-of-place ELU (see _layers) or the next conv, lays it out afresh anyway, so copying it
+        # here would be a second pass over it (8 % of a CPU step, measured)
+        return _zero_padding(out, out_lengths, inplace=True), out_lengths
+
+    def _block_gemm_conv(self, conv: nn.Module, x: torch.Tensor, lengths: torch.Tensor, state: EncoderState | None):
+        """``ConvRoute.BLOCK_GEMM`` (CPU): a strided conv as ``out[t] = block[t - 1] @ Wa + block[t] @ Wb
+        + bias`` over blocks of ``stride`` input steps, ``block[-1]`` being the left context (zeros,
+        or the carried state) and the last block completed with zeros.
+
+        Exact for a ``constant`` conv with kernel = 2 x stride, ``padding_total`` = stride, no
+        dilation, one group (Mimi's downsampling convs): each output then reads exactly two
+        consecutive blocks, the first of them the lone item's zero context for output 0, and
+        MimiConv1d's extra padding (< stride) is the zeros completing the last block.  Faster where
+        the blocks are wide (:attr:`Routes.block_gemm_min_width`).  Single-threaded, full-size
+        Mimi, 4 s of audio, as block GEMMs vs oneDNN's strided conv: k10 s5 128->256 64 vs 76 ms,
+        k12 s6 256->512 27 vs 40 ms, k16 s8 512->1024 23 vs 48 ms; k8 s4 64->128 60 vs 48 ms (a
+        [.., 256] x [256, 128] GEMM is too thin), hence the width threshold.  Not measured on GPU:
+        cuDNN keeps its conv there (the route is CPU only)."""
+        x = x.contiguous()
+        s = int(conv.stride)
+        batch, size, channels = x.shape
+        n = -(-size // s)
+        previous, current = self._block_weights(conv)
+        blocks = x if size == n * s else torch.nn.functional.pad(x, (0, 0, 0, n * s - size))
+        blocks = blocks.reshape(batch * n, s * channels)
+        bias = inner_conv(conv).bias
+        out = (torch.addmm(bias, blocks, current) if bias is not None else blocks @ current).view(batch, n, -1)
+        from_previous = (blocks @ previous).view(batch, n, -1)
+        out[:, 1:] += from_previous[:, :-1]
+        if state is not None:
+            index = self._conv_index[id(conv)]
+            out[:, 0] += state.conv[index].reshape(batch, s * channels) @ previous
+            _carry_context(state, index, x, s)
+        out_lengths = output_length(conv, lengths).to(lengths.device)
+        return _zero_padding(out, out_lengths, inplace=True), out_lengths
+
+    def _tiled_seanet(self, x: torch.Tensor, lengths: torch.Tensor, state: EncoderState | None, size: int):
+        """SEANet with its first stage (the 24 kHz layers up to the first strided conv, 64 channels:
+        24.6 MB per 4 s row) run tile by tile, ``size`` samples per row, each tile's activations
+        staying in cache, then the rest on the whole input (:meth:`Routes.tile`: on CPU).
+
+        Exact because a tile is a chunk of the conv streams: the tiles run the chunked rule with
+        each conv's left context carried (in a fresh state when the call has none), as a long file
+        is encoded in chunks; a row that ends in a tile is padded there as at its end.
+        Single-threaded, full-size, 4 s of audio: that stage 113-125 ms whole, 82-95 ms in 1 s tiles
+        (0.16 s tiles: 129 ms).  A batch shares the tile's cache, so its tiles are shorter: a step of
+        8 ragged rows of <= 4 s, 2.81-2.85 s in 1 s tiles, 2.53-2.72 s in 0.25-0.5 s tiles (measured
+        side by side, bit-identical codes)."""
         layers = list(self.seanet.layers)
-        size = min(self.front_tile, max(960, self.front_tile_cells // x.shape[0] // 960 * 960))
-        if x.device.type != "cpu" or x.shape[1] <= size:
-            x, lengths = self._layers(layers, x, lengths, state)
-            return x.contiguous(), lengths
         front = self._front
         tile_state = state if state is not None else self.init_state(x.shape[0], x.device, x.dtype)
         pieces = []
@@ -517,80 +663,28 @@ class PaddedMimiEncoder(WindowedTransformer, nn.Module):
         x, lengths = self._layers(layers[front:], torch.cat(pieces, dim=1), front_lengths, state)
         return x.contiguous(), lengths
 
-    def _layers(self, layers, x: torch.Tensor, lengths: torch.Tensor, state: EncoderState | None):
-        for layer in layers:
-            if isinstance(layer, MimiConv1d):
-                x, lengths = self._conv(layer, x, lengths, state)
-            elif isinstance(layer, MimiResnetBlock):
-                h = x
-                for sub in layer.block:
-                    if isinstance(sub, MimiConv1d):
-                        h, _ = self._conv(sub, h, lengths, state)
-                    elif isinstance(sub, nn.ELU) and h is not x:  # never in place on the residual
-                        h = _zero_padding(_elu(h, sub.alpha), lengths, inplace=True)
-                    else:
-                        h = _zero_padding(sub(h), lengths, inplace=True)
-                shortcut = layer.shortcut
-                residual = self._conv(shortcut, x, lengths, state)[0] if isinstance(shortcut, MimiConv1d) else x
-                x = _zero_padding(h.add_(residual), lengths, inplace=True)
-            elif isinstance(layer, nn.ELU):  # x is the previous block's fresh output: in place is safe
-                x = _zero_padding(_elu(x, layer.alpha), lengths, inplace=True)
-            else:
-                x = _zero_padding(layer(x.transpose(1, 2)).transpose(1, 2), lengths, inplace=True)
-        return x, lengths
+    # -- weights ---------------------------------------------------------------------------
+    def _cached(self, conv: nn.Module, kind: str, make):
+        """``make(weight)`` for ``conv``, cached per device, dtype and weight version."""
+        w = inner_conv(conv).weight
+        key = (w.device, w.dtype, w._version)
+        slot = (id(conv), kind)
+        if self._weights.get(slot, (None,))[0] != key:
+            self._weights[slot] = (key, make(w))
+        return self._weights[slot][1]
 
-    # -- public ----------------------------------------------------------------------------
-    @torch.no_grad()
-    def forward(
-        self,
-        audio: torch.Tensor,
-        lengths: torch.Tensor,
-        taps: tuple[str, ...] = ("latent",),
-        num_quantizers: int | None = None,
-        state: EncoderState | None = None,
-        final: torch.Tensor | None = None,
-    ) -> EncoderOutput:
-        """Encode a right-padded batch ``audio`` [B, T] or [B, 1, T] with per-item sample ``lengths``.
+    def _weight(self, conv: nn.Module) -> torch.Tensor:
+        """``conv``'s weight as a [C_out, C_in, 1, K] channels-last 2-D kernel (time-major data is NHWC)."""
+        return self._cached(conv, "nhwc", lambda w: w[:, :, None, :].contiguous(memory_format=torch.channels_last))
 
-        Without ``state`` every row is a whole item.  With ``state`` this is the next chunk of each
-        row's stream, and ``final`` (bool [B]) marks the rows whose stream ends with it; a row that
-        goes on must fill the chunk (length T), and T must be a multiple of :attr:`hop`."""
-        unknown = set(taps) - set(TAPS)
-        if unknown:
-            raise ValueError(f"unknown taps {sorted(unknown)}; choose from {TAPS}")
-        if audio.dim() == 3:
-            audio = audio[:, 0]
-        audio = audio[:, :, None]  # time-major [B, T, 1]
-        lengths = torch.as_tensor(lengths, dtype=torch.long, device=audio.device)
-        if (lengths < 1).any() or (lengths > audio.shape[1]).any():
-            raise ValueError("every length must be in [1, padded length]")
-        if state is not None:
-            final = torch.as_tensor(final, dtype=torch.bool, device=audio.device)
-            going_on = ~final
-            if going_on.any() and (audio.shape[1] % self.hop or (lengths[going_on] != audio.shape[1]).any()):
-                raise ValueError(f"a chunk that does not end its stream must fill the batch and be a multiple "
-                                 f"of {self.hop} samples")
-            if state.batch_size != audio.shape[0]:
-                raise ValueError(f"state has {state.batch_size} rows, the chunk {audio.shape[0]}")
-        x = _zero_padding(audio, lengths)
-
-        x, n25 = self._seanet(x, lengths, state)
-        x = self._transformer(x, n25, state)
-        tensors, out_lengths = {}, {"encoder": n25.cpu()}
-        if "encoder" in taps:
-            tensors["encoder"] = x
-        if "latent" in taps or "codes" in taps:
-            n12 = n25
-            if self.downsample is not None:
-                x, n12 = self._conv(self.downsample, x, n25, state)
-            out_lengths["latent"] = out_lengths["codes"] = n12.cpu()
-            if "latent" in taps:
-                tensors["latent"] = x
-            if "codes" in taps:
-                tensors["codes"] = self.quantizer.encode(x.transpose(1, 2), num_quantizers).transpose(0, 1)
-        if state is not None:
-            state.samples += lengths
-        return EncoderOutput(tensors, {t: out_lengths[t] for t in taps})
+    def _block_weights(self, conv: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+        """A kernel of 2 x stride taps split in two [stride * C_in, C_out] matrices: the taps over
+        the previous block of ``stride`` input steps, and those over the current block."""
+        def make(w):
+            s = int(conv.stride)
+            half = lambda taps: taps.permute(2, 1, 0).reshape(s * w.shape[1], w.shape[0]).contiguous()  # noqa: E731
+            return half(w[:, :, :s]), half(w[:, :, s:])
+        return self._cached(conv, "blocks", make)
 
 
 def frames_of(output: EncoderOutput, tap: str, row: int) -> torch.Tensor:

@@ -7,7 +7,7 @@ import torch
 from transformers.models.mimi import modeling_mimi as mm
 
 from support import ragged, tolerance
-from mimi_extract.codec.encoder import PaddedMimiEncoder, encode_chunked, frames_of
+from mimi_extract.codec.encoder import ConvRoute, PaddedMimiEncoder, Routes, encode_chunked, frames_of
 from mimi_extract.codec.reference import reference_single
 from mimi_extract.codec.demo import random_model, tiny_config
 
@@ -17,9 +17,10 @@ FRAME = 1920  # samples per 12.5 Hz frame at 24 kHz
 LENGTHS = [FRAME * 10 + 7, 100, FRAME * 3, 5000, FRAME * 10 - 1, 1, FRAME * 6 + 1, 37_111]
 
 
-def assert_matches_single(model, lengths, seed=0, garbage=None, num_quantizers=8):
+def assert_matches_single(model, lengths, seed=0, garbage=None, num_quantizers=8, routes=Routes()):
     items, batch = ragged(lengths, seed, garbage)
-    out = PaddedMimiEncoder(model)(batch, torch.tensor(lengths), ("encoder", "latent", "codes"), num_quantizers)
+    encoder = PaddedMimiEncoder(model, routes=routes)
+    out = encoder(batch, torch.tensor(lengths), ("encoder", "latent", "codes"), num_quantizers)
     for i, audio in enumerate(items):
         ref = reference_single(model, audio, num_quantizers)
         for tap in ("encoder", "latent"):
@@ -93,8 +94,7 @@ def test_no_per_item_loop(tiny_model, monkeypatch):
     item and a batch of eight of the same padded length: every step is one batched op (the calls
     depend on the length alone: the first stage runs in tiles of time, not of items; here each
     tile as long as a lone row's, where a real batch shares the cache by shorter tiles)."""
-    enc = PaddedMimiEncoder(tiny_model)
-    enc.front_tile_cells = 10**9
+    enc = PaddedMimiEncoder(tiny_model, routes=Routes(front_tile_cells=10**9))
 
     def counted(batch_size):
         calls = {}
@@ -157,12 +157,13 @@ def test_rejects_bad_lengths(tiny_model):
 
 
 # -- chunked (streaming) encode --------------------------------------------------------------
-def assert_chunked_matches(model, lengths, chunk, seed=0, num_quantizers=8):
+def assert_chunked_matches(model, lengths, chunk, seed=0, num_quantizers=8, routes=Routes()):
     """Chunked encode (carried state, all rows in one batch) equals the unchunked single-item
     reference: same frame count including the trailing partial frame, same codes, features
     within float rounding."""
     items, _ = ragged(lengths, seed)
-    outs = encode_chunked(PaddedMimiEncoder(model), items, chunk, ("encoder", "latent", "codes"), num_quantizers)
+    encoder = PaddedMimiEncoder(model, routes=routes)
+    outs = encode_chunked(encoder, items, chunk, ("encoder", "latent", "codes"), num_quantizers)
     for i, audio in enumerate(items):
         ref = reference_single(model, audio, num_quantizers)
         for tap in ("encoder", "latent"):
@@ -214,18 +215,26 @@ def test_chunk_rules_and_reset(tiny_model):
     assert torch.equal(frames_of(second, "codes", 1), ref1)
 
 
+def test_exact_path_equals_single(tiny_model):
+    """The exact path alone (``Routes.exact()``: no acceleration), batched and chunked, is transformers'
+    single-item encode: the reference each acceleration is held to (tests/codec/test_routes.py)."""
+    assert_matches_single(tiny_model, LENGTHS, routes=Routes.exact())
+    assert_chunked_matches(tiny_model, [FRAME * 20 + 7, FRAME * 7 - 1, 1, FRAME * 3 + 960], FRAME * 3,
+                           routes=Routes.exact())
+
+
 def test_block_gemm_downsampling_convs(tiny_model, monkeypatch):
     """The strided convs as block GEMMs (on for full-size Mimi's wide convs; forced here for every
     strided conv of the tiny model): batched and chunked still equal the single-item reference."""
-    monkeypatch.setattr(PaddedMimiEncoder, "block_gemm_min_width", 1)
-    enc = PaddedMimiEncoder(tiny_model)
-    used = [c for c in enc.convs if enc._uses_block_gemm(c, torch.zeros(1, 1, 1))]
+    routes = Routes(block_gemm_min_width=1)
+    enc = PaddedMimiEncoder(tiny_model, routes=routes)
+    used = [c for c in enc.convs if routes.conv(c, torch.zeros(1, 1, 1)) is ConvRoute.BLOCK_GEMM]
     assert len(used) == 4, "the four SEANet downsampling convs take the block GEMM"
     calls = []
-    original = PaddedMimiEncoder._block_gemm
-    monkeypatch.setattr(PaddedMimiEncoder, "_block_gemm", lambda self, *a: calls.append(1) or original(self, *a))
-    assert_matches_single(tiny_model, LENGTHS)
-    assert_chunked_matches(tiny_model, [FRAME * 20 + 7, FRAME * 7 - 1, 1, FRAME * 3 + 960], FRAME * 3)
+    original = PaddedMimiEncoder._block_gemm_conv
+    monkeypatch.setattr(PaddedMimiEncoder, "_block_gemm_conv", lambda self, *a: calls.append(1) or original(self, *a))
+    assert_matches_single(tiny_model, LENGTHS, routes=routes)
+    assert_chunked_matches(tiny_model, [FRAME * 20 + 7, FRAME * 7 - 1, 1, FRAME * 3 + 960], FRAME * 3, routes=routes)
     assert calls, "the block GEMM path ran"
 
 
@@ -233,11 +242,11 @@ def test_first_stage_in_tiles(tiny_model, monkeypatch):
     """On CPU the first SEANet stage runs in tiles through the streaming path (1 s tiles by default:
     the full-size tests cross it); small tiles that cut frames and items anywhere still give the
     single-item reference, batched and chunked."""
-    monkeypatch.setattr(PaddedMimiEncoder, "front_tile", 1000)
+    routes = Routes(front_tile=1000)
     calls = []
     original = PaddedMimiEncoder._layers
     monkeypatch.setattr(PaddedMimiEncoder, "_layers", lambda self, layers, *a: calls.append(len(layers)) or original(self, layers, *a))
-    assert_matches_single(tiny_model, LENGTHS)
+    assert_matches_single(tiny_model, LENGTHS, routes=routes)
     front = PaddedMimiEncoder(tiny_model)._front
     assert front == 4 and calls.count(front) > len(calls) // 2, "the first stage ran tile by tile"
-    assert_chunked_matches(tiny_model, [FRAME * 20 + 7, FRAME * 7 - 1, 1, FRAME * 3 + 960], FRAME * 3)
+    assert_chunked_matches(tiny_model, [FRAME * 20 + 7, FRAME * 7 - 1, 1, FRAME * 3 + 960], FRAME * 3, routes=routes)
