@@ -1,6 +1,8 @@
-"""Output formats: the registry, --format recorded and enforced, Parquet read by datasets, pyarrow,
-lhotse and every mimi-extract reader, equal to HDF5 and to the single-item reference; damaged
-Parquet shards quarantined.  (kill -9 and ENOSPC per format: test_integrity.py.)"""
+"""Output formats: the registry (and the tests' table of it, support/registered.py), --format recorded
+and enforced; every registered format read back equal to HDF5 and to the single-item reference, a
+flipped byte in it found and repaired, a shard of it that cannot be opened a DamagedError; Parquet read
+by datasets, pyarrow, lhotse and every mimi-extract reader; damaged Parquet shards quarantined.
+(kill -9 and ENOSPC per format: test_integrity.py.)"""
 
 import json
 import os
