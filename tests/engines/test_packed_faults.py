@@ -82,7 +82,7 @@ def test_packed_inputs_on_ray_into_every_format(kind, fmt, many_packed, packed_r
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["tgz", "parquet", "shar"])
+@pytest.mark.parametrize("kind", kind_cases("parts"))
 def test_packed_parts_union_equals_a_whole_run(kind, many_packed, packed_reference, tiny_model_dir, tmp_path):
     """--part by key hash over a packaged input: two parts into one OUT hold every item once,
     each equal to the whole run's."""

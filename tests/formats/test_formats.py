@@ -51,13 +51,14 @@ def test_every_registered_format_has_its_test_cases():
 def test_the_table_check_names_each_gap():
     """What the check above says of a table that misses a registered name, has one that is not
     registered, lacks a fixture that a test needs, or skips a test that does not exist."""
-    table = {"b": FormatCase(skip={"round_trip": Skip("a reason"), "no_such_test": Skip("a reason")}),
-             "c": FORMATS["hdf5"]}
+    skip = {"round_trip": Skip("a reason"), "no_such_test": Skip("a reason"), "kill_9": Skip(" ")}
+    table = {"b": FormatCase(skip=skip), "c": FORMATS["hdf5"]}
     problems = table_problems("output format", ["a", "b"], table, FORMAT_TESTS)
     assert sorted(problems) == sorted([
         "output format 'a' is registered but has no entry in tests/support/registered.py",
         "output format 'c' has an entry in tests/support/registered.py but is not registered",
         "output format 'b': a Skip for 'no_such_test', which is no registry-driven test",
+        "output format 'b': its Skip for 'kill_9' gives no reason",
         "output format 'b' has no flip_item for 'flipped_byte' (give one, or a Skip saying why not)",
         "output format 'b' has no break_open for 'unopenable' (give one, or a Skip saying why not)"])
 
