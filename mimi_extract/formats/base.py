@@ -37,9 +37,10 @@ What a format must define
 A format also gets, with no code of its own: parts (``part-I-of-N`` run directories), Ray, signals,
 ``mimi_extract.read``/``open``/``read_manifest``/``read_cuts``, ``info``, ``status``, ``decode``,
 ``verify --out`` (with ``--checksums``) and ``--reencode-damaged``; all go through the methods
-above.  Tests to copy: ``tests/formats/test_formats.py`` (readers, damage, checksums) and the ``fmt``
-parametrisation of the kill -9 and ENOSPC tests in ``tests/store/test_integrity.py`` (the kill -9
-scenario itself: ``tests/support/kill_trials.py``'s ``kill_9_then_resume``, given the format's own OUT check).
+above.  Its tests: the round-trip, damage and kill -9 tests take every registered format
+(``tests/formats/test_formats.py``, ``tests/store/test_integrity.py``), each given what it needs of
+the format by its entry in ``tests/support/registered.py`` (where to flip a byte of an item, how to make
+a shard unopenable, its own OUT check after a kill); a format with no entry there fails the suite.
 
 A minimal format, for orientation (``formats/hdf5.py`` is the complete one, ~100 lines)::
 

@@ -3,7 +3,8 @@
 Each kind of input is one module registered in :data:`REGISTRY` (``base.py`` has the interface):
 a directory or a list of files (``files.py``), a lhotse manifest (``lhotse.py``), ...; every module of
 this folder is imported here, so a new kind is its module alone (detected in the order of its
-``Source.detect_order``).  Every kind
+``Source.detect_order``), and, for the tests, its entry in ``tests/support/registered.py`` (how to
+build an input of the kind; a registered kind with none fails the suite).  Every kind
 yields :class:`Entry` rows -- a file or a member of a container, optionally a segment and a
 channel, optionally an id -- and one shared :func:`probe` turns entries into items from headers
 alone (no decoding), so a million-file corpus is planned up front.  Keys are unique by

@@ -14,6 +14,7 @@ import pytest
 
 import mimi_extract
 from support import ONE_WORKER, cli, cli_process
+from support.registered import format_cases
 from support.waits import HANG_S
 from mimi_extract import read_manifest
 from mimi_extract.audit.report import (CARD_BEGIN, CARD_END, DURATION_EDGES, PNG_ERROR_REASONS, PNG_ERROR_SUBSETS,
@@ -25,11 +26,10 @@ CODEBOOK = tiny_config().codebook_size  # the tiny model's codebooks (64), read 
 
 @pytest.fixture(scope="module")
 def outs(corpus, tiny_model_dir, tmp_path_factory):
-    """The corpus (7 readable files, 3 unreadable) as codes in each format, and as latent features."""
+    """The corpus (7 readable files, 3 unreadable) as codes in each registered format, and as latent features."""
     root, _ = corpus
     made = {}
-    for name, args in {"hdf5": ["codes"], "parquet": ["codes", "--format", "parquet"],
-                       "shar": ["codes", "--format", "shar"], "megatron": ["codes", "--format", "megatron"],
+    for name, args in {**{fmt: ["codes", "--format", fmt] for fmt in format_cases("report")},
                        "latent": ["features"]}.items():
         made[name] = str(tmp_path_factory.mktemp(name) / "out")
         result = cli(args[0], root, made[name], "--model", tiny_model_dir, *ONE_WORKER, "--shard-size", 3, *args[1:])
@@ -58,7 +58,7 @@ def independent(out: str) -> dict:
             "errors": [r for r in rows if r["status"] == "error"], "subsets": subsets, "arrays": arrays}
 
 
-@pytest.mark.parametrize("fmt", ["hdf5", "parquet", "shar", "megatron"])
+@pytest.mark.parametrize("fmt", format_cases("report"))
 def test_numbers_equal_an_independent_count(outs, fmt):
     out = outs[fmt]
     want = independent(out)

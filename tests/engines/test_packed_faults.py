@@ -1,10 +1,10 @@
-"""Packaged corpora under faults and on Ray: for tar, .tar.gz, Parquet and lhotse Shar inputs, kill -9
-mid-run then resume gives exactly the uninterrupted result; ``--engine ray`` actors read the shards
-themselves (by offset, by row group) and give the local result, into Parquet and Shar outputs too."""
+"""Packaged corpora under faults and on Ray: for every packaged input kind (drawn from the input-kind
+registry: tar, .tar.gz, Parquet, lhotse Shar), kill -9 mid-run then resume gives exactly the
+uninterrupted result; ``--engine ray`` actors read the shards themselves (by offset, by row group) and
+give the local result, into Parquet and Shar outputs too."""
 
 import os
 import random
-import tarfile
 from dataclasses import replace
 
 import numpy as np
@@ -13,96 +13,58 @@ import pytest
 from support import extract
 from mimi_extract.config.settings import Settings
 from support import check_consistency
-from support import write_noise
+from support import OnDemand, write_noise
 from support.kill_trials import KillTrial, kill_9_then_resume
+from support.registered import kind_case, kind_cases
 
 
 @pytest.fixture(scope="module")
-def many_tar(tmp_path_factory):
-    """120 short samples (0.2-1.2 s, two rates) in three WebDataset shards, flac + json each."""
-    root = tmp_path_factory.mktemp("many-tar")
+def many_packed(tmp_path_factory):
+    """The same 120 short samples (0.2-1.2 s, two rates) as an input of each kind (its KindCase's
+    build: tests/support/registered.py): three WebDataset shards, a .tar.gz, a Parquet file (datasets'
+    Audio struct, 30-row groups), a lhotse Shar written by lhotse itself..."""
+    root = tmp_path_factory.mktemp("many-packed")
     loose = root / "loose"
     loose.mkdir()
     rng = np.random.default_rng(0)
     for i in range(120):
         rate = 16_000 if i % 3 == 0 else 24_000
         write_noise(loose / f"f{i:03d}.flac", int(rate * (0.2 + rng.random())), rate, rng)
-    shards = root / "shards"
-    shards.mkdir()
-    for s in range(3):
-        with tarfile.open(shards / f"part-{s:06d}.tar", "w") as tf:
-            for i in range(s * 40, s * 40 + 40):
-                tf.add(loose / f"f{i:03d}.flac", arcname=f"f{i:03d}.flac")
-    return str(shards / "part-{000000..000002}.tar")
-
-
-@pytest.fixture(scope="module")
-def tar_reference(many_tar, tiny_model_dir, tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("tar-ref") / "out")
-    assert extract(many_tar, out, Settings(model=tiny_model_dir, tap="codes", num_workers=1), shard_size=7).ok == 120
-    return check_consistency(out)
-
-
-@pytest.mark.slow
-def test_tar_kill_9_then_resume_equals_uninterrupted(many_tar, tiny_model_dir, tar_reference, tmp_path):
-    kill_9_then_resume(many_tar, str(tmp_path / "out"), tiny_model_dir, tar_reference, [KillTrial("1", (5, 30))],
-                       random.Random(1))
-
-
-@pytest.mark.slow
-def test_tar_on_ray_equals_local(many_tar, tiny_model_dir, tar_reference, ray_cluster, tmp_path):
-    out = str(tmp_path / "out")
-    settings = Settings(model=tiny_model_dir, tap="codes", num_workers=1, engine="ray", ray_cpu_actors=2)
-    summary = extract(many_tar, out, settings, limit=40)
-    assert summary.ok == 40
-    got = check_consistency(out)
-    assert len(got) == 40 and all(np.array_equal(got[k], tar_reference[k]) for k in got)
-    assert all(k.startswith("part-000000.tar/") for k in got)
-
-
-@pytest.fixture(scope="module")
-def many_packed(many_tar, tmp_path_factory):
-    """The same 120 samples as a .tar.gz, a Parquet file (datasets' Audio struct, 30-row groups) and
-    a lhotse Shar written by lhotse itself."""
-    loose = os.path.join(os.path.dirname(os.path.dirname(many_tar)), "loose")
     names = sorted(os.listdir(loose))
-    root = tmp_path_factory.mktemp("many-packed")
-    with tarfile.open(root / "all.tar.gz", "w:gz") as tf:
-        for n in names:
-            tf.add(os.path.join(loose, n), arcname=n)
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    audio = pa.array([{"bytes": open(os.path.join(loose, n), "rb").read(), "path": n} for n in names],
-                     pa.struct([("bytes", pa.binary()), ("path", pa.string())]))
-    pq.write_table(pa.table({"id": [n.split(".")[0] for n in names], "audio": audio}), root / "all.parquet",
-                   row_group_size=30)
-    lhotse = pytest.importorskip("lhotse")
-    recs = [lhotse.Recording.from_file(os.path.join(loose, n), recording_id=n.split(".")[0]) for n in names]
-    cuts = lhotse.CutSet.from_manifests(recordings=lhotse.RecordingSet.from_recordings(recs))
-    (root / "shar").mkdir()
-    lhotse.CutSet.from_cuts(c.with_id(c.recording_id) for c in cuts).to_shar(
-        str(root / "shar"), fields={"recording": "flac"}, shard_size=40)
-    return {"tgz": str(root / "all.tar.gz"), "parquet": str(root / "all.parquet"), "shar": str(root / "shar")}
+    return OnDemand(lambda kind: kind_case(kind).build(str(loose), names, str(tmp_path_factory.mktemp(kind))))
 
 
 @pytest.fixture(scope="module")
 def packed_reference(many_packed, tiny_model_dir, tmp_path_factory):
-    refs = {}
-    for kind, path in many_packed.items():
+    """Each kind's uninterrupted run (HDF5), once a test asks for it."""
+    def run(kind):
         out = str(tmp_path_factory.mktemp(f"ref-{kind}") / "out")
-        assert extract(path, out, Settings(model=tiny_model_dir, tap="codes", num_workers=1), shard_size=7).ok == 120
-        refs[kind] = check_consistency(out)
-    return refs
+        assert extract(many_packed[kind], out, Settings(model=tiny_model_dir, tap="codes", num_workers=1),
+                       shard_size=7).ok == 120
+        return check_consistency(out)
+
+    return OnDemand(run)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["tgz", "parquet", "shar"])
-def test_packed_kill_9_then_resume_equals_uninterrupted(kind, many_packed, packed_reference, tiny_model_dir, tmp_path):
-    """As for tar shards: kill -9 part-way (its process group), then the resume equals the
-    uninterrupted run of the same input exactly."""
+@pytest.mark.parametrize("kind", kind_cases("kill_9"))
+def test_an_input_kind_kill_9_then_resume_equals_uninterrupted(kind, many_packed, packed_reference, tiny_model_dir,
+                                                               tmp_path):
+    """kill -9 part-way (its process group), then the resume equals the uninterrupted run of the same
+    input exactly."""
     kill_9_then_resume(many_packed[kind], str(tmp_path / "out"), tiny_model_dir, packed_reference[kind],
                        [KillTrial("1", (5, 30))], random.Random(3))
+
+
+@pytest.mark.slow
+def test_tar_on_ray_equals_local(many_packed, tiny_model_dir, packed_reference, ray_cluster, tmp_path):
+    out = str(tmp_path / "out")
+    settings = Settings(model=tiny_model_dir, tap="codes", num_workers=1, engine="ray", ray_cpu_actors=2)
+    summary = extract(many_packed["tar"], out, settings, limit=40)
+    assert summary.ok == 40
+    got = check_consistency(out)
+    assert len(got) == 40 and all(np.array_equal(got[k], packed_reference["tar"][k]) for k in got)
+    assert all(k.startswith("part-000000.tar/") for k in got)
 
 
 @pytest.mark.slow
@@ -120,7 +82,7 @@ def test_packed_inputs_on_ray_into_every_format(kind, fmt, many_packed, packed_r
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["tgz", "parquet", "shar"])
+@pytest.mark.parametrize("kind", kind_cases("parts"))
 def test_packed_parts_union_equals_a_whole_run(kind, many_packed, packed_reference, tiny_model_dir, tmp_path):
     """--part by key hash over a packaged input: two parts into one OUT hold every item once,
     each equal to the whole run's."""

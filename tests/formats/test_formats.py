@@ -1,6 +1,8 @@
-"""Output formats: the registry, --format recorded and enforced, Parquet read by datasets, pyarrow,
-lhotse and every mimi-extract reader, equal to HDF5 and to the single-item reference; damaged
-Parquet shards quarantined.  (kill -9 and ENOSPC per format: test_integrity.py.)"""
+"""Output formats: the registry (and the tests' table of it, support/registered.py), --format recorded
+and enforced; every registered format read back equal to HDF5 and to the single-item reference, a
+flipped byte in it found and repaired, a shard of it that cannot be opened a DamagedError; Parquet read
+by datasets, pyarrow, lhotse and every mimi-extract reader; damaged Parquet shards quarantined.
+(kill -9 and ENOSPC per format: test_integrity.py.)"""
 
 import json
 import os
@@ -10,7 +12,7 @@ import numpy as np
 import pytest
 
 import mimi_extract
-from support import ONE_WORKER, cli
+from support import ONE_WORKER, OnDemand, cli
 from mimi_extract import read, read_manifest
 from mimi_extract.formats import get_format, names
 from support import extract
@@ -19,7 +21,8 @@ from mimi_extract.store.files import DamagedError
 from mimi_extract.store.read import load_row
 from support import check_consistency
 from support.outs import check_outputs
-from support.outs import check_decode, flip_byte, flip_hdf5_byte
+from support.outs import check_decode
+from support.registered import FORMAT_TESTS, FORMATS, FormatCase, Skip, format_case, format_cases, table_problems
 
 
 def run(root, out, model_dir, fmt, tap="codes", **kw):
@@ -27,14 +30,37 @@ def run(root, out, model_dir, fmt, tap="codes", **kw):
 
 
 @pytest.fixture(scope="module")
-def both(corpus, tiny_model_dir, tmp_path_factory):
-    """The corpus as codes, once per format (3-item shards)."""
+def outs(corpus, tiny_model_dir, tmp_path_factory):
+    """The corpus as codes in each registered format (3-item shards), each made once a test asks for it."""
     root, _ = corpus
-    outs = {}
-    for fmt in ("hdf5", "parquet"):
-        outs[fmt] = str(tmp_path_factory.mktemp(fmt) / "out")
-        assert run(root, outs[fmt], tiny_model_dir, fmt).ok == 7
-    return outs
+
+    def make(fmt):
+        out = str(tmp_path_factory.mktemp(fmt) / "out")
+        assert run(root, out, tiny_model_dir, fmt).ok == 7
+        return out
+
+    return OnDemand(make)
+
+
+def test_every_registered_format_has_its_test_cases():
+    """The registry-driven tests take every registered format: each has its fixture in the tests' table
+    (tests/support/registered.py), or a Skip there saying why a test cannot take it."""
+    assert table_problems("output format", names(), FORMATS, FORMAT_TESTS) == []
+
+
+def test_the_table_check_names_each_gap():
+    """What the check above says of a table that misses a registered name, has one that is not
+    registered, lacks a fixture that a test needs, or skips a test that does not exist."""
+    skip = {"round_trip": Skip("a reason"), "no_such_test": Skip("a reason"), "kill_9": Skip(" ")}
+    table = {"b": FormatCase(skip=skip), "c": FORMATS["hdf5"]}
+    problems = table_problems("output format", ["a", "b"], table, FORMAT_TESTS)
+    assert sorted(problems) == sorted([
+        "output format 'a' is registered but has no entry in tests/support/registered.py",
+        "output format 'c' has an entry in tests/support/registered.py but is not registered",
+        "output format 'b': a Skip for 'no_such_test', which is no registry-driven test",
+        "output format 'b': its Skip for 'kill_9' gives no reason",
+        "output format 'b' has no flip_item for 'flipped_byte' (give one, or a Skip saying why not)",
+        "output format 'b' has no break_open for 'unopenable' (give one, or a Skip saying why not)"])
 
 
 def test_registry_names_and_errors():
@@ -48,24 +74,29 @@ def test_registry_names_and_errors():
         assert not fmt.is_shard("part-0-of-2") and not fmt.is_shard("../" + fmt.shard_name(0))
 
 
-def test_parquet_equals_hdf5_and_the_single_item_reference(both, corpus, tiny_model):
+@pytest.mark.parametrize("fmt", format_cases("round_trip"))
+def test_a_format_reads_back_equal_to_hdf5_and_the_single_item_reference(outs, corpus, tiny_model, fmt):
     root, _ = corpus
-    arrays = check_consistency(both["parquet"])
-    hdf5 = check_consistency(both["hdf5"])
+    out = outs[fmt]
+    arrays = check_consistency(out)
+    hdf5 = check_consistency(outs["hdf5"])
     assert arrays.keys() == hdf5.keys() and len(arrays) == 7
     for key in arrays:
         assert arrays[key].dtype == np.int16 and np.array_equal(arrays[key], hdf5[key]), key
-    check_outputs(both["parquet"], root, tiny_model, "codes")  # each item vs MimiModel on it alone
-    assert json.load(open(os.path.join(both["parquet"], "run.json")))["format"] == "parquet"
-    assert sorted(f for f in os.listdir(both["parquet"]) if f.startswith("shard-")) == [
-        "shard-00000.parquet", "shard-00001.parquet", "shard-00002.parquet"]
+    check_outputs(out, root, tiny_model, "codes")  # each item vs MimiModel on it alone
+    assert json.load(open(os.path.join(out, "run.json")))["format"] == fmt
+    # its shards, numbered 0, 1, 2 (3 items each), and no other file of OUT is named as one
+    shards = sorted({r["shard"] for r in read_manifest(out) if r["status"] == "ok"})
+    on_disk = [os.path.relpath(os.path.join(d, n), out) for d, _, files in os.walk(out) for n in files]
+    assert sorted(n for n in on_disk if get_format(fmt).is_shard(n)) == shards
+    assert [int(get_format(fmt).shard_re.fullmatch(s).group(1)) for s in shards] == [0, 1, 2], shards
 
 
-def test_datasets_pyarrow_and_polars_read_parquet_as_is(both):
+def test_datasets_pyarrow_and_polars_read_parquet_as_is(outs):
     import pyarrow.parquet as pq
     from datasets import load_dataset
 
-    out = both["parquet"]
+    out = outs["parquet"]
     keys = {r["key"] for r in read_manifest(out) if r["status"] == "ok"}
     # the dataset card's YAML configs block: load_dataset(OUT) finds the shards by itself
     card = open(os.path.join(out, "README.md")).read()
@@ -96,13 +127,13 @@ def test_datasets_pyarrow_and_polars_read_parquet_as_is(both):
         assert np.array_equal(np.array(codes, np.int16), read(out, key)), key
 
 
-def test_every_reader_works_on_parquet(both, tiny_model, tiny_model_dir, tmp_path):
+def test_every_reader_works_on_parquet(outs, tiny_model, tiny_model_dir, tmp_path):
 
-    out = both["parquet"]
+    out = outs["parquet"]
     with mimi_extract.open(out) as reader:
         assert len(reader) == 7 and [k for k, _ in reader] == reader.keys()
         for key, data in reader:
-            assert np.array_equal(data, read(both["hdf5"], key))
+            assert np.array_equal(data, read(outs["hdf5"], key))
     cuts = mimi_extract.read_cuts(out)  # lhotse loads the rows through mimi-extract's storage backend
     for cut in cuts:
         stored = read(out, cut.id)
@@ -137,10 +168,10 @@ def test_parquet_features_float16_and_segments(tmp_path, tiny_model_dir, corpus)
     assert row["channel"] == 1 and np.array_equal(np.array(row["encoder"], np.float16), b["stereo.wav#ch1"])
 
 
-def test_resume_with_another_format_is_refused(both, corpus, tiny_model_dir, tmp_path):
+def test_resume_with_another_format_is_refused(outs, corpus, tiny_model_dir, tmp_path):
     root, _ = corpus
     out = str(tmp_path / "out")
-    shutil.copytree(both["hdf5"], out)
+    shutil.copytree(outs["hdf5"], out)
     result = cli("codes", root, out, "--model", tiny_model_dir, "--format", "parquet", *ONE_WORKER)
     assert result.exit_code == 2 and "format: 'hdf5' -> 'parquet'" in result.text, result.output
     assert "another output format" in result.text
@@ -149,7 +180,7 @@ def test_resume_with_another_format_is_refused(both, corpus, tiny_model_dir, tmp
     result = cli("codes", root, out, "--model", tiny_model_dir, "--format", "parquet", *ONE_WORKER)
     assert result.exit_code == 2 and "holds hdf5 shards" in result.text and "--format hdf5" in result.text, result.output
     # an OUT of mimi-extract 0.2 (no "format" in run.json) is an HDF5 run and resumes as one
-    info = json.load(open(os.path.join(both["hdf5"], "run.json")))
+    info = json.load(open(os.path.join(outs["hdf5"], "run.json")))
     info.pop("format")
     with open(os.path.join(out, "run.json"), "w") as f:
         json.dump(info, f)
@@ -157,10 +188,10 @@ def test_resume_with_another_format_is_refused(both, corpus, tiny_model_dir, tmp
     assert result.exit_code == 0 and "(7 already done)" in result.text, result.output
 
 
-def test_damaged_parquet_shards_are_quarantined_and_redone(both, corpus, tiny_model_dir, tmp_path):
+def test_damaged_parquet_shards_are_quarantined_and_redone(outs, corpus, tiny_model_dir, tmp_path):
     root, _ = corpus
     out = str(tmp_path / "out")
-    shutil.copytree(both["parquet"], out)
+    shutil.copytree(outs["parquet"], out)
     with open(os.path.join(out, "shard-00000.parquet"), "r+b") as f:
         f.truncate(100)
     size = os.path.getsize(os.path.join(out, "shard-00002.parquet"))
@@ -171,7 +202,7 @@ def test_damaged_parquet_shards_are_quarantined_and_redone(both, corpus, tiny_mo
     assert result.text.count("moved damaged shard") == 2 and "quarantine/shard-00000.parquet" in result.text
     assert "(3 already done)" in result.text  # 3 + 1 items of the two shards encoded again
     arrays = check_consistency(out)
-    reference = check_consistency(both["hdf5"])
+    reference = check_consistency(outs["hdf5"])
     assert arrays.keys() == reference.keys() and all(np.array_equal(arrays[k], reference[k]) for k in arrays)
 
 
@@ -192,37 +223,18 @@ def test_parquet_parts_card_and_union(corpus, tiny_model_dir, tmp_path):
     assert sorted(c.id for c in mimi_extract.read_cuts(out)) == sorted(ds["key"])
 
 
-def _flip_parquet_page(out, shard):
-    """Flip one byte inside the data pages of the array column of ``shard``'s first row group;
-    returns the keys of that row group (a page holds several items: all of them are damaged)."""
-    import pyarrow.parquet as pq
-
-    path = os.path.join(out, shard)
-    f = pq.ParquetFile(path)
-    col = f.metadata.row_group(0).column(1)
-    keys = f.read_row_group(0, columns=["key"])["key"].to_pylist()
-    f.close()
-    start = col.dictionary_page_offset if col.has_dictionary_page else col.data_page_offset
-    flip_byte(path, start + col.total_compressed_size - 3)  # the chunk ends with its last data page
-    return keys
-
-
-@pytest.mark.parametrize("fmt", ["hdf5", "parquet"])
-def test_a_flipped_byte_is_found_read_refuses_and_resume_repairs(both, corpus, tiny_model_dir, tmp_path, fmt):
+@pytest.mark.parametrize("fmt", format_cases("flipped_byte"))
+def test_a_flipped_byte_is_found_read_refuses_and_resume_repairs(outs, corpus, tiny_model_dir, tmp_path, fmt):
     root, _ = corpus
     out = str(tmp_path / "out")
-    shutil.copytree(both[fmt], out)
+    shutil.copytree(outs[fmt], out)
     clean = cli("verify", "--out", out, "--checksums")
     assert clean.exit_code == 0 and "7 stored items read, 7 against their checksums; 0 damaged; PASS" in clean.text, clean.output
     rows = [r for r in read_manifest(out) if r["status"] == "ok"]
     assert all(r["checksum"].startswith("crc32:") for r in rows)
     victim = next(r for r in rows if r["key"] == "sub/deeper/chirp.flac")
-    if fmt == "hdf5":
-        flip_hdf5_byte(out, victim)
-        damaged = [victim["key"]]
-    else:
-        damaged = _flip_parquet_page(out, victim["shard"])
-        assert victim["key"] in damaged
+    damaged = format_case(fmt).flip_item(out, victim)
+    assert victim["key"] in damaged
     with pytest.raises(DamagedError) as e:
         read(out, victim["key"])
     assert out in str(e.value) and repr(victim["key"]) in str(e.value) and victim["shard"] in str(e.value)
@@ -230,23 +242,24 @@ def test_a_flipped_byte_is_found_read_refuses_and_resume_repairs(both, corpus, t
         mimi_extract.open(out)[victim["key"]]
     result = cli("verify", "--out", out, "--checksums")
     assert result.exit_code == 1 and f"{len(damaged)} damaged; FAIL" in result.text, result.output
-    listed = [line.split(" in shard-")[0] for line in result.output.splitlines() if " in shard-" in line]
+    in_shard = f" in {victim['shard']}"
+    listed = [line.split(in_shard)[0] for line in result.output.splitlines() if in_shard in line]
     assert sorted(listed) == sorted(damaged)
     # a plain resume does not read every array (structure only); --reencode-damaged does
     result = cli("codes", root, out, "--model", tiny_model_dir, "--format", fmt, "--shard-size", 3,
                  "--reencode-damaged", *ONE_WORKER)
     assert result.exit_code == 0 and "fail their checksums" in result.text and "moved damaged shard" in result.text, result.output
     assert cli("verify", "--out", out, "--checksums").exit_code == 0
-    arrays, reference = check_consistency(out), check_consistency(both["hdf5"])
+    arrays, reference = check_consistency(out), check_consistency(outs["hdf5"])
     assert arrays.keys() == reference.keys() and all(np.array_equal(arrays[k], reference[k]) for k in arrays)
 
 
-def test_an_array_edited_in_place_fails_the_manifest_checksum(both, tmp_path):
+def test_an_array_edited_in_place_fails_the_manifest_checksum(outs, tmp_path):
     """HDF5 recomputes fletcher32 when h5py writes: only the manifest's crc32 catches an edit."""
     import h5py
 
     out = str(tmp_path / "out")
-    shutil.copytree(both["hdf5"], out)
+    shutil.copytree(outs["hdf5"], out)
     row = next(r for r in read_manifest(out) if r["status"] == "ok")
     with h5py.File(os.path.join(out, row["shard"]), "r+") as f:
         f[row["dataset"]][0, 0] = f[row["dataset"]][0, 0] + 1
@@ -256,14 +269,14 @@ def test_an_array_edited_in_place_fails_the_manifest_checksum(both, tmp_path):
     assert result.exit_code == 1 and "checksum mismatch (crc32)" in result.text and "1 damaged" in result.text
 
 
-def test_a_parquet_footer_naming_other_columns_is_a_damaged_shard_not_a_crash(both, tmp_path):
+def test_a_parquet_footer_naming_other_columns_is_a_damaged_shard_not_a_crash(outs, tmp_path):
     """A byte flipped in a Parquet footer can rename a column ('key' -> 'kez'): the file still parses,
     and the format's check used to raise KeyError (a traceback in verify --checksums and in every
     resume); it is a damaged shard, its items listed."""
     from mimi_extract.store.read import scan_checksums
 
     out = str(tmp_path / "out")
-    shutil.copytree(both["parquet"], out)
+    shutil.copytree(outs["parquet"], out)
     rows = [r for r in read_manifest(out) if r["status"] == "ok"]
     shard = rows[0]["shard"]
     path = os.path.join(out, shard)
@@ -278,13 +291,13 @@ def test_a_parquet_footer_naming_other_columns_is_a_damaged_shard_not_a_crash(bo
     assert {d["key"] for d in damaged} == {r["key"] for r in rows if r["shard"] == shard}
 
 
-def test_lhotse_sampler_and_dataloader_workers_over_parquet_cuts(both):
+def test_lhotse_sampler_and_dataloader_workers_over_parquet_cuts(outs):
     """lhotse's own DynamicBucketingSampler and a DataLoader with a (forked) worker process load
     the Parquet rows through mimi-extract's storage backend, each cut exactly read()."""
     import torch
     from lhotse.dataset import DynamicBucketingSampler
 
-    out = both["parquet"]
+    out = outs["parquet"]
     cuts = mimi_extract.read_cuts(out)
     assert len(cuts) == 7
 
@@ -300,15 +313,16 @@ def test_lhotse_sampler_and_dataloader_workers_over_parquet_cuts(both):
         assert np.array_equal(data, read(out, key)), key
 
 
-@pytest.mark.parametrize("fmt", ["hdf5", "parquet"])
-def test_a_damaged_footer_or_superblock_is_a_damaged_error_naming_out_shard_and_key(both, tmp_path, fmt):
-    """A flipped Parquet footer magic / HDF5 superblock signature makes the library fail to open the
-    shard at all (ArrowInvalid, OSError): every reader says DamagedError with OUT, shard and key."""
+@pytest.mark.parametrize("fmt", format_cases("unopenable"))
+def test_a_damaged_footer_or_superblock_is_a_damaged_error_naming_out_shard_and_key(outs, tmp_path, fmt):
+    """A flipped Parquet footer magic / HDF5 superblock signature / Megatron index magic makes the library
+    fail to open the shard at all (ArrowInvalid, OSError, ValueError): every reader says DamagedError with
+    OUT, shard and key."""
     out = str(tmp_path / "out")
-    shutil.copytree(both[fmt], out)
+    shutil.copytree(outs[fmt], out)
     victim = next(r for r in read_manifest(out) if r["status"] == "ok")
     path = os.path.join(out, victim["shard"])
-    flip_byte(path, os.path.getsize(path) - 2 if fmt == "parquet" else 1)
+    format_case(fmt).break_open(path)
     for reader in (lambda k: read(out, k), lambda k: mimi_extract.open(out)[k],
                    lambda k: load_row(out, victim)):  # what report and verify read through
         with pytest.raises(DamagedError) as e:
@@ -319,10 +333,10 @@ def test_a_damaged_footer_or_superblock_is_a_damaged_error_naming_out_shard_and_
     assert result.exit_code == 1 and f"7 stored items read, 7 against their checksums; {in_shard} damaged; FAIL" in result.text, result.output
 
 
-def test_verify_out_without_run_json_after_a_refused_resume_says_so(both, corpus, tiny_model_dir, tmp_path):
+def test_verify_out_without_run_json_after_a_refused_resume_says_so(outs, corpus, tiny_model_dir, tmp_path):
     root, _ = corpus
     out = str(tmp_path / "out")
-    shutil.copytree(both["hdf5"], out)
+    shutil.copytree(outs["hdf5"], out)
     os.remove(os.path.join(out, "run.json"))
     refused = cli("codes", root, out, "--model", tiny_model_dir, "-q", "4", *ONE_WORKER)
     assert refused.exit_code == 2 and "num_quantizers: 8 -> 4" in refused.text, refused.output

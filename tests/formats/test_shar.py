@@ -1,12 +1,12 @@
 """lhotse Shar output (``--format shar``), read by lhotse itself: ``CutSet.from_shar`` +
 ``cut.load_custom`` equal ``mimi_extract.read`` and the single-item reference, samplers work,
-every reader works, and the HDF5 guarantees hold (damaged shards, kill -9, error rows, parts)."""
+every reader works, and the HDF5 guarantees hold (damaged shards, error rows, parts; kill -9: the
+formats' own in test_integrity.py, through ``check_shar``)."""
 
 import gzip
 import io
 import json
 import os
-import random
 import shutil
 
 import numpy as np
@@ -30,50 +30,9 @@ from mimi_extract.config.settings import Part  # noqa: E402
 from support import extract  # noqa: E402
 from mimi_extract.config.settings import Settings  # noqa: E402
 from support import rhu  # noqa: E402
-from support.kill_trials import KillTrial, kill_9_then_resume  # noqa: E402
+from support.outs import check_shar  # noqa: E402
 
 SHAR = get_format("shar")
-
-
-def check_shar(out: str, killed: bool = False) -> dict[str, np.ndarray]:
-    """Assert a Shar OUT's invariants and return {key: array} of its committed items.
-
-    Per run directory: its ``shar/`` folder holds only ``cuts.N.jsonl.gz`` + ``<field>.N.tar``
-    pairs whose rows are committed, each pair exactly what its rows say (the format's own check);
-    no temporary anywhere.  ``killed``: as a kill -9 left it: a temporary in the run directory
-    (never in ``shar/``) and one cuts file whose tar was never renamed into place may remain.
-    Then lhotse reads every committed pair (``from_shar``; also ``from_shar(in_dir=...)`` when
-    nothing is left over) and each cut's array equals ``mimi_extract.read``."""
-    arrays = {}
-    for d in run_dirs(out):
-        rows = [r for r in committed_rows(d) if r.get("status") == "ok"]
-        keys = [r["key"] for r in rows]
-        assert len(keys) == len(set(keys)), "a key committed twice"
-        by_shard: dict[str, list] = {}
-        for r in rows:
-            by_shard.setdefault(r["shard"], []).append(r)
-        committed = {n for s in by_shard for n in (s, SHAR.companions(s)[0])}
-        folder = os.path.join(d, "shar")
-        files = {f"shar/{n}" for n in os.listdir(folder)} if os.path.isdir(folder) else set()
-        stray = files - committed
-        assert not any(n.endswith(".tmp") for n in files), f"a temporary inside {folder}: lhotse would read it"
-        if killed:
-            assert len(stray) <= 1 and all(n.startswith("shar/cuts.") for n in stray), stray
-        else:
-            assert not stray, f"files in {folder} that no committed row names: {stray}"
-            assert not [n for n in os.listdir(d) if n.endswith(".tmp")], os.listdir(d)
-        for shard, shard_rows in by_shard.items():
-            assert SHAR.check(os.path.join(d, shard), shard_rows) is None, shard
-        if by_shard and not stray:
-            ids = [c.id for c in lhotse.CutSet.from_shar(in_dir=folder)]
-            assert sorted(ids) == sorted(keys)
-    for cut in read_cuts(out):
-        field = next(iter(cut.custom))
-        arrays[cut.id] = cut.load_custom(field)
-        assert np.array_equal(arrays[cut.id], read(out, cut.id)), cut.id
-    assert sorted(arrays) == sorted(r["key"] for r in read_manifest(out) if r["status"] == "ok")
-    return arrays
-
 
 @pytest.fixture(scope="module")
 def shar_input(tmp_path_factory):
@@ -244,16 +203,6 @@ def test_damaged_shar_shards_are_quarantined_and_redone(many, tiny_model_dir, sh
                                  + ["shar__cuts.000008.jsonl.gz"]), quarantined
     assert summary.skipped == 35 and summary.ok == 25  # 3 damaged shards of 7 and the 4 uncommitted again
     assert_same(out, shar_reference)
-
-
-@pytest.mark.slow
-def test_kill_9_at_random_points_then_resume(many, tiny_model_dir, shar_reference, tmp_path):
-    """kill -9 twice at random points of a Shar run (3-item shards: a commit every few ms), each
-    once some rows are committed: OUT is consistent after each kill (lhotse reads every committed
-    pair), the next run resumes exactly what was committed, and the end equals an uninterrupted run."""
-    trials = [KillTrial("1", (1, 12))] * 2
-    kill_9_then_resume(many, str(tmp_path / "out"), tiny_model_dir, shar_reference[1], trials, random.Random(1), "shar",
-                       check=check_shar)
 
 
 def test_commit_renames_into_shar_from_the_run_dir_and_survives_a_full_disk(shar_input, tiny_model_dir, tmp_path,

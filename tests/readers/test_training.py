@@ -13,22 +13,25 @@ lhotse = pytest.importorskip("lhotse")
 import mimi_extract  # noqa: E402
 from mimi_extract import read  # noqa: E402
 from mimi_extract.readers.dataset import CutsDataset, OutDataset, PadCollate, pad_collate  # noqa: E402
-from support import extract  # noqa: E402
+from support import OnDemand, extract  # noqa: E402
+from support.registered import format_cases  # noqa: E402
 from mimi_extract.config.settings import Settings  # noqa: E402
 
-FORMATS = ["hdf5", "parquet", "shar", "megatron"]
 WORKERS = {"spawn": 1, "fork": 2}  # a spawned worker imports torch and lhotse anew (seconds each on 2 cores)
 
 
 @pytest.fixture(scope="module")
 def outs(corpus, tiny_model_dir, tmp_path_factory):
+    """The corpus as codes in each registered format, each made once a test asks for it."""
     root, _ = corpus
-    made = {}
-    for fmt in FORMATS:
-        made[fmt] = str(tmp_path_factory.mktemp(fmt) / "out")
-        assert extract(root, made[fmt], Settings(model=tiny_model_dir, tap="codes", num_workers=0, format=fmt),
+
+    def make(fmt):
+        out = str(tmp_path_factory.mktemp(fmt) / "out")
+        assert extract(root, out, Settings(model=tiny_model_dir, tap="codes", num_workers=0, format=fmt),
                        shard_size=3).ok == 7
-    return made
+        return out
+
+    return OnDemand(make)
 
 
 def check_batch(batch, arrays: dict, key_field: str, pad_value=0):
@@ -45,7 +48,7 @@ def check_batch(batch, arrays: dict, key_field: str, pad_value=0):
 
 
 @pytest.mark.parametrize("context", ["fork", pytest.param("spawn", marks=pytest.mark.slow)])  # spawn: a fresh interpreter per worker
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", format_cases("training_batches"))
 def test_out_dataset_and_pad_collate_in_workers(outs, fmt, context):
     out = outs[fmt]
     dataset = mimi_extract.open(out).dataset()
@@ -62,7 +65,7 @@ def test_out_dataset_and_pad_collate_in_workers(outs, fmt, context):
 
 
 @pytest.mark.parametrize("context", ["fork", pytest.param("spawn", marks=pytest.mark.slow)])  # spawn: a fresh interpreter per worker
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", format_cases("training_cuts"))
 def test_the_lhotse_recipe_codes_with_the_supervisions_text(outs, fmt, context):
     """The README's recipe: a lhotse sampler over ``read_cuts`` (with supervisions) and
     ``CutsDataset``: codes padded, lengths, masks, ids and each cut's text."""

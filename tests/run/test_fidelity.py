@@ -10,6 +10,7 @@ import torch
 import torchaudio
 
 from support import extract
+from support.registered import format_cases
 from mimi_extract import read, read_manifest
 from mimi_extract.config.settings import Settings
 
@@ -72,7 +73,7 @@ def test_off_by_default(corpus, tiny_model_dir, tmp_path):
     assert not any("si_sdr" in r or "mel_distance" in r for r in read_manifest(out))
 
 
-@pytest.mark.parametrize("fmt", ["hdf5", "parquet", "shar", "megatron"])
+@pytest.mark.parametrize("fmt", format_cases("fidelity"))
 def test_every_format_carries_the_rows_fidelity(corpus, tiny_model_dir, tmp_path, fmt):
     """The manifest's values, as Parquet columns, lhotse cuts' custom fields (the HDF5 OUT's cuts and
     the Shar cuts) and Megatron documents' fields."""

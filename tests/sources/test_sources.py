@@ -11,11 +11,18 @@ import soundfile as sf
 
 from mimi_extract.config.settings import Part, parse_part
 from mimi_extract.engines.plan import padding_fraction, part_of, plan_batches, plan_units
-from mimi_extract.sources import Item, dataset_name, discover, walk_directory
+from mimi_extract.sources import REGISTRY, Item, dataset_name, discover, walk_directory
+from support.registered import KIND_TESTS, KINDS, table_problems
 
 
 def items(lengths):
     return [Item(f"/x/{i}.wav", f"{i}.wav", f"{i}.wav", "mix", 24_000, 0, n, n) for i, n in enumerate(lengths)]
+
+
+def test_every_registered_input_kind_has_its_test_cases():
+    """The registry-driven tests take every registered input kind: each has its builder in the tests'
+    table (tests/support/registered.py), or a Skip there saying why a test cannot take it."""
+    assert table_problems("input kind", list(REGISTRY), KINDS, KIND_TESTS) == []
 
 
 def test_plan_batches_budget_cap_and_coverage():

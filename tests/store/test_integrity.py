@@ -22,6 +22,8 @@ from mimi_extract.config.settings import Settings
 from mimi_extract.codec.demo import random_model, tiny_config
 from support import check_consistency
 from support.kill_trials import KillTrial, kill_9_then_resume
+from support.registered import format_case, format_cases
+from mimi_extract.formats import get_format
 from support.waits import HANG_S, read_until, wait_for
 from mimi_extract.store.files import LockedError
 from mimi_extract.store.lock import RunLock
@@ -73,22 +75,23 @@ def finish(proc):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fmt", ["hdf5", "parquet", "megatron"])
+@pytest.mark.parametrize("fmt", format_cases("kill_9"))
 def test_kill_9_at_random_points_then_resume(many, tiny_model_dir, reference_run, tmp_path, fmt):
     """kill -9 three times, each once a random number of rows is committed (never before the
-    first commit or after the last): after each kill OUT is consistent and the next run resumes
-    exactly what was committed; the final resume equals the uninterrupted run (an HDF5 run: every
-    format stores the same arrays).  Observation 7 too: kill -9 of a two-worker parent leaves no
-    worker behind."""
+    first commit or after the last): after each kill OUT is consistent (the format's own check: a
+    Shar OUT's is read by lhotse) and the next run resumes exactly what was committed; the final
+    resume equals the uninterrupted run (an HDF5 run: every format stores the same arrays).
+    Observation 7 too: kill -9 of a two-worker parent leaves no worker behind."""
     out = str(tmp_path / "out")
     trials = [KillTrial("2", (1, 25)), KillTrial("1", (1, 15)), KillTrial("2", (1, 15))]
-    kill_9_then_resume(many, out, tiny_model_dir, reference_run, trials, random.Random(0), fmt)
-    assert {os.path.splitext(r["shard"])[1] for r in read_manifest(out) if r["shard"]} == {
-        "." + {"hdf5": "h5", "megatron": "idx"}.get(fmt, fmt)}
+    kill_9_then_resume(many, out, tiny_model_dir, reference_run, trials, random.Random(0), fmt,
+                       check=format_case(fmt).kill_check)
+    shards = {r["shard"] for r in read_manifest(out) if r["shard"]}
+    assert shards and all(get_format(fmt).is_shard(s) for s in shards), shards
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fmt", ["hdf5", "shar", "megatron"])
+@pytest.mark.parametrize("fmt", format_cases("kill_9_writers"))
 def test_kill_9_with_several_writers_mid_commit(many, tiny_model_dir, reference_run, tmp_path, fmt):
     """Three device workers, each writing its own 3-item shards (a shard every few ms from each,
     their .tmp files side by side, the runner committing them in turn): kill -9 at random points,

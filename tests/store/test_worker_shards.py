@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 
 from support import check_consistency, write_noise
+from support.registered import format_cases
 from mimi_extract.config.settings import Settings
 from mimi_extract.formats import get_format
 from mimi_extract.store.manifest import ManifestRow, next_shard_index, read_manifest
 from mimi_extract.store.recover import recover
 from mimi_extract.store.writer import PROVISIONAL, ShardWriter, WorkerShards
 
-FORMATS = ["hdf5", "parquet", "shar", "megatron"]
 
 
 def attrs_for(fmt: str) -> dict:
@@ -39,7 +39,7 @@ def tmp_files(run_dir: str) -> list[str]:
     return sorted(n for n in os.listdir(run_dir) if n.endswith(".tmp"))
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", format_cases("worker_shards"))
 def test_two_workers_shards_and_the_runners_own_commit_into_one_out(tmp_path, fmt):
     """Two workers' shards (written to their .tmp files side by side) and the runner's own shard
     are committed in an order unlike the one they were written in: OUT holds every item once,
@@ -91,7 +91,7 @@ def test_a_shard_holding_an_item_already_stored_is_refused(tmp_path, fmt):
     assert not tmp_files(out) and len({r["shard"] for r in read_manifest(out)}) == 1
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", format_cases("worker_tmp_files"))
 def test_resume_removes_what_a_killed_worker_wrote(tmp_path, fmt):
     """A worker killed after writing its shard's .tmp files, before the runner committed it: resume
     removes them (every format's provisional names are temporaries), keeps what was committed,

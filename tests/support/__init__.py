@@ -3,7 +3,8 @@ module): the CLI in-process and in a subprocess, one run as the tests ask it, no
 float tolerance, and the checks of an output directory (they ``assert``: kept out of the package).
 The shared fixtures are the pytest plugins ``support.fixtures`` and ``support.corpora`` (registered
 in tests/conftest.py); ``support.outs`` writes and damages OUTs by hand, ``support.kill_trials`` kills
-runs, ``support.s3_server`` serves S3, ``support.moshi_ref`` and ``support.shapes`` are references."""
+runs, ``support.s3_server`` serves S3, ``support.moshi_ref`` and ``support.shapes`` are references;
+``support.registered`` is the tests' table of the registered output formats and input kinds."""
 
 from __future__ import annotations
 
@@ -161,3 +162,16 @@ def extract(source: str, out_dir: str, settings, **asked):
 
     callbacks = {k: asked.pop(k) for k in ("on_plan", "on_progress", "on_signal", "stop", "on_phase") if k in asked}
     return run_request(RunRequest(source, out_dir, settings, **asked), **callbacks)
+
+
+class OnDemand(dict):
+    """{name: what} made by ``make(name)`` once a test first asks for it (a module fixture over every
+    registered format or input kind: running one case's tests makes no other case's)."""
+
+    def __init__(self, make):
+        super().__init__()
+        self.make = make
+
+    def __missing__(self, name):
+        self[name] = self.make(name)
+        return self[name]

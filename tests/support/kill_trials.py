@@ -1,6 +1,7 @@
 """kill -9 part-way through a CLI run, then resume: the one harness behind the kill tests of every
-output format (HDF5, Parquet, Shar) and every packaged input (tar, .tar.gz, Parquet, Shar), so a
-new format or input gets the whole scenario -- and every assertion -- by naming its check."""
+registered output format and every packaged input kind (their cases: ``support.registered``), so a
+new format or input gets the whole scenario -- and every assertion -- by its entry there (a format's
+own OUT check, an input's builder)."""
 
 from __future__ import annotations
 

@@ -1,18 +1,19 @@
 """OUTs made or damaged by hand: a run directory written by the real ShardWriter without encoding
 (``make_out``), a byte flipped in a stored array or anywhere in a file, and the check of a run's
-arrays against the single-item reference (``check_outputs``)."""
+arrays against the single-item reference (``check_outputs``), a Shar OUT's own invariants, read by
+lhotse (``check_shar``)."""
 
 import json
 import os
 
 import numpy as np
 
-from mimi_extract import read
+from mimi_extract import read, read_cuts
 from mimi_extract.audio.reader import load
 from mimi_extract.codec.reference import reference_single
 from mimi_extract.formats import get_format
 from mimi_extract.store.files import write_atomic
-from mimi_extract.store.manifest import ManifestRow, read_manifest
+from mimi_extract.store.manifest import ManifestRow, committed_rows, read_manifest, run_dirs
 from mimi_extract.store.writer import ShardWriter
 from support import cli, tolerance
 
@@ -92,3 +93,46 @@ def check_decode(out, model, wav, key="sine_440.wav") -> np.ndarray:
         expected = model.decode(torch.from_numpy(read(out, key)).long().T[None]).audio_values[0, 0]
     assert rate == 24_000 and np.allclose(audio, expected[: len(audio)].numpy(), atol=1e-5)
     return audio
+
+
+def check_shar(out: str, killed: bool = False) -> dict[str, np.ndarray]:
+    """Assert a Shar OUT's invariants and return {key: array} of its committed items.
+
+    Per run directory: its ``shar/`` folder holds only ``cuts.N.jsonl.gz`` + ``<field>.N.tar``
+    pairs whose rows are committed, each pair exactly what its rows say (the format's own check);
+    no temporary anywhere.  ``killed``: as a kill -9 left it: a temporary in the run directory
+    (never in ``shar/``) and one cuts file whose tar was never renamed into place may remain.
+    Then lhotse reads every committed pair (``from_shar``; also ``from_shar(in_dir=...)`` when
+    nothing is left over) and each cut's array equals ``mimi_extract.read``."""
+    import lhotse
+
+    shar = get_format("shar")
+    arrays = {}
+    for d in run_dirs(out):
+        rows = [r for r in committed_rows(d) if r.get("status") == "ok"]
+        keys = [r["key"] for r in rows]
+        assert len(keys) == len(set(keys)), "a key committed twice"
+        by_shard: dict[str, list] = {}
+        for r in rows:
+            by_shard.setdefault(r["shard"], []).append(r)
+        committed = {n for s in by_shard for n in (s, shar.companions(s)[0])}
+        folder = os.path.join(d, "shar")
+        files = {f"shar/{n}" for n in os.listdir(folder)} if os.path.isdir(folder) else set()
+        stray = files - committed
+        assert not any(n.endswith(".tmp") for n in files), f"a temporary inside {folder}: lhotse would read it"
+        if killed:
+            assert len(stray) <= 1 and all(n.startswith("shar/cuts.") for n in stray), stray
+        else:
+            assert not stray, f"files in {folder} that no committed row names: {stray}"
+            assert not [n for n in os.listdir(d) if n.endswith(".tmp")], os.listdir(d)
+        for shard, shard_rows in by_shard.items():
+            assert shar.check(os.path.join(d, shard), shard_rows) is None, shard
+        if by_shard and not stray:
+            ids = [c.id for c in lhotse.CutSet.from_shar(in_dir=folder)]
+            assert sorted(ids) == sorted(keys)
+    for cut in read_cuts(out):
+        field = next(iter(cut.custom))
+        arrays[cut.id] = cut.load_custom(field)
+        assert np.array_equal(arrays[cut.id], read(out, cut.id)), cut.id
+    assert sorted(arrays) == sorted(r["key"] for r in read_manifest(out) if r["status"] == "ok")
+    return arrays
