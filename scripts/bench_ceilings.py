@@ -214,7 +214,7 @@ def decoder_alone(folder: str, where: str, passes: int = 3) -> float:
     ``passes``): each file opened with the decoder the tool picks and read to its end in the tool's
     blocks, as the samples the run transports (int16 where the device path takes it: 16-bit mono
     through libsndfile), nothing else -- the floor the feed's cost is compared with."""
-    from mimi_extract.audio.decoders import BLOCK, _read, open_decoder
+    from mimi_extract.audio.decoders import BLOCK, open_decoder, read_frames
 
     paths = sorted(os.path.join(d, f) for d, _, files in os.walk(folder) for f in files if not f.startswith("."))
     best, audio = float("inf"), 0.0
@@ -225,7 +225,7 @@ def decoder_alone(folder: str, where: str, passes: int = 3) -> float:
             int16 = where == "device" and isinstance(f, sf.SoundFile) and f.subtype == "PCM_16" and f.channels == 1
             n = 0
             while True:
-                got = len(_read(f, BLOCK, "int16" if int16 else "float32"))
+                got = len(read_frames(f, BLOCK, "int16" if int16 else "float32"))
                 n += got
                 if got < BLOCK:
                     break
@@ -316,7 +316,7 @@ def feed_processes(args, model_dir: str) -> dict:
 
     if hasattr(processes_mod, "_OwnShards"):  # (since issue 40: each worker builds and writes its shards)
         processes_mod._OwnShards._work = _timed(SHARDS, processes_mod._OwnShards._work)
-    audio_mod._read = _timed_inside(DECODER, audio_mod._read)
+    audio_mod.read_frames = _timed_inside(DECODER, audio_mod.read_frames)
     dumps = os.path.join(args.workdir, "procs-cpu")
     timed_run = DeviceRunner.run
 

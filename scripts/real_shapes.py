@@ -65,7 +65,7 @@ def main() -> None:
     for shape in shapes():
         shape.make(folder / shape.filename)
 
-    from mimi_extract.audio.decoders import _seek, open_decoder
+    from mimi_extract.audio.decoders import seek_exact, open_decoder
 
     after = probe_with(ROOT, folder)
     before = probe_with(os.path.abspath(args.before), folder) if args.before else None
@@ -87,7 +87,7 @@ def main() -> None:
             whole = f.read(len(ref) + 1, dtype="float32", always_2d=True)
             f.close()
             f = open_decoder(str(path))
-            _seek(f, len(ref) // 3)
+            seek_exact(f, len(ref) // 3)
             seg = f.read(20_000, dtype="float32", always_2d=True)
             f.close()
             want = ref[len(ref) // 3: len(ref) // 3 + 20_000]

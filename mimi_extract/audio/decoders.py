@@ -1,7 +1,7 @@
 """Decoders: which library decodes a file (by its extension), and the decoders themselves --
 libsndfile through ``soundfile``, FFmpeg through :class:`PyAVFile` -- behind one interface
 (:func:`open_decoder`: ``samplerate``, ``channels``, ``frames``, ``read``, ``seek``, ``close``), with
-the seeks that give exactly the samples a decode from the start gives (:func:`_seek`).  MPEG audio
+the seeks that give exactly the samples a decode from the start gives (:func:`seek_exact`).  MPEG audio
 (MP3) and Ogg Opus (``.opus``) go through FFmpeg (see the decoder table below), MP3 cut before the
 tags appended to it (:mod:`.trailing`); an undecodable packet becomes silence of its length,
 counted in the item's ``decoder_warnings``."""
@@ -396,13 +396,13 @@ def seek_is_exact(name: str) -> bool:
     return name.lower().endswith(EXACT_SEEK_EXTENSIONS)
 
 
-def _read(file, n: int, dtype: str = "float32") -> np.ndarray:
+def read_frames(file, n: int, dtype: str = "float32") -> np.ndarray:
     """``n`` frames of ``file`` as ``dtype`` (float32, or int16 for 16-bit PCM: libsndfile's float
     is that int16 / 32768, exactly) [frames, channels]."""
     return file.read(n, dtype=dtype, always_2d=True)
 
 
-def _seek(file, start: int) -> None:
+def seek_exact(file, start: int) -> None:
     """Position ``file`` (an opened decoder) at source sample ``start``, lossy libsndfile codecs
     through a pre-roll (see ``_PREROLL``); PyAVFile seeks itself."""
     if not (isinstance(file, sf.SoundFile) and file.subtype in _PREROLL_SUBTYPES):
@@ -412,7 +412,7 @@ def _seek(file, start: int) -> None:
     if at:
         file.seek(at)
     while at < start:
-        got = len(_read(file, min(start - at, BLOCK)))
+        got = len(read_frames(file, min(start - at, BLOCK)))
         if got == 0:
             raise AudioError(f"ends at sample {at}")
         at += got

@@ -33,7 +33,7 @@ from ..config.choices import SAMPLE_RATE
 from .decoders import AudioError
 from .reader import AudioReader
 from .framing import Framing
-from .resample import _reduced, sinc_kernel
+from .resample import reduced_rates, sinc_kernel
 
 INT16_SCALE = 1 / 32768  # libsndfile's float from 16-bit PCM (exact: a power of two)
 SKIP_STEP = 128 * 1920  # PieceReader drops a piece's warm-up in reads of this many 24 kHz samples
@@ -47,7 +47,7 @@ def device_resamplable(rate: int, chunk: int) -> bool:
     the host path."""
     if rate == SAMPLE_RATE or rate <= 0:
         return False
-    _, new = _reduced(rate, SAMPLE_RATE)
+    _, new = reduced_rates(rate, SAMPLE_RATE)
     return chunk % new == 0 and SKIP_STEP % new == 0
 
 
@@ -83,7 +83,7 @@ class NativeReader(AudioReader):
     def __init__(self, path, channel: int | str = "mix", framing: Framing = Framing(), start: int = 0,
                  frames: int | None = None):
         super().__init__(path, channel, framing, start, frames)
-        self.orig, self.new = _reduced(self.rate, SAMPLE_RATE)
+        self.orig, self.new = reduced_rates(self.rate, SAMPLE_RATE)
         if self.rate == SAMPLE_RATE or SKIP_STEP % self.new:  # (the engine asks only for rates that are not)
             self.close()
             raise AudioError(f"its sample rate, {self.rate} Hz, is not one the device resamples: did the file change "

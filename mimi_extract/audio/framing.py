@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..config.choices import SAMPLE_RATE
-from .resample import _reduced, causal_lookahead
+from .resample import reduced_rates, causal_lookahead
 
 @dataclass(frozen=True)
 class Framing:
@@ -56,7 +56,7 @@ class Framing:
             return n
         if self.name == "muvap" and rate == 16_000:
             return round(n * 1.5)  # Python's round: halves to even, as the MuVAP recipe does
-        orig, new = _reduced(rate, SAMPLE_RATE)
+        orig, new = reduced_rates(rate, SAMPLE_RATE)
         if (rate == 16_000 and self.causal_16k) or self.length == "exact":
             return math.ceil(new * n / orig)
         return min(math.ceil(float(np.float32(new * n / orig))), (n // orig + 1) * new)

@@ -11,7 +11,7 @@ import numpy as np
 
 from .lazy import torch  # imported at first use: probing headers (sources, `plan`) needs none of it
 from ..config.choices import SAMPLE_RATE
-from .decoders import BLOCK, AudioError, _read, _seek, open_decoder
+from .decoders import BLOCK, AudioError, read_frames, seek_exact, open_decoder
 from .framing import Framing
 from .resample import SincResampler
 
@@ -94,7 +94,7 @@ class AudioReader:
         self.remaining = frames  # None: to the end of the stream
         if start:
             try:
-                _seek(self.file, start)
+                seek_exact(self.file, start)
             except Exception as e:
                 self.close()
                 raise AudioError(f"cannot seek to sample {start}: {e}{self._said()}") from e
@@ -134,7 +134,7 @@ class AudioReader:
         :mod:`~mimi_extract.audio.device`)."""
         want = min(BLOCK, self.remaining) if self.remaining is not None else BLOCK
         try:
-            data = _read(self.file, want, dtype) if want > 0 else np.zeros((0, 1), dtype)
+            data = read_frames(self.file, want, dtype) if want > 0 else np.zeros((0, 1), dtype)
         except AudioError:
             raise
         except Exception as e:

@@ -27,14 +27,16 @@ def sinc_kernel(orig: int, new: int, width_zeros: int = 6, rolloff: float = 0.99
     return kernel[:, None].float(), width
 
 
-def _reduced(orig_sr: int, new_sr: int) -> tuple[int, int]:
+def reduced_rates(orig_sr: int, new_sr: int) -> tuple[int, int]:
+    """``orig_sr`` and ``new_sr`` divided by their greatest common divisor: the reduced ratio the sinc
+    kernel is built for, one rule for this resampler, the framings' arithmetic and the device's."""
     g = math.gcd(orig_sr, new_sr)
     return orig_sr // g, new_sr // g
 
 
 def causal_lookahead(orig_sr: int, new_sr: int) -> int:
     """Input samples the causal resampler delays by (its filter's look-ahead)."""
-    orig, new = _reduced(orig_sr, new_sr)
+    orig, new = reduced_rates(orig_sr, new_sr)
     _, width = sinc_kernel(orig, new)
     return width + orig - 1
 
@@ -45,7 +47,7 @@ class SincResampler:
     (before any trimming to a target length, which the caller applies)."""
 
     def __init__(self, orig_sr: int, new_sr: int, delay: int = 0):
-        self.orig, self.new = _reduced(orig_sr, new_sr)
+        self.orig, self.new = reduced_rates(orig_sr, new_sr)
         self.kernel, self.width = sinc_kernel(self.orig, self.new)
         self.size = self.kernel.shape[-1]
         self.left = self.width + delay  # left padding (width) + delay, as torchaudio pads

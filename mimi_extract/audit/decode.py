@@ -11,7 +11,7 @@ import numpy as np
 
 from ..store.identity import read_run_info
 from ..store.manifest import out_files, out_rows, shard_attrs
-from .outputs import _require
+from .outputs import require_runs
 
 
 def _samples_24k(row: dict, info: dict) -> int:
@@ -79,7 +79,7 @@ def decode_items(out_dir: str, keys: list[str] | None, output: str | None, model
     from ..sources import dataset_name
 
     files = out_files(out_dir)
-    info = read_run_info(_require(out_dir, files)[0].path)
+    info = read_run_info(require_runs(out_dir, files)[0].path)
     rows = {r["key"]: r for r in out_rows(out_dir, files) if r.get("status") == "ok"}
     keys = keys or sorted(rows)
     missing = [k for k in keys if k not in rows]

@@ -19,7 +19,7 @@ from ..store.manifest import (RunFiles, committed_rows, format_of_path, out_exis
                               read_ahead, read_manifest)
 
 
-def _require(out_dir: str, files: list[RunFiles] | None = None) -> list[RunFiles]:
+def require_runs(out_dir: str, files: list[RunFiles] | None = None) -> list[RunFiles]:
     """The run directories of OUT that hold a run (their run.json), as :class:`RunFiles`; a clear
     FileNotFoundError when none does (OUT local or on object storage: ``files`` listed once)."""
     files = out_files(out_dir) if files is None else files
@@ -79,7 +79,7 @@ def status_report(out_dir: str) -> dict:
     for name in starting:
         if (m := PART_RE.search(name)):
             counts.add((int(m.group(1)), int(m.group(2))))
-    dirs = [f for f in files if f.exists(RUN_INFO)] if starting else _require(out_dir, files)
+    dirs = [f for f in files if f.exists(RUN_INFO)] if starting else require_runs(out_dir, files)
     read_ahead(dirs, (PLAN_INFO, RUN_INFO))
     alone = None  # OUT is one part's own folder (status OUT/part-3-of-16): that part, not its array
     for f in dirs:
@@ -134,7 +134,7 @@ def array_spec(indices: list[int]) -> str:
     return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
-def _reason(message: str, row: dict | None = None) -> str:
+def error_reason(message: str, row: dict | None = None) -> str:
     """An error message with its specifics (quoted names, numbers in parentheses) folded, for grouping,
     and without the location the sources put before it (``row``'s own: ``shard:key: `` of a tar or
     .tar.gz sample, ``file:row N: `` of a Parquet row, ``line N: `` of a list), which differs per item."""
@@ -157,7 +157,7 @@ def common_failures(errors: list[dict], inputs: int) -> list[dict]:
     "share" (of ``inputs``), "first_keys"}``, most frequent first."""
     groups: dict[str, list[str]] = {}
     for row in errors:
-        groups.setdefault(_reason(row.get("error"), row), []).append(str(row.get("key")))
+        groups.setdefault(error_reason(row.get("error"), row), []).append(str(row.get("key")))
     found = [{"reason": reason, "count": len(keys), "share": len(keys) / max(1, inputs), "first_keys": keys[:COMMON_KEYS]}
              for reason, keys in groups.items()
              if len(keys) >= COMMON_AT_LEAST and len(keys) >= COMMON_SHARE * inputs]
@@ -174,7 +174,7 @@ def run_failures(run_dir: str) -> list[dict]:
 
 def info_report(out_dir: str) -> dict:
     files = out_files(out_dir)
-    dirs = _require(out_dir, files)
+    dirs = require_runs(out_dir, files)
     read_ahead(files, (PLAN_INFO,))
     rows = out_rows(out_dir, files)
     ok = list({r["key"]: r for r in rows if r.get("status") == "ok"}.values())  # each key once, whatever the rows
@@ -207,7 +207,7 @@ def info_report(out_dir: str) -> dict:
     return {
         "inputs": inputs + unplanned, "unplanned": unplanned, "ok": len(ok), "errors": len(errors),
         "pending": max(0, inputs - stored),
-        "errors_by_reason": dict(Counter(_reason(r.get("error"), r) for r in errors).most_common()),
+        "errors_by_reason": dict(Counter(error_reason(r.get("error"), r) for r in errors).most_common()),
         "common_failures": common_failures(errors, inputs + unplanned),
         "failed": [{"key": r["key"], "path": (r.get("source") or {}).get("path") or _source_path(info, r),
                     "reason": r.get("error") or "unknown"} for r in errors],

@@ -33,7 +33,7 @@ from ..store.identity import read_run_info
 from ..store.lock import RunLock
 from ..store.manifest import RunFiles, iter_committed, out_files
 from ..store.read import close_shard, load_row, open_shard
-from .outputs import _reason, _require, fidelity_lines, fidelity_summary
+from .outputs import error_reason, require_runs, fidelity_lines, fidelity_summary
 
 SCHEMA = 1  # bump when a key of the JSON report changes meaning or goes away
 # duration bins (seconds): left-closed, the last one open-ended; fixed, so reports compare across OUTs
@@ -324,7 +324,7 @@ class _Tally:
         for row in self.error_rows.values():
             s = self.subset(self.subsets.of_error(row, containers))
             s["errors"] += 1
-            s["reasons"][_reason(row.get("error"))] += 1
+            s["reasons"][error_reason(row.get("error"))] += 1
 
 
 def _no_such_field(out_dir: str, by: str, runs, tally: _Tally) -> ValueError:
@@ -363,7 +363,7 @@ def corpus_report(out_dir: str, by: str | None = None, arrays: bool = True, work
     shards (default :func:`default_workers`); ``on_shard(done)`` after each shard, for progress."""
     out_dir = remote.absolute(out_dir)
     files = out_files(out_dir)
-    dirs = [f.path for f in _require(out_dir, files)]
+    dirs = [f.path for f in require_runs(out_dir, files)]
     info = read_run_info(dirs[0])
     tap = info.get("tap")
     size, size_from = codebook_size(info) if tap == "codes" else (None, None)
@@ -414,7 +414,7 @@ def _summary(out_dir: str, info: dict, parts: int, tally: _Tally, arrays: bool,
         "subsets_by": tally.subsets.kind or ("field " + tally.by if tally.by else "top-level folder"),
         "subsets": {name: _subset_numbers(s, num_q, tokens is not None) for name, s in ordered.items()},
         "durations": duration_histogram(durations),
-        "errors_by_reason": dict(Counter(_reason(r.get("error")) for r in tally.error_rows.values()).most_common()),
+        "errors_by_reason": dict(Counter(error_reason(r.get("error")) for r in tally.error_rows.values()).most_common()),
         "codebooks": codebooks,
         "fidelity": fidelity_summary([f for s in ordered.values() for f in s["fidelity"]]),  # --fidelity: None without it
     }
@@ -616,7 +616,7 @@ def card_out(out_dir: str) -> tuple[str, list[str], dict]:
     """OUT (absolute, or its URL), its run directories and run.json, if it has a dataset card
     (Parquet); else ValueError -- asked before a report is computed, so a refusal costs nothing."""
     out_dir = out_dir.rstrip("/") if remote.is_url(out_dir) else os.path.abspath(out_dir)
-    dirs = [f.path for f in _require(out_dir)]
+    dirs = [f.path for f in require_runs(out_dir)]
     info = read_run_info(dirs[0])
     if info.get("format") != "parquet":
         raise ValueError(f"{out_dir} is a {info.get('format', 'hdf5')} OUT: only Parquet OUTs have a dataset card "

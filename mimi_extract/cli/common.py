@@ -2,7 +2,7 @@
 ``config.choices`` and the formats' registry), the options that ``features`` and ``codes`` share
 (``RUN_OPTIONS``, ``INPUT_OPTIONS``; ``verify`` and ``plan`` take the input ones), printing as plain
 text (``say``: never rich markup, so a file named ``[bold]x.wav`` is shown as it is), the exit
-codes, ``--version`` and the clean one-line errors (``_fail``)."""
+codes, ``--version`` and the clean one-line errors (``fail_exit``)."""
 
 from __future__ import annotations
 
@@ -207,11 +207,11 @@ def with_options(*groups: list[inspect.Parameter], skip: tuple[str, ...] = ()):
     return add
 
 
-def _hours(seconds: float) -> str:
+def format_hours(seconds: float) -> str:
     return f"{seconds / 3600:.2f} h" if seconds >= 3600 else f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.1f} s"
 
 
-def _fail(message: str | Exception, code: int = EXIT_USAGE):
+def fail_exit(message: str | Exception, code: int = EXIT_USAGE):
     """Print ``error: message`` and exit ``code``; an exception that a too-small address space
     (ulimit -v) caused is reported as that, with exit 5."""
     if isinstance(message, BaseException):
@@ -221,7 +221,7 @@ def _fail(message: str | Exception, code: int = EXIT_USAGE):
     raise typer.Exit(code)
 
 
-def _clock(seconds: float) -> str:
+def format_clock(seconds: float) -> str:
     seconds = int(seconds)
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
@@ -242,19 +242,19 @@ def reading_errors() -> tuple[type[Exception], ...]:
     return FileNotFoundError, ValueError, OSError, OutputError
 
 
-def _report(make, out_dir: str, as_json: bool) -> dict | None:
+def make_report(make, out_dir: str, as_json: bool) -> dict | None:
     """``make(out_dir)``, or a clean error; with ``--json`` it is printed and None returned."""
     try:
         report = make(out_dir)
     except reading_errors() as e:
-        _fail(e)
+        fail_exit(e)
     if as_json:
         print(json.dumps(report, indent=2))
         return None
     return report
 
 
-def _size(n: float) -> str:
+def format_size(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if n < 1024 or unit == "TiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"

@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 import typer
 
 from ..config.choices import MAX_TOKEN_ID
-from .common import (EXIT_ALL_FAILED, EXIT_CODES_HELP, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_NO_INPUT, FeatureDType, INPUT_OPTIONS, InputArg, OutArg, PROGRESS_ENV, RUN_OPTIONS, Tap, TokenLayout, OneInput, _clock, _fail, _hours, say_common_failures, with_options, app, console, say)
+from .common import (EXIT_ALL_FAILED, EXIT_CODES_HELP, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_NO_INPUT, FeatureDType, INPUT_OPTIONS, InputArg, OutArg, PROGRESS_ENV, RUN_OPTIONS, Tap, TokenLayout, OneInput, format_clock, fail_exit, format_hours, say_common_failures, with_options, app, console, say)
 
 
 class _PlainProgress:
@@ -31,9 +31,9 @@ class _PlainProgress:
         elapsed = max(now - self.started, 1e-9)
         done, total = state["seconds"], self.total
         speed = done / elapsed
-        eta = _clock((total - done) / speed) if speed > 0 and total > done else ("0:00:00" if done >= total else "?")
+        eta = format_clock((total - done) / speed) if speed > 0 and total > done else ("0:00:00" if done >= total else "?")
         pct = 100 * done / total if total > 0 else 100.0
-        say(f"[{_clock(elapsed)}] {_hours(done)} / {_hours(total)} audio ({pct:.0f}%), {state['items']} files, "
+        say(f"[{format_clock(elapsed)}] {format_hours(done)} / {format_hours(total)} audio ({pct:.0f}%), {state['items']} files, "
             f"{speed:.1f}x real time, ETA {eta}, {state['errors']} errors")
 
 
@@ -44,7 +44,7 @@ def _progress_every(progress_seconds: float | None) -> float:
     try:
         return float(os.environ.get(PROGRESS_ENV, 30))
     except ValueError:
-        _fail(f"{PROGRESS_ENV}={os.environ[PROGRESS_ENV]!r} is not a number of seconds")
+        fail_exit(f"{PROGRESS_ENV}={os.environ[PROGRESS_ENV]!r} is not a number of seconds")
 
 
 class _Display:
@@ -74,15 +74,15 @@ class _Display:
         devices = sorted(set(s.devices))
         on = ", ".join(f"{s.devices.count(d)}x {d}" if s.devices.count(d) > 1 else d for d in devices)
         say(f"{s.inputs} inputs ({s.skipped} already done), {s.unreadable} unreadable, {s.todo} to encode: "
-            f"{_hours(s.seconds)} in {s.units} work units ({s.streamed} long files streamed), "
+            f"{format_hours(s.seconds)} in {s.units} work units ({s.streamed} long files streamed), "
             f"padding {100 * s.padding:.1f}% on " + (s.engine or on))
         if s.split.items:
             sp = s.split
             say(f"split {sp.items} long recording(s) into {sp.pieces} pieces "
                 f"(warm-up {100 * sp.overhead:.1f}% of their audio encoded twice)")
         self.state["total"] = s.seconds
-        self.state["task"] = self.progress.add_task("encoding", total=max(s.seconds, 1e-9), audio=_hours(0),
-                                                    total_audio=_hours(s.seconds), items=0, speed=0.0, errors=0)
+        self.state["task"] = self.progress.add_task("encoding", total=max(s.seconds, 1e-9), audio=format_hours(0),
+                                                    total_audio=format_hours(s.seconds), items=0, speed=0.0, errors=0)
         if self.plain is not None:
             self.plain.start(s.seconds)
         else:
@@ -95,7 +95,7 @@ class _Display:
         state["items"] += items
         task = state["task"]
         elapsed = self.progress.tasks[task].elapsed or 1e-9
-        self.progress.update(task, advance=seconds, audio=_hours(state["seconds"]), speed=state["seconds"] / elapsed,
+        self.progress.update(task, advance=seconds, audio=format_hours(state["seconds"]), speed=state["seconds"] / elapsed,
                              errors=state["errors"], items=state["items"])
         if self.plain is not None:
             self.plain.update(state)
@@ -119,7 +119,7 @@ def _run(input_path: str, out_dir: str, strict: bool = False, progress_seconds: 
     try:
         request = build_request(input_path, out_dir, **values)
     except (ValueError, RuntimeError) as e:
-        _fail(e)
+        fail_exit(e)
     from ..run.runner import NoInputError, run_request
     from ..store.files import OutputError
 
@@ -132,10 +132,10 @@ def _run(input_path: str, out_dir: str, strict: bool = False, progress_seconds: 
         say(("interrupted", "yellow"), " before encoding started; run the same command again to resume.")
         raise typer.Exit(EXIT_INTERRUPTED)
     except NoInputError as e:  # found before OUT was touched: nothing written
-        _fail(e, EXIT_NO_INPUT)
+        fail_exit(e, EXIT_NO_INPUT)
     except (ValueError, FileNotFoundError, RuntimeError, OSError, OutputError) as e:
         display.progress.stop()
-        _fail(e)
+        fail_exit(e)
     display.end()
     _say_outcome(summary, input_path, out_dir, request.part)
     if summary.errors and strict:

@@ -13,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..config.choices import MAX_TOKEN_ID
-from .common import (Channel, ChannelOpt, EXIT_FAILED, FeatureDType, FramingArg, FramingOpt, INPUT_OPTIONS, InputArg, LimitOpt, OutFormat, Resampler, ResamplerOpt, TokenLayout, OneInput, _fail, _hours, reading_errors, _report, say_common_failures, _size, with_options, app, console, say)
+from .common import (Channel, ChannelOpt, EXIT_FAILED, FeatureDType, FramingArg, FramingOpt, INPUT_OPTIONS, InputArg, LimitOpt, OutFormat, Resampler, ResamplerOpt, TokenLayout, OneInput, fail_exit, format_hours, reading_errors, make_report, say_common_failures, format_size, with_options, app, console, say)
 
 
 def _say_durations(d: dict, out) -> None:
@@ -50,17 +50,17 @@ def status(out_dir: Annotated[str, typer.Argument(metavar="OUT")],
         try:
             report = status_report(out_dir)
         except reading_errors() as e:
-            _fail(e)
+            fail_exit(e)
         if as_json:
             print(json.dumps({k: report[k] for k in ("parts", "incomplete_parts", "array", "incomplete_shards")}))
         elif shards:
             if report["incomplete_shards"] is None and report["incomplete_parts"]:
-                _fail("this OUT is not divided by input shard (a whole run, or parts divided by key, not by input shard): no shard list", EXIT_FAILED)
+                fail_exit("this OUT is not divided by input shard (a whole run, or parts divided by key, not by input shard): no shard list", EXIT_FAILED)
             print("".join(s + "\n" for s in report["incomplete_shards"] or []), end="")
         else:
             print(report["array"])
         raise typer.Exit(1 if report["incomplete_parts"] else 0)
-    report = _report(status_report, out_dir, as_json)
+    report = make_report(status_report, out_dir, as_json)
     if report is None:
         return
     out = Console(highlight=False)
@@ -123,7 +123,7 @@ def plan(
                       token_layout.value, token_offset)
         report = plan_report(input_path, options, channel.value, rule, ask)
     except (ValueError, FileNotFoundError, OSError) as e:
-        _fail(e)
+        fail_exit(e)
     if as_json:
         print(json.dumps(report, indent=2))
         return
@@ -135,7 +135,7 @@ def _say_plan(report: dict, feature_dtype: str) -> None:
     out = Console(highlight=False)
     ix = report["indexing"]
     say(f"{report['input']} ({report['kind']}): {report['items']} items, {report['unreadable']} unreadable; "
-        f"{_hours(report['hours'] * 3600)} of audio (indexed in {ix['wall_s']:.1f} s, {ix['cpu_s']:.1f} CPU s)", out=out)
+        f"{format_hours(report['hours'] * 3600)} of audio (indexed in {ix['wall_s']:.1f} s, {ix['cpu_s']:.1f} CPU s)", out=out)
     for reason, n in report["errors_by_reason"].items():
         say(f"  {n} x ", (str(reason), "yellow"), out=out)
     _say_durations(report["durations"], out)
@@ -149,7 +149,7 @@ def _say_plan(report: dict, feature_dtype: str) -> None:
                          justify="left" if name == "tap" else "right")
     for tap, b in report["bytes"].items():
         label = f"codes (-q {report['num_quantizers']})" if tap == "codes" else f"{tap} ({feature_dtype})"
-        table.add_row(label, *(_size(b[k]) if k in b else "-" for k in columns))
+        table.add_row(label, *(format_size(b[k]) if k in b else "-" for k in columns))
     out.print(table)
     host = report["host"]
     say("codecs: " + "; ".join(f"{m['codec']} {m['sample_rate'] / 1000:g} kHz {100 * m['share']:.0f}% "
@@ -163,12 +163,12 @@ def _say_plan(report: dict, feature_dtype: str) -> None:
             say(f"time on {name}: unmeasured (run scripts/gpu_check.sh on one, then plan --gpu-rate X)", out=out)
             continue
         what = f"{e['cores']} cores" if name == "cpu" else f"{e['gpus']} GPU(s), {e['cores']} cores, bound by {e['bound']}"
-        say(f"time on {name} ({what}): {_hours(e['hours'] * 3600)} at {e['x_real_time']:,.0f}x real time"
+        say(f"time on {name} ({what}): {format_hours(e['hours'] * 3600)} at {e['x_real_time']:,.0f}x real time"
             + ("" if e["measured"] else " (given --gpu-rate)")
             + (f"; with --engine ray its driver, the one writer, caps it at {e['ray_x_real_time']:,.0f}x"
                if e.get("ray_x_real_time", math.inf) < e["x_real_time"] else ""), out=out)
     p = report["parts"]
-    say(f"parts: --part I/{p['count']} (sbatch --array=0-{p['count'] - 1}) for ~{_hours(p['hours_per_part'] * 3600)} "
+    say(f"parts: --part I/{p['count']} (sbatch --array=0-{p['count'] - 1}) for ~{format_hours(p['hours_per_part'] * 3600)} "
         f"of audio each (--part-hours {p['part_hours']:g})", out=out)
 
 
@@ -186,7 +186,7 @@ def info(out_dir: Annotated[str, typer.Argument(metavar="OUT")],
     """
     from ..audit.outputs import fidelity_lines, info_report
 
-    report = _report(info_report, out_dir, as_json)
+    report = make_report(info_report, out_dir, as_json)
     if report is None:
         return
     out = Console(highlight=False)
@@ -264,7 +264,7 @@ def report(out_dir: Annotated[str, typer.Argument(metavar="OUT")],
             write_png(result, png)
         card_path = write_card(out_dir, result) if card else None
     except (FileNotFoundError, ValueError, RuntimeError, OutputError, OSError) as e:
-        _fail(e)
+        fail_exit(e)
     if as_json:
         print(json.dumps(result, indent=2))
         return
@@ -322,7 +322,7 @@ def cuts(out_dir: Annotated[str, typer.Argument(metavar="OUT")],
     try:
         n = write_merged_cuts(out_dir, output, storages)
     except reading_errors() as e:
-        _fail(e)
+        fail_exit(e)
     say(("done", "green"), f": {n} cuts -> {output}")
     ours = sorted(storages & set(our_storages()))
     if ours:
@@ -355,12 +355,12 @@ def decode(
     from .request import model_path
 
     if not keys and not all_items:
-        _fail("name KEYs to decode, or --all")
+        fail_exit("name KEYs to decode, or --all")
     if all_items and output is None:
-        _fail("--all writes every item of OUT: name a folder for them with -o")
+        fail_exit("--all writes every item of OUT: name a folder for them with -o")
     try:
         written = decode_items(out_dir, keys or None, output, model and model_path(model), resolve_devices(device)[0],
                                on_item=lambda key, path: say(f"{key} -> {path}"), overwrite=overwrite)
     except (KeyError, RuntimeError, *reading_errors()) as e:
-        _fail(e if not isinstance(e, KeyError) else e.args[0])
+        fail_exit(e if not isinstance(e, KeyError) else e.args[0])
     say(("done", "green"), f": {len(written)} files")

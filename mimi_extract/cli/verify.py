@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from .common import (CausalOpt, Channel, ChannelOpt, DType, DTypeOpt, EXIT_FAILED, FramesPerCallOpt, FramingArg, FramingOpt, INPUT_OPTIONS, LimitOpt, ResampleOn, ResampleOnOpt, Resampler, ResamplerOpt, OneInput, _fail, reading_errors, with_options, app, say)
+from .common import (CausalOpt, Channel, ChannelOpt, DType, DTypeOpt, EXIT_FAILED, FramesPerCallOpt, FramingArg, FramingOpt, INPUT_OPTIONS, LimitOpt, ResampleOn, ResampleOnOpt, Resampler, ResamplerOpt, OneInput, fail_exit, reading_errors, with_options, app, say)
 
 
 def _check_table(title: str, checks, rtol: float, atol: float, max_real: int, features=("encoder", "latent")):
@@ -119,7 +119,7 @@ def verify(
                             frames_per_call=frames_per_call)
             checks, problems, title, shown = _check_engine(input_path, settings, limit, rtol, atol, inputs)
     except (RuntimeError, KeyError, *reading_errors()) as e:
-        _fail(e)
+        fail_exit(e)
     table, failed = _check_table(title, checks, rtol, atol, max_real_mismatches, shown)
     out_console.print(table)
     if out is not None:
@@ -137,11 +137,11 @@ def _check_options(input_path: str | None, out: str | None, sample: int | None, 
     """Usage errors of what INPUT, --out, --sample and --checksums ask together."""
     if checksums:
         if out is None or input_path is not None:
-            _fail("--checksums checks what an OUT holds: give --out OUT (and no INPUT)")
+            fail_exit("--checksums checks what an OUT holds: give --out OUT (and no INPUT)")
         if sample is not None:
-            _fail("--checksums reads every stored item; --sample picks items to re-encode: give one or the other")
+            fail_exit("--checksums reads every stored item; --sample picks items to re-encode: give one or the other")
     elif (input_path is None) == (out is None):
-        _fail("give INPUT (encode it both ways) or --out OUT (audit what OUT holds)"
+        fail_exit("give INPUT (encode it both ways) or --out OUT (audit what OUT holds)"
               + (", not both" if out is not None else ""))
 
 
@@ -193,11 +193,11 @@ def _verify_checksums(out: str) -> None:
     from ..store.read import scan_checksums
 
     if not remote.isdir(out):
-        _fail(f"{out} does not exist")
+        fail_exit(f"{out} does not exist")
     try:
         report = scan_checksums(out)
     except reading_errors() as e:
-        _fail(str(e))
+        fail_exit(str(e))
     for d in report["damaged"]:
         say((d["key"], "bold red"), f" in {d['shard']}: {d['problem']}")
     for problem in report["problems"]:

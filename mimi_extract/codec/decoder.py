@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .encoder import EncoderState, WindowedTransformer, _valid
+from .encoder import EncoderState, WindowedTransformer, valid_mask
 from .internals import (MimiConv1d, MimiConvTranspose1d, MimiResnetBlock, cache_keyword, decoder_parts,
                         inner_conv, padding_total)
 
@@ -48,7 +48,7 @@ def _zero_tail(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
             if length < x.shape[2]:
                 x[row, :, max(length, 0):] = 0
         return x
-    return x.masked_fill_(~_valid(lengths, x.shape[2])[:, None, :], 0)
+    return x.masked_fill_(~valid_mask(lengths, x.shape[2])[:, None, :], 0)
 
 
 @dataclass
@@ -166,7 +166,7 @@ class PaddedMimiDecoder(WindowedTransformer, nn.Module):
                 raise ValueError("a chunk that does not end its stream must fill the batch")
             if state.batch_size != codes.shape[0]:
                 raise ValueError(f"state has {state.batch_size} rows, the chunk {codes.shape[0]}")
-        valid = _valid(lengths, codes.shape[2])
+        valid = valid_mask(lengths, codes.shape[2])
         codes = codes.long().masked_fill(~valid[:, None, :], 0)
         x = _zero_tail(self.quantizer.decode(codes), lengths)  # [B, D, T]
         n = lengths

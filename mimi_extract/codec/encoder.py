@@ -45,7 +45,7 @@ from .internals import (MimiConv1d, MimiResnetBlock, cache_keyword, eager_attent
 TAPS = ("encoder", "latent", "codes")
 
 
-def _valid(lengths: torch.Tensor, size: int) -> torch.Tensor:
+def valid_mask(lengths: torch.Tensor, size: int) -> torch.Tensor:
     """[B, size] bool: True on each item's valid steps."""
     return torch.arange(size, device=lengths.device)[None, :] < lengths[:, None]
 
@@ -65,7 +65,7 @@ def _zero_padding(x: torch.Tensor, lengths: torch.Tensor, inplace: bool = False)
             if length < x.shape[1]:
                 x[row, max(length, 0):] = 0
         return x
-    invalid = ~_valid(lengths, x.shape[1])[:, :, None]
+    invalid = ~valid_mask(lengths, x.shape[1])[:, :, None]
     return x.masked_fill_(invalid, 0) if inplace else x.masked_fill(invalid, 0)
 
 
@@ -80,7 +80,7 @@ def _replicate_padding(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     if bool((lengths >= x.shape[1]).all()):
         return x
     last = (lengths - 1).clamp(min=0)[:, None, None].expand(-1, 1, x.shape[2])
-    return torch.where(_valid(lengths, x.shape[1])[:, :, None], x, x.gather(1, last))
+    return torch.where(valid_mask(lengths, x.shape[1])[:, :, None], x, x.gather(1, last))
 
 
 def _carry_context(state: "EncoderState", index: int, x: torch.Tensor, pad: int) -> None:
@@ -240,7 +240,7 @@ class WindowedTransformer:
             keep = self.window - 1 if self.window is not None else None
             kwargs[self._cache_arg] = _WindowCache(state, keep)
         pos_emb = self.transformer.rotary_emb(h, position_ids)
-        valid = _valid(lengths, size)[:, :, None]
+        valid = valid_mask(lengths, size)[:, :, None]
         for layer in self.transformer.layers:
             out = layer(h, attention_mask=mask, position_ids=position_ids, position_embeddings=pos_emb, **kwargs)
             h = torch.where(valid, out[0] if isinstance(out, tuple) else out, h.new_zeros(()))

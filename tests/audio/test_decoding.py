@@ -16,7 +16,7 @@ import torch
 import av
 from support.shapes import ffmpeg_decode
 from support.waits import HANG_S
-from mimi_extract.audio.decoders import BLOCK, _seek, decoder_for, open_decoder
+from mimi_extract.audio.decoders import BLOCK, seek_exact, decoder_for, open_decoder
 from mimi_extract.audio.reader import AudioReader, load
 
 SAMPLES = 4 * BLOCK + 12_345  # several blocks, and a partial one
@@ -64,7 +64,7 @@ def tool_read(path, start: int = 0, frames: int | None = None) -> np.ndarray:
     f = open_decoder(str(path))
     try:
         if start:
-            _seek(f, start)
+            seek_exact(f, start)
         parts = []
         while True:
             block = f.read(BLOCK, dtype="float32", always_2d=True)

@@ -20,7 +20,7 @@ import torch
 import soundfile as sf
 
 from support.shapes import ffmpeg_decode, reference_file, shapes
-from mimi_extract.audio.decoders import _seek, open_decoder
+from mimi_extract.audio.decoders import seek_exact, open_decoder
 from mimi_extract.audio.reader import load
 
 SHAPES = {s.name: s for s in shapes()}
@@ -82,7 +82,7 @@ def test_shape_decodes_as_ffmpegs_whole_decode(corpus, found, name):
     assert got.shape == ref.shape and np.abs(got - ref).max() <= bound
     start = len(ref) // 3
     f = open_decoder(str(path))
-    _seek(f, start)
+    seek_exact(f, start)
     seg = f.read(20_000, dtype="float32", always_2d=True)
     f.close()
     want = ref[start: start + 20_000]
