@@ -16,7 +16,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import mimi_extract.formats.hdf5 as hdf5  # noqa: E402
-from mimi_extract.sources.base import dataset_name  # noqa: E402
+from mimi_extract.sources.keys import dataset_name  # noqa: E402
 
 FILE_ATTRS = {"tap": "codes", "model": "kyutai/mimi", "weights": "da6b0984e74bde55afe6b912", "framing": "transformers",
               "config_hash": "290392974bf177a3", "tool_version": "0.3.1", "dtype": "fp32",

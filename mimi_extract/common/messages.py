@@ -3,7 +3,7 @@ an error row, holds at most :data:`MESSAGE_LIMIT` characters.
 
 A message quotes what it refuses (a header name, a path, a value), and the input may be any size:
 a CSV list refused for a 2 MB header name printed a 2,000,067-character line (issue 41).  The sites
-that quote a value cut it themselves (``sources.base.shown_value``); this bound is the floor under
+that quote a value cut it themselves (``sources.text.shown_value``); this bound is the floor under
 every message whatever a site forgot, applied where messages leave the program (the CLI's ``say``,
 a manifest row's ``error``)."""
 

@@ -11,7 +11,7 @@ import hashlib
 from dataclasses import dataclass, replace
 
 from ..sources import Item
-from ..sources.base import SplitPiece
+from ..sources.items import SplitPiece
 
 
 def part_of(key: str, count: int) -> int:

@@ -19,13 +19,16 @@ import pkgutil
 
 from ..audio.decoders import AudioError
 from ..config.choices import KEY_MODES, SIDECAR_DURATION_MODES
-from .base import (AUDIO_EXTENSIONS, REGISTRY, Discovered, Entry, Item, Options, Source, SourceError, dataset_name,
-                   dedup, open_source, plan_group, printable, probe, probe_info, register, seconds_to_samples,
-                   segment_fields, segment_key, source_kind, text_problem)
-from .base import ITEM_OPTIONS, item_identity  # the run's item identity: the options that shape items
-from .base import Loc, bytes_name, loc_of  # where an item's bytes are in a shard
-from .discover import discover
-from .files import LIST_EXTENSIONS, read_list, walk_directory
+from ..config.input_options import Options
+from .base import REGISTRY, Source, loc_of, open_source, plan_group, probe, register
+from .discover import discover, source_kind
+from .files import AUDIO_EXTENSIONS, LIST_EXTENSIONS, read_list, walk_directory
+from .items import Discovered, Entry, Item, Loc, SourceError, bytes_name
+from .keys import dataset_name, dedup, segment_key
+from .keys import ITEM_OPTIONS, item_identity  # the run's item identity: the options that shape items
+from .probing import probe_info, seconds_to_samples
+from .rows import segment_fields
+from .text import printable, text_problem
 from .lhotse import is_lhotse_manifest, read_lhotse_manifest
 
 

@@ -1,16 +1,22 @@
-"""Finding an input's items: the kind that reads INPUT, its entries, the ``--metadata`` join, every
-header probed (16 at a time), keys made unique.  Above ``base`` (the kinds' common ground) and
+"""Finding an input's items: the kind that reads INPUT (:func:`source_kind`: ``--input-format``, or
+detection in the registry's order), its entries, the ``--metadata`` join, every header probed (16 at
+a time), keys made unique.  Above the kinds' common ground (``base``, ``probing``, ``keys``...) and
 ``metadata`` (the join), so neither needs the other."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 
 from ..common import remote
 from ..audio.framing import Framing
 from ..config.choices import KEY_MODES, LIST_KEY_MODES, SIDECAR_DURATION_MODES
 from ..config.input_options import Options
-from .base import REGISTRY, Discovered, dedup, key_stem, metadata_columns, safe_probe, source_kind
+from .base import REGISTRY
+from .items import Discovered
+from .kept import metadata_columns
+from .keys import dedup, key_stem
+from .probing import safe_probe
 from .metadata import MetadataTable
 
 
@@ -62,3 +68,23 @@ def discover(source: str, channel: str = "mix", framing: Framing = Framing(), li
         probed = [it for found in pool.map(lambda e: safe_probe(src, e, channel, framing), entries) for it in found]
     items, bad = dedup(probed)
     return Discovered(items, bad, warnings, remote.real(source), kind, src.identity(), metadata, part_shards)
+
+
+def source_kind(source: str, input_format: str | None = None) -> str:
+    """The registered kind that reads ``source``; one clear error when none does."""
+    if input_format:
+        if input_format not in REGISTRY:
+            raise ValueError(f"--input-format {input_format!r}: choose from {', '.join(sorted(REGISTRY))}")
+        return input_format
+    if not remote.exists(source) and not any(c in source for c in "*?{["):
+        raise FileNotFoundError(f"input {source!r} does not exist")
+    for kind, cls in REGISTRY.items():
+        if cls.detect(source):
+            return kind
+    if os.path.isfile(source):
+        raise ValueError(f"input {source!r} is a file but not a list (.txt .jsonl .csv .tsv, a NeMo .json), a lhotse manifest "
+                         "(.jsonl.gz) or another known input (" + ", ".join(sorted(REGISTRY)) + ")")
+    for cls in REGISTRY.values():
+        if why := cls.why_not(source):
+            raise FileNotFoundError(why)
+    raise FileNotFoundError(f"input {source!r} matches nothing")

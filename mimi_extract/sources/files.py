@@ -6,9 +6,16 @@ import csv
 import json
 import os
 
-from ..config.input_options import CSV_FIELD_LIMIT, MAX_ROW_BYTES
-from .base import (AUDIO_EXTENSIONS, ITEM_FIELDS, Entry, Options, Source, non_utf8_shown, id_text, json_object, printable,
-                   register, row_failed, segment_fields, shown_value, text_problem)
+from ..audio.decoders import DECODED_EXTENSIONS
+from ..config.input_options import CSV_FIELD_LIMIT, MAX_ROW_BYTES, Options
+from .base import Source, register
+from .items import Entry
+from .kept import ITEM_FIELDS
+from .rows import id_text, json_object, row_failed, segment_fields
+from .text import non_utf8_shown, printable, shown_value, text_problem
+
+# what a directory walk picks up: every extension a decoder reads, but not video containers
+AUDIO_EXTENSIONS = tuple(e for e in DECODED_EXTENSIONS if e not in (".mp4", ".mkv", ".3gp", ".asf", ".snd", ".au"))
 
 LIST_EXTENSIONS = (".txt", ".lst", ".scp", ".jsonl", ".csv", ".tsv")
 

@@ -12,7 +12,11 @@ import os
 from ..common import remote
 from ..common.optional import lhotse as _lhotse
 from ..config.input_options import Keep
-from .base import Entry, Source, json_object, printable, register, supervisions_for_channel, text_problem
+from .base import Source, register
+from .items import Entry
+from .kept import supervisions_for_channel
+from .rows import json_object
+from .text import printable, text_problem
 
 
 def is_lhotse_manifest(path: str) -> bool:

@@ -19,7 +19,10 @@ import os
 from dataclasses import dataclass, field
 
 from ..config.input_options import CSV_FIELD_LIMIT, Keep
-from .base import Entry, json_object, key_stem, shown_value
+from .items import Entry
+from .keys import key_stem
+from .rows import json_object
+from .text import shown_value
 
 _SHOWN = 5  # ids named in a warning
 

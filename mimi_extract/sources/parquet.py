@@ -21,7 +21,9 @@ from dataclasses import dataclass, replace
 
 from ..common import remote
 from ..common.optional import pyarrow
-from .base import Entry, Loc, Source, SourceError, printable, probe, register, text_problem
+from .base import Source, probe, register
+from .items import Entry, Loc, SourceError
+from .text import printable, text_problem
 
 PARQUET_EXTENSIONS = (".parquet",)
 

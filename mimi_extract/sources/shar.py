@@ -14,7 +14,11 @@ import os
 import re
 
 from ..common import remote
-from .base import Entry, Source, printable, register, row_failed, supervisions_for_channel, text_problem
+from .base import Source, register
+from .items import Entry
+from .kept import supervisions_for_channel
+from .rows import row_failed
+from .text import printable, text_problem
 from .lhotse import manifest_items, cut_meta
 from .tar import SPARSE, MemberLoc, index_tar, shard_identity, sparse_error
 

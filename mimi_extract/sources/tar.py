@@ -25,8 +25,12 @@ from dataclasses import dataclass
 
 from ..common import remote
 from ..audio.decoders import DECODED_EXTENSIONS
-from .base import ITEM_FIELDS, Entry, Loc, SourceError, Source, climbs, id_text, json_object, key_stem, printable, \
-    register, row_failed, segment_fields, text_problem
+from .base import Source, register
+from .items import Entry, Loc, SourceError
+from .kept import ITEM_FIELDS
+from .keys import key_stem
+from .rows import climbs, id_text, json_object, row_failed, segment_fields
+from .text import printable, text_problem
 
 TAR_EXTENSIONS = (".tar",)
 

@@ -32,7 +32,8 @@ from types import SimpleNamespace
 
 from ..common import remote
 from ..config.input_options import MAX_ROW_BYTES
-from .base import Entry, Loc, Source, SourceError, register
+from .base import Source, register
+from .items import Entry, Loc, SourceError
 from .tar import COMPRESSED_TAR_EXTENSIONS, SPARSE, audio_candidate, is_shard_input, shown_names, check_first_samples, \
     guarded_sample, missing_end, shard_identity, split_name, stored_size, tar_shards
 

@@ -98,7 +98,7 @@ def test_assembler_orders_pieces_and_restarts_a_rehanded_one():
     from mimi_extract.engines import FrameChunk
     from mimi_extract.engines.assembly import Assembler
     from mimi_extract.sources import Item
-    from mimi_extract.sources.base import SplitPiece
+    from mimi_extract.sources.items import SplitPiece
 
     item = Item("/a.wav", "a.wav", "a.wav", sample_rate=24_000, frames=100, samples=100)
     piece = lambda i: Item(**{**item.__dict__, "piece": SplitPiece(i, 3, 0, 0, 40 * (i + 1) if i < 2 else 100)})  # noqa: E731

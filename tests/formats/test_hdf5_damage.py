@@ -15,7 +15,7 @@ import pytest
 
 from support.waits import HANG_QUICK_S
 from mimi_extract.formats.hdf5 import HDF5, HDF5Shard
-from mimi_extract.sources.base import dataset_name
+from mimi_extract.sources.keys import dataset_name
 
 FILE_ATTRS = {"tap": "codes", "model": "/models/mimi-é", "weights": "da6b0984e74bde55afe6b912", "framing": "transformers",
               "config_hash": "290392974bf177a3", "tool_version": "0.3.1", "dtype": "fp32", "empty": "",
