@@ -94,14 +94,18 @@ class _Compact:
             size, elem = head >> 4, head & 0x0F
             if size == 15:
                 size = self.varint()
-            return [self.byte() == 1 if elem in (1, 2) else self.value(elem) for _ in range(size)]
+            return [self.element(elem) for _ in range(size)]
         if kind == 11:
             size = self.varint()
             types = self.byte() if size else 0
-            return {self.value(types >> 4): self.value(types & 0x0F) for _ in range(size)}
+            return {self.element(types >> 4): self.element(types & 0x0F) for _ in range(size)}
         if kind == 12:
             return self.struct()
         raise Unsupported(f"Thrift compact type {kind}")
+
+    def element(self, kind: int):
+        """A list's or map's element (a bool there is a byte: every element takes one at least)."""
+        return self.byte() == 1 if kind in (1, 2) else self.value(kind)
 
     def struct(self) -> dict:
         fields, last = {}, 0
@@ -139,7 +143,7 @@ class PageHeader:
     @staticmethod
     def parse(fields: dict, offset: int, data_offset: int) -> PageHeader:
         kind, uncompressed, stored = fields.get(1), fields.get(2), fields.get(3)
-        if not all(isinstance(v, int) and v >= 0 for v in (kind, uncompressed, stored)):
+        if not all(isinstance(v, int) and 0 <= v < 1 << 31 for v in (kind, uncompressed, stored)):
             raise Unsupported("a page header without its type or sizes")
         sub = fields.get({DATA_PAGE: 5, DICTIONARY_PAGE: 7, DATA_PAGE_V2: 8}.get(kind, 6), {})
         if kind == DATA_PAGE_V2:
@@ -283,16 +287,17 @@ def _hybrid(stream: _Stream, size: int, width: int, count: int) -> list[int]:
             shift += 7
             if not b & 0x80:
                 break
+        nbytes = (header >> 1) * width if header & 1 else (width + 7) // 8
+        if pos + nbytes > len(data):  # (a run is never longer than its bytes: nothing allocated for a false one)
+            raise Unsupported("RLE levels end early")
+        left = count - len(out)
         if header & 1:  # bit-packed: groups of 8 values
-            nbytes = (header >> 1) * width
             bits = int.from_bytes(data[pos: pos + nbytes], "little")
-            pos += nbytes
-            out.extend((bits >> (i * width)) & mask for i in range((header >> 1) * 8))
+            out.extend((bits >> (i * width)) & mask for i in range(min((header >> 1) * 8, left)))
         else:  # a run of one value
-            nbytes = (width + 7) // 8
-            out.extend([int.from_bytes(data[pos: pos + nbytes], "little")] * (header >> 1))
-            pos += nbytes
-    return out[:count]
+            out.extend([int.from_bytes(data[pos: pos + nbytes], "little")] * min(header >> 1, left))
+        pos += nbytes
+    return out
 
 
 @dataclass
@@ -384,6 +389,8 @@ def read_cells(path: str, parquet_file, group: int, leaf: str, limit: int) -> Ce
                                     page.uncompressed_size)
                 dictionary = _plain_values(stream, page.num_values, limit)
             elif page.kind in (DATA_PAGE, DATA_PAGE_V2):
+                if len(values) + page.num_values > chunk.num_values:  # (before any list of that length)
+                    raise Unsupported(f"pages of more values than the footer's {chunk.num_values}")
                 values.extend(_data_page(handle, page, chunk, dictionary, limit))
     finally:
         handle.close()

@@ -106,3 +106,30 @@ def test_a_header_cut_short_or_pages_past_the_chunk_are_unsupported(tmp_path):
             pages.page_headers(handle, chunk.start, chunk.start + 5)
         with pytest.raises(pages.Unsupported):
             pages.page_headers(handle, chunk.start, chunk.end - 1)
+
+
+@SETTINGS
+@given(options=WRITER, codec=st.sampled_from(CODECS), flips=st.lists(st.tuples(st.floats(0, 1), st.binary(min_size=1,
+                                                                                                        max_size=6)),
+                                                                       min_size=1, max_size=4))
+def test_damaged_pages_are_refused_never_read_past_or_sized_from_their_bytes(options, codec, flips, tmp_path_factory):
+    """Whatever bytes of a column chunk are overwritten (page headers, levels, lengths, compressed
+    data), reading it page by page ends: with every row's cell, or an exception (the caller then
+    leaves the row group to pyarrow); no false count or length makes it allocate or loop for what
+    the bytes do not hold."""
+    cells = [{"bytes": b"ab" * (i * 40), "path": "p"} if i % 3 else None for i in range(12)]
+    blob, leaf = write(cells, codec, options, 12)
+    path = tmp_path_factory.mktemp("damaged") / "x.parquet"
+    f = pq.ParquetFile(io.BytesIO(blob))
+    chunk = pages.Chunk.of(f, 0, leaf)
+    damaged = bytearray(blob)
+    for where, new in flips:
+        at = chunk.start + int(where * (chunk.end - chunk.start - 1))
+        damaged[at: at + len(new)] = new[: chunk.end - at]
+    path.write_bytes(bytes(damaged))
+    try:
+        read = pages.read_cells(str(path), f, 0, leaf, 1000)
+    except Exception:
+        return
+    assert len(read.values) == len(cells)
+    assert all(v is None or isinstance(v, int) or len(v) <= 1000 for v in read.values)
