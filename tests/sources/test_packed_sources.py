@@ -836,6 +836,37 @@ def test_refusing_a_large_cell_that_shares_its_row_group_does_not_decode_it(loos
         assert result["growth_mib"] < bound_mib(stored), (codec, stored, result)
 
 
+@pytest.mark.parametrize("encoding", ["PLAIN", "DELTA_LENGTH_BYTE_ARRAY"])
+def test_a_shared_cell_over_the_limit_is_refused_whether_or_not_the_page_reader_knows_its_encoding(
+        loose, tmp_path, monkeypatch, encoding):
+    """A row group with a page over the cell limit is read page by page where the page reader knows
+    the encoding (PLAIN), by pyarrow as before where it does not (a delta encoding): either way the
+    cell over the limit is the same error row and the others are items, equal to pyarrow's cells."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from mimi_extract.sources import parquet as parquet_source
+
+    small = open(os.path.join(loose, "a.flac"), "rb").read()
+    other = open(os.path.join(loose, "c.flac"), "rb").read()
+    big = small + b"\0" * (300_000 - len(small))  # 0.29 MiB: over a 0.25 MiB limit
+    audio = pa.array([{"bytes": small, "path": "a.flac"}, {"bytes": big, "path": "big.flac"}, {"bytes": other,
+                      "path": None}], pa.struct([("bytes", pa.binary()), ("path", pa.string())]))
+    path = tmp_path / "x.parquet"
+    pq.write_table(pa.table({"audio": audio}), path, row_group_size=3, use_dictionary=False,
+                   column_encoding={"audio.bytes": encoding})
+    monkeypatch.setenv(parquet_source.MAX_CELL_ENV, "0.25")
+    column = parquet_source._group_column(str(path), 0, "audio")
+    assert isinstance(column, parquet_source.PageCells) == (encoding == "PLAIN")
+    found = discover(str(path))
+    assert sorted(it.key for it in found.items) == ["x.parquet/0", "x.parquet/2"]
+    assert [it.error for it in found.bad] == ["x.parquet:row 1: audio cell of 0.3 MiB is over the 0.25 MiB limit of "
+                                              "one Parquet cell (set MIMI_EXTRACT_MAX_CELL_MB to raise it)"]
+    for row, (expected, name) in {0: (small, "a.flac"), 2: (other, None)}.items():
+        buffer, path_value = parquet_source._cell(str(path), 0, row, "audio")
+        assert buffer.to_pybytes() == expected and path_value == name
+
+
 def test_a_parquet_cell_over_the_size_limit_is_an_error_row_before_it_is_copied(loose, tiny_model_dir, tmp_path,
                                                                                 monkeypatch):
     """MIMI_EXTRACT_MAX_CELL_MB bounds one audio cell: a larger one is a clear error row, its size
