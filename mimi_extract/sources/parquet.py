@@ -7,7 +7,9 @@ and ``path``), or ``--audio-column``; ids come from ``--id-column``, else ``<fil
 is loaded whole: an item holds its file, its row group and its row (``loc``), and whoever encodes it
 reads that row group's audio column alone (:func:`_group_column`, a small per-process cache, so
 items of one row group read it once).  Planning reads each row group's audio column once to probe
-the headers (the cell is the file: its header is inside the bytes).  A cell with null bytes but a
+the headers (the cell is the file: its header is inside the bytes); a row group with a page over
+the cell limit is read page by page instead (:mod:`.parquet_pages`: a cell over the limit is passed
+over, never decoded).  A cell with null bytes but a
 ``path`` that exists (``Dataset.to_parquet`` of local files stores paths only) is read from that file.
 """
 
@@ -134,19 +136,21 @@ class PageCells:
 
 
 def _read_column(path: str, group: int, column: str):
-    """One row group's audio column: read by pyarrow, unless it is a local Parquet file where a page
-    of the column's bytes is over the cell limit (it may hold a cell over it, which pyarrow would
-    decode with the whole page: 3-5x the cell): then page by page, the cells over the limit passed
-    over (:class:`PageCells`; a chunk this reader does not know: pyarrow, as before)."""
+    """One row group's audio column: read by pyarrow, unless a page of the column's bytes is over the
+    cell limit (it may hold a cell over it, which pyarrow would decode with the whole page: 3-5x the
+    cell): then page by page, the cells over the limit passed over (:class:`PageCells`; a chunk this
+    reader does not know: pyarrow, as before).  On object storage, where each page header would be
+    a ranged GET, a column chunk over the limit is read page by page at once (its bytes read once)."""
     data = _Data(path)
-    if not data.arrow and not remote.is_url(path):
+    if not data.arrow:
         pa = pyarrow("Parquet inputs")
         kind = data.schema.field(column).type
         struct = pa.types.is_struct(kind)
         try:
-            leaf = f"{column}.bytes" if struct else column
-            if parquet_pages.over_limit(path, data.file, group, leaf, max_cell_bytes()):
-                cells = parquet_pages.read_cells(path, data.file, group, leaf, max_cell_bytes())
+            leaf, limit = (f"{column}.bytes" if struct else column), max_cell_bytes()
+            if parquet_pages.Chunk.of(data.file, group, leaf).uncompressed_size > limit if remote.is_url(path) \
+                    else parquet_pages.over_limit(path, data.file, group, leaf, limit):
+                cells = parquet_pages.read_cells(path, data.file, group, leaf, limit)
                 paths = [None] * len(cells.values)
                 if struct and kind.get_field_index("path") >= 0:
                     named = data.read(group, [f"{column}.path"]).column(column)
