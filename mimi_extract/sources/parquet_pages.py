@@ -226,6 +226,15 @@ class _Range(io.RawIOBase):
         self.pos += len(data)
         return len(data)
 
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, pos: int, whence: int = 0) -> int:  # (relative to the range's start: what a skip needs)
+        if whence != 1:
+            raise io.UnsupportedOperation("a page's range is only skipped forward")
+        self.pos = min(self.end, self.pos + pos)
+        return self.pos
+
 
 _STREAMING = {"GZIP": "gzip", "ZSTD": "zstd", "BROTLI": "brotli"}  # Parquet codec -> Arrow's streaming codec
 _WHOLE = {"SNAPPY": "snappy", "LZ4": "lz4_raw", "LZ4_RAW": "lz4_raw"}  # ... and those decompressed whole
@@ -248,6 +257,15 @@ class _Stream:
         return b"".join(parts) if len(parts) != 1 else parts[0]
 
     def skip(self, n: int) -> None:
+        if self.raw.seekable():  # (uncompressed, or decompressed whole: nothing read to pass a value over)
+            before = self.raw.tell()
+            try:
+                moved = self.raw.seek(n, 1) - before
+            except OSError:  # (pyarrow's buffer: past its end)
+                moved = -1
+            if moved != n:
+                raise Unsupported(f"a page ends {n} bytes early")
+            return
         while n:
             n -= len(self.read(min(n, _SKIP_BLOCK)))
 
