@@ -1,6 +1,7 @@
 """Peak memory on hostile sizes (docs/inputs.md#bounded-memory): a ``.tar.gz`` whose members expand
 to gigabytes (a few MiB compressed), a ``.tar.gz`` sample of 2,000 members repeated under one name,
-a Parquet file with one 300 MB cell (alone in its row group, and sharing one), and a plain WAV shard
+a Parquet file with one 300 MB cell (alone in its row group, and sharing one: snappy, pyarrow's
+default, and zstd, a codec that streams), and a plain WAV shard
 for comparison; each probed (``discover``, what planning does) and its largest item read through
 (``AudioReader`` chunk by chunk, what an encoder process does), in a fresh interpreter whose peak
 RSS (``VmHWM``) is reported.
@@ -88,7 +89,7 @@ def make_bomb(path: str, gib: float) -> None:
             tf.addfile(info, io.BytesIO(meta))
 
 
-def make_parquet(path: str, cell_mb: float, row_group_size: int = 1) -> None:
+def make_parquet(path: str, cell_mb: float, row_group_size: int = 1, compression: str = "snappy") -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -96,7 +97,7 @@ def make_parquet(path: str, cell_mb: float, row_group_size: int = 1) -> None:
     small = wav_bytes(1.0)
     table = pa.table({"audio": [{"bytes": small, "path": "a.wav"}, {"bytes": big, "path": "big.wav"},
                                 {"bytes": small, "path": "c.wav"}], "text": ["a", "big", "c"]})
-    pq.write_table(table, path, row_group_size=row_group_size)
+    pq.write_table(table, path, row_group_size=row_group_size, compression=compression)
 
 
 def make_dup(path: str, count: int = 2000) -> None:
@@ -137,17 +138,19 @@ def main() -> None:
     parser.add_argument("--gib", type=float, default=3.0, help="decompressed size of the .tar.gz bomb's members")
     parser.add_argument("--cell-mb", type=float, default=300.0, help="size of the large Parquet cell")
     parser.add_argument("--folder", help="where to write the inputs (default: a temporary folder)")
-    parser.add_argument("--only", help="comma-separated inputs to measure: plain, bomb, dup, cells, cells-shared "
-                                       "(default: all)")
+    parser.add_argument("--only", help="comma-separated inputs to measure: plain, bomb, dup, cells, cells-shared, "
+                                       "cells-shared-zstd (default: all)")
     args = parser.parse_args()
     folder = args.folder or tempfile.mkdtemp(prefix="bench-memory-")
     os.makedirs(folder, exist_ok=True)
     paths = {"plain": os.path.join(folder, "plain.tar"), "bomb": os.path.join(folder, "bomb.tar.gz"),
              "dup": os.path.join(folder, "dup.tar.gz"), "cells": os.path.join(folder, "cells.parquet"),
-             "cells-shared": os.path.join(folder, "cells-shared.parquet")}
+             "cells-shared": os.path.join(folder, "cells-shared.parquet"),
+             "cells-shared-zstd": os.path.join(folder, "cells-shared-zstd.parquet")}
     makers = {"plain": make_plain, "bomb": lambda p: make_bomb(p, args.gib), "dup": make_dup,
               "cells": lambda p: make_parquet(p, args.cell_mb),
-              "cells-shared": lambda p: make_parquet(p, args.cell_mb, row_group_size=3)}
+              "cells-shared": lambda p: make_parquet(p, args.cell_mb, row_group_size=3),
+              "cells-shared-zstd": lambda p: make_parquet(p, args.cell_mb, row_group_size=3, compression="zstd")}
     only = args.only.split(",") if args.only else list(paths)
     paths = {k: v for k, v in paths.items() if k in only}
     for what, path in paths.items():
@@ -160,7 +163,9 @@ def main() -> None:
               "dup": (".tar.gz, a sample of 2,000 x 1 MiB members named dup.wav", {}),
               "cells": (f"Parquet, one {args.cell_mb:g} MB cell (default limit: refused)", {}),
               "cells-raised": (f"Parquet, one {args.cell_mb:g} MB cell (limit raised: read)", raised),
-              "cells-shared": (f"Parquet, one {args.cell_mb:g} MB cell sharing its row group (refused)", {})}
+              "cells-shared": (f"Parquet, one {args.cell_mb:g} MB cell sharing its row group (refused)", {}),
+              "cells-shared-zstd": (f"Parquet (zstd), one {args.cell_mb:g} MB cell sharing its row group (refused)",
+                                    {})}
     inputs = {name: (paths[what.removesuffix("-raised")], env) for what, (name, env) in inputs.items()
               if what.removesuffix("-raised") in paths}
     checkouts = {"now": ROOT, **({"before": os.path.abspath(args.before)} if args.before else {})}

@@ -7,7 +7,9 @@ and ``path``), or ``--audio-column``; ids come from ``--id-column``, else ``<fil
 is loaded whole: an item holds its file, its row group and its row (``loc``), and whoever encodes it
 reads that row group's audio column alone (:func:`_group_column`, a small per-process cache, so
 items of one row group read it once).  Planning reads each row group's audio column once to probe
-the headers (the cell is the file: its header is inside the bytes).  A cell with null bytes but a
+the headers (the cell is the file: its header is inside the bytes); a row group with a page over
+the cell limit is read page by page instead (:mod:`.parquet_pages`: a cell over the limit is passed
+over, never decoded).  A cell with null bytes but a
 ``path`` that exists (``Dataset.to_parquet`` of local files stores paths only) is read from that file.
 """
 
@@ -21,6 +23,7 @@ from dataclasses import dataclass, replace
 
 from ..common import remote
 from ..common.optional import pyarrow
+from . import parquet_pages
 from .base import Source, probe, register
 from .items import Entry, Loc, SourceError
 from .text import printable, text_problem
@@ -120,6 +123,46 @@ def audio_column(schema, wanted: str | None) -> str | None:
     return None
 
 
+@dataclass
+class PageCells:
+    """A row group's audio column read page by page (:mod:`.parquet_pages`), because a page of it is
+    over the cell limit: ``cells.values[row]`` the cell's bytes, None, or the size of a cell over the
+    limit (never held); ``paths[row]``: its struct's ``path`` (None: no path, or a null struct)."""
+
+    cells: parquet_pages.Cells
+    paths: list
+
+    @property
+    def nbytes(self) -> int:
+        return self.cells.nbytes
+
+
+def _read_column(path: str, group: int, column: str):
+    """One row group's audio column: read by pyarrow, unless a page of the column's bytes is over the
+    cell limit (it may hold a cell over it, which pyarrow would decode with the whole page: 3-5x the
+    cell): then page by page, the cells over the limit passed over (:class:`PageCells`; a chunk this
+    reader does not know: pyarrow, as before).  On object storage, where each page header would be
+    a ranged GET, a column chunk over the limit is read page by page at once (its bytes read once)."""
+    data = _Data(path)
+    if not data.arrow:
+        pa = pyarrow("Parquet inputs")
+        kind = data.schema.field(column).type
+        struct = pa.types.is_struct(kind)
+        try:
+            leaf, limit = (f"{column}.bytes" if struct else column), max_cell_bytes()
+            if parquet_pages.Chunk.of(data.file, group, leaf).uncompressed_size > limit if remote.is_url(path) \
+                    else parquet_pages.over_limit(path, data.file, group, leaf, limit):
+                cells = parquet_pages.read_cells(path, data.file, group, leaf, limit)
+                paths = [None] * len(cells.values)
+                if struct and kind.get_field_index("path") >= 0:
+                    named = data.read(group, [f"{column}.path"]).column(column)
+                    paths = [v.get("path") if v else None for v in named.to_pylist()]
+                return PageCells(cells, paths)
+        except Exception:  # (a chunk it does not know, or cannot read: pyarrow reads it, or says what is wrong)
+            pass
+    return data.read(group, [column]).column(column)
+
+
 _CACHE: OrderedDict = OrderedDict()
 _CACHE_LOCK = threading.Lock()
 _READING: dict = {}  # key -> lock held by the thread reading that row group
@@ -129,8 +172,9 @@ _CACHE_BYTES = 256 << 20  # ... and no more bytes than this beyond the newest on
 
 def _group_column(path: str, group: int, column: str):
     """The audio column of one row group (cached per process, a few groups; keyed by the file's
-    size and mtime too, so a rewritten file is read again)."""
-    key = (path, *remote.version(path), group, column)
+    size and mtime too, so a rewritten file is read again): pyarrow's, or :class:`PageCells` where a
+    page of it is over the cell limit."""
+    key = (path, *remote.version(path), group, column, max_cell_bytes())  # (the limit: what PageCells kept)
     with _CACHE_LOCK:
         if key in _CACHE:
             _CACHE.move_to_end(key)
@@ -141,7 +185,7 @@ def _group_column(path: str, group: int, column: str):
             if key in _CACHE:
                 return _CACHE[key]
         try:
-            col = _Data(path).read(group, [column]).column(column)
+            col = _read_column(path, group, column)
         except BaseException:
             with _CACHE_LOCK:
                 _READING.pop(key, None)
@@ -170,6 +214,11 @@ def max_cell_bytes() -> int:
 
 class CellTooLarge(SourceError):
     """An audio cell over :func:`max_cell_bytes` (its error row says how to raise the limit)."""
+
+
+def _too_large(size: int, limit: int, about: str = "") -> CellTooLarge:
+    return CellTooLarge(f"audio cell of {about}{size / (1 << 20):.1f} MiB is over the {limit / (1 << 20):g} MiB "
+                        f"limit of one Parquet cell (set {MAX_CELL_ENV} to raise it)")
 
 
 class CellView(io.RawIOBase):
@@ -230,9 +279,13 @@ def _cell(path: str, group: int, row: int, column: str) -> tuple[object | None, 
     limit = max_cell_bytes()
     bound = _group_bound(path, group, column)
     if bound is not None and bound > limit + (1 << 16):  # (the chunk's page headers and levels: a few bytes)
-        raise CellTooLarge(f"audio cell of about {bound / (1 << 20):.1f} MiB is over the {limit / (1 << 20):g} MiB "
-                           f"limit of one Parquet cell (set {MAX_CELL_ENV} to raise it)")
+        raise _too_large(bound, limit, "about ")
     col = _group_column(path, group, column)
+    if isinstance(col, PageCells):
+        value = col.cells.values[row]
+        if isinstance(value, int):
+            raise _too_large(value, limit)
+        return (None if value is None else pa.py_buffer(value)), col.paths[row]
     for chunk in col.chunks:
         if row < len(chunk):
             break
@@ -247,8 +300,7 @@ def _cell(path: str, group: int, row: int, column: str) -> tuple[object | None, 
 
     size = pc.binary_length(binary.slice(row, 1))[0].as_py()  # from the offsets: nothing copied
     if size > limit:
-        raise CellTooLarge(f"audio cell of {size / (1 << 20):.1f} MiB is over the {limit / (1 << 20):g} MiB limit "
-                           f"of one Parquet cell (set {MAX_CELL_ENV} to raise it)")
+        raise _too_large(size, limit)
     return binary[row].as_buffer(), path_value
 
 

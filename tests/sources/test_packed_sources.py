@@ -780,6 +780,93 @@ def test_a_large_cell_alone_in_its_row_group_is_refused_from_the_footer_unread(l
     assert 1 not in read_groups and 0 in read_groups, read_groups
 
 
+PEAK_CHILD = r"""
+import json, sys
+
+
+def status(field):
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field)) / 1024
+
+
+from mimi_extract.sources import discover
+
+discover(sys.argv[2])  # every import that probing takes, before the peak is reset
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # the peak RSS (VmHWM) is reset to the RSS now
+base = status("VmRSS")
+found = discover(sys.argv[1])
+print(json.dumps({"growth_mib": status("VmHWM") - base, "items": sorted(it.key for it in found.items),
+                  "errors": [it.error for it in found.bad]}))
+"""
+
+
+@pytest.mark.slow
+def test_refusing_a_large_cell_that_shares_its_row_group_does_not_decode_it(loose, tmp_path):
+    """A 64 MiB cell over an 8 MiB MIMI_EXTRACT_MAX_CELL_MB, written with two small cells in one row
+    group (one page), is refused from its page without pyarrow decoding the row group: the peak RSS
+    of a fresh process probing the file grows by a few MiB where the codec streams (zstd; pyarrow's
+    read took 200-330 MiB more), and by at most the page's stored and uncompressed bytes where it
+    does not (snappy: the page decompressed whole; pyarrow: about 3x).  Measured from the process's
+    own peak (``/proc/self/clear_refs``), nothing timed; the good cells still probe."""
+    import subprocess
+    import sys
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    small = open(os.path.join(loose, "a.flac"), "rb").read()
+    dither = np.random.default_rng(0).integers(-1, 2, 32 << 20).astype("<i2").tobytes()  # like a quiet WAV
+    kind = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    cells = [{"bytes": small, "path": "a.flac"}, {"bytes": small + dither, "path": "big.wav"},
+             {"bytes": small, "path": "c.flac"}]
+    pq.write_table(pa.table({"audio": pa.array(cells[:1], kind)}), tmp_path / "warm.parquet")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "MIMI_EXTRACT_MAX_CELL_MB": "8"}
+    for codec, bound_mib in (("zstd", lambda stored: 16), ("snappy", lambda stored: 64 + stored + 16)):
+        path = tmp_path / f"{codec}.parquet"
+        pq.write_table(pa.table({"audio": pa.array(cells, kind)}), path, compression=codec, row_group_size=3)
+        stored = os.path.getsize(path) / (1 << 20)
+        run = subprocess.run([sys.executable, "-c", PEAK_CHILD, str(path), str(tmp_path / "warm.parquet")],
+                             capture_output=True, text=True, env=env)
+        assert run.returncode == 0, run.stderr
+        result = json.loads(run.stdout.strip().splitlines()[-1])
+        assert result["items"] == [f"{codec}.parquet/0", f"{codec}.parquet/2"], result
+        assert result["errors"] == [f"{codec}.parquet:row 1: audio cell of 64.0 MiB is over the 8 MiB limit of one "
+                                    "Parquet cell (set MIMI_EXTRACT_MAX_CELL_MB to raise it)"], result
+        assert result["growth_mib"] < bound_mib(stored), (codec, stored, result)
+
+
+@pytest.mark.parametrize("encoding", ["PLAIN", "DELTA_LENGTH_BYTE_ARRAY"])
+def test_a_shared_cell_over_the_limit_is_refused_whether_or_not_the_page_reader_knows_its_encoding(
+        loose, tmp_path, monkeypatch, encoding):
+    """A row group with a page over the cell limit is read page by page where the page reader knows
+    the encoding (PLAIN), by pyarrow as before where it does not (a delta encoding): either way the
+    cell over the limit is the same error row and the others are items, equal to pyarrow's cells."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from mimi_extract.sources import parquet as parquet_source
+
+    small = open(os.path.join(loose, "a.flac"), "rb").read()
+    other = open(os.path.join(loose, "c.flac"), "rb").read()
+    big = small + b"\0" * (300_000 - len(small))  # 0.29 MiB: over a 0.25 MiB limit
+    audio = pa.array([{"bytes": small, "path": "a.flac"}, {"bytes": big, "path": "big.flac"}, {"bytes": other,
+                      "path": None}], pa.struct([("bytes", pa.binary()), ("path", pa.string())]))
+    path = tmp_path / "x.parquet"
+    pq.write_table(pa.table({"audio": audio}), path, row_group_size=3, use_dictionary=False,
+                   column_encoding={"audio.bytes": encoding})
+    monkeypatch.setenv(parquet_source.MAX_CELL_ENV, "0.25")
+    column = parquet_source._group_column(str(path), 0, "audio")
+    assert isinstance(column, parquet_source.PageCells) == (encoding == "PLAIN")
+    found = discover(str(path))
+    assert sorted(it.key for it in found.items) == ["x.parquet/0", "x.parquet/2"]
+    assert [it.error for it in found.bad] == ["x.parquet:row 1: audio cell of 0.3 MiB is over the 0.25 MiB limit of "
+                                              "one Parquet cell (set MIMI_EXTRACT_MAX_CELL_MB to raise it)"]
+    for row, (expected, name) in {0: (small, "a.flac"), 2: (other, None)}.items():
+        buffer, path_value = parquet_source._cell(str(path), 0, row, "audio")
+        assert buffer.to_pybytes() == expected and path_value == name
+
+
 def test_a_parquet_cell_over_the_size_limit_is_an_error_row_before_it_is_copied(loose, tiny_model_dir, tmp_path,
                                                                                 monkeypatch):
     """MIMI_EXTRACT_MAX_CELL_MB bounds one audio cell: a larger one is a clear error row, its size

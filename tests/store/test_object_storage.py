@@ -73,6 +73,33 @@ def test_s3_input_equals_the_local_copy(kind, s3, shards, hf_dataset, shar, tiny
     assert all(r["source"]["path"].startswith(f"s3://{BUCKET}/{kind}/") for r in rows)
 
 
+def test_a_shared_cell_over_the_limit_on_s3_is_refused_page_by_page(s3, loose, tmp_path, monkeypatch):  # noqa: F811
+    """On object storage too, a cell over MIMI_EXTRACT_MAX_CELL_MB that shares its row group is
+    refused from its page (the row group read page by page, once: not decoded by pyarrow); the
+    other rows are items, their cells as pyarrow reads them."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from mimi_extract.sources import parquet as parquet_source
+
+    with open(os.path.join(loose, "a.flac"), "rb") as f:
+        small = f.read()
+    big = small + b"\0" * (300_000 - len(small))  # 0.29 MiB: over a 0.25 MiB limit
+    audio = pa.array([{"bytes": small, "path": "a.flac"}, {"bytes": big, "path": "big.flac"},
+                      {"bytes": small, "path": "c.flac"}], pa.struct([("bytes", pa.binary()), ("path", pa.string())]))
+    os.makedirs(tmp_path / "cells")
+    pq.write_table(pa.table({"audio": audio}), tmp_path / "cells" / "x.parquet", row_group_size=3)
+    url = upload(s3, str(tmp_path / "cells"), "cells") + "/x.parquet"
+    monkeypatch.setenv(parquet_source.MAX_CELL_ENV, "0.25")
+    assert isinstance(parquet_source._group_column(url, 0, "audio"), parquet_source.PageCells)
+    found = discover(url)
+    assert sorted(it.key for it in found.items) == ["x.parquet/0", "x.parquet/2"]
+    assert [it.error for it in found.bad] == ["x.parquet:row 1: audio cell of 0.3 MiB is over the 0.25 MiB limit of "
+                                              "one Parquet cell (set MIMI_EXTRACT_MAX_CELL_MB to raise it)"]
+    buffer, name = parquet_source._cell(url, 0, 2, "audio")
+    assert buffer.to_pybytes() == small and name == "c.flac"
+
+
 def test_cli_codes_from_s3_in_a_worker_process(s3, shards, loose_run, tiny_model_dir, tmp_path):  # noqa: F811
     """The CLI, one worker process opening the objects itself (each process its own s3fs client)."""
     url = upload(s3, shards, "cli-tar")
