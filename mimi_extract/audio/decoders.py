@@ -1,5 +1,6 @@
 """Decoders: which library decodes a file (by its extension), and the decoders themselves --
-libsndfile through ``soundfile``, FFmpeg through :class:`PyAVFile` -- behind one interface
+libsndfile through ``soundfile``, FFmpeg through :class:`PyAVFile`, dr_flac through
+:class:`DrFlacFile` for a FLAC file read whole -- behind one interface
 (:func:`open_decoder`: ``samplerate``, ``channels``, ``frames``, ``read``, ``seek``, ``close``), with
 the seeks that give exactly the samples a decode from the start gives (:func:`_seek`).  MPEG audio
 (MP3) and Ogg Opus (``.opus``) go through FFmpeg (see the decoder table below), MP3 cut before the
@@ -368,11 +369,11 @@ class DrFlacFile:
     dr_flac skips a frame whose CRC fails and ends where the bytes end, without a word; libsndfile
     raises.  So every read is checked against STREAMINFO's total: a decode that ends before it is
     an :class:`AudioError` (the item's error row, as libsndfile's "flac decoder lost sync" was),
-    and nothing is read past it (libsndfile stops there too, where frames follow it).  A stream
-    STREAMINFO's MD5 would also check is not hashed: libsndfile does not check it (a file whose MD5
-    is wrong decodes), and hashing costs 54-65 us per audio second of 16 kHz mono, a third of
-    dr_flac's decode (docs/performance.md).  Open with :meth:`open_whole`, which says where dr_flac
-    is not used."""
+    and nothing is read past it (libsndfile stops there too, where frames follow it).  STREAMINFO's
+    MD5 is not checked: libsndfile does not check it (a file whose MD5 is wrong decodes), and hashing
+    costs 54-65 us per audio second of 16 kHz mono, a third of dr_flac's decode (docs/performance.md).
+    The reads release the GIL (cffi), as libsndfile's do.  Open with :meth:`open_whole`, which says
+    where dr_flac is not used."""
 
     def __init__(self, handle, data, name: str):
         import miniaudio
