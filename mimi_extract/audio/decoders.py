@@ -456,6 +456,9 @@ class DrFlacFile:
             self._lib.ma_dr_flac_close(self._handle)
             self._handle, self._data = None, None
 
+    def __del__(self) -> None:  # (as sf.SoundFile: a reader dropped unclosed still frees dr_flac's file)
+        self.close()
+
 
 def _before_trailing_tags(source):
     """``source`` (a path or a seekable binary file object) as FFmpeg is to read it: cut before the
