@@ -384,6 +384,7 @@ class DrFlacFile:
         self.frames, self.bits = int(handle.totalPCMFrameCount), int(handle.bitsPerSample)
         self.subtype = _DRFLAC_SUBTYPES.get(self.bits, "")
         self.position = 0  # samples decoded so far
+        self._first = None  # the first sample, decoded by open_whole and not read yet
 
     @staticmethod
     def version() -> str:
@@ -423,30 +424,48 @@ class DrFlacFile:
         if handle == ffi.NULL:
             return None
         file = cls(handle, data, name)
-        if file.frames <= 0 or file.bits not in _DRFLAC_BITS or (frames is not None and frames < file.frames):
+        if file.frames <= 0 or file.bits not in _DRFLAC_BITS or (frames is not None and frames < file.frames) \
+                or not file._first_sample():
             file.close()
             return None
         return file
+
+    def _first_sample(self) -> bool:
+        """Decode the first sample (dr_flac decodes its whole frame), kept for the first read: False
+        where dr_flac decodes none -- a STREAMINFO whose maximum block size or bit depth the frames
+        contradict, which libsndfile reads by the frames' own headers (measured: an error from
+        dr_flac at sample 0, libsndfile's samples unchanged), or a first frame that is damaged
+        (libsndfile then says so).  No frame is decoded twice."""
+        first = np.empty((1, self.channels), np.float32)
+        if self._lib.ma_dr_flac_read_pcm_frames_f32(self._handle, 1, self._ffi.from_buffer("float[]", first)) != 1:
+            return False
+        self._first, self.position = first, 1
+        return True
 
     def read(self, n: int, dtype: str = "float32", always_2d: bool = True) -> np.ndarray:
         """The next ``n`` samples or fewer at the end [samples, channels], float32 or (16-bit
         only) int16; AudioError where the stream ends before STREAMINFO's total."""
         if self._handle is None:
             raise AudioError("read after close")
-        want = max(0, min(n, self.frames - self.position))
         int16 = dtype == "int16"
         if int16 and self.bits != 16:
             raise ValueError(f"int16 reads of a {self.bits}-bit FLAC")
+        held = int(self._first is not None)  # the first sample, decoded by open_whole
+        want = max(0, min(n, self.frames - self.position + held))
         out = np.empty((want, self.channels), np.int16 if int16 else np.float32)
-        if want:
-            ffi = self._ffi
+        if want and held:  # (16-bit: its float32 is k / 32768, so k exactly)
+            out[0] = (self._first[0] * 32768).astype(np.int16) if int16 else self._first[0]
+            self._first = None
+        ask = want - held if want else 0
+        if ask:
+            ffi, rest = self._ffi, out[held:]
             if int16:
-                got = self._lib.ma_dr_flac_read_pcm_frames_s16(self._handle, want, ffi.from_buffer("ma_dr_flac_int16[]", out))
+                got = self._lib.ma_dr_flac_read_pcm_frames_s16(self._handle, ask, ffi.from_buffer("ma_dr_flac_int16[]", rest))
             else:
-                got = self._lib.ma_dr_flac_read_pcm_frames_f32(self._handle, want, ffi.from_buffer("float[]", out))
+                got = self._lib.ma_dr_flac_read_pcm_frames_f32(self._handle, ask, ffi.from_buffer("float[]", rest))
             self.position += int(got)
-            out = out[:got]
-            if got < want:
+            out = out[:held + got]
+            if got < ask:
                 raise AudioError(f"damaged or cut short: its FLAC frames decode to {self.position:,} samples, its "
                                  f"STREAMINFO header states {self.frames:,} (a frame failed its CRC, or the file ends early)")
         return out

@@ -158,6 +158,42 @@ def test_libsndfile_keeps_what_dr_flac_is_not_measured_for(corpus, tmp_path, mon
         open_decoder(str(garbage), span=(0, None))
 
 
+@pytest.mark.parametrize("field", ["maximum block size 0", "maximum block size 2,048", "8 bits per sample"])
+def test_a_streaminfo_the_frames_contradict_is_read_as_libsndfile_reads_it(corpus, field):
+    """A STREAMINFO whose maximum block size (4,096 here) or bit depth (16) the frames contradict:
+    dr_flac decodes no sample where libsndfile may decode by the frames' own headers (found by the
+    hypothesis test below: SMALL's samples, unchanged); open_whole's first sample sees it and leaves
+    the file to libsndfile, whose outcome it then is (this file: its samples with the bit depth
+    changed, an error for the block sizes, in the reader's block reads)."""
+    for data in (bytearray(corpus["PCM_16-1ch-16000"].read_bytes()), bytearray(SMALL)):
+        if field.startswith("maximum"):
+            data[10:12] = (0 if field.endswith(" 0") else 2048).to_bytes(2, "big")  # STREAMINFO's bytes 2..3
+        else:
+            data[21] ^= 0x80  # bits per sample - 1: 15 -> 7
+        f = open_decoder(member(bytes(data)), span=(0, None))
+        f.close()
+        assert isinstance(f, sf.SoundFile)
+        want, got = _outcome(_libsndfile, bytes(data)), _outcome(_tool, bytes(data))
+        assert got == want if isinstance(want, str) else np.array_equal(got, want)
+    assert not isinstance(_outcome(_libsndfile, bytes(data)), str)  # (SMALL: libsndfile decodes each)
+
+
+def test_damaged_metadata_with_every_frame_intact_decodes(corpus):
+    """STREAMINFO's "last metadata block" flag cleared (the blocks after it read from the audio's
+    bytes): libsndfile refuses the file ("Internal psf_fseek() failed"), dr_flac finds the frames by
+    their sync codes, every one passes its CRC and the count is STREAMINFO's: the tool reads the
+    file's own samples (the one difference from libsndfile the hypothesis test allows)."""
+    data = bytearray(corpus["PCM_16-1ch-16000"].read_bytes())
+    ref = libsndfile_whole(corpus["PCM_16-1ch-16000"])
+    assert data[4] & 0x80 == 0  # (a VORBIS_COMMENT block follows)
+    data[4] |= 0x80
+    with pytest.raises(Exception):  # noqa: B017
+        libsndfile_whole_bytes = sf.read(io.BytesIO(bytes(data)), dtype="float32", always_2d=True)[0]
+        assert not np.array_equal(libsndfile_whole_bytes, ref)  # (where it decodes, it is not the audio)
+    got, used = source_samples(bytes(data))
+    assert used is DrFlacFile and np.array_equal(got, ref)
+
+
 def damaged(data: bytes) -> dict[str, bytes]:
     """The damage the tests inflict: cut in half, 1,000 bytes zeroed, one bit flipped in the audio,
     cut where a frame starts, STREAMINFO's total past the audio."""
@@ -238,7 +274,7 @@ def _libsndfile(blob: bytes) -> np.ndarray:
 def _tool(blob: bytes) -> np.ndarray:
     f, parts = open_decoder(member(blob), span=(0, None)), []
     try:
-        while len(block := f.read(BLOCK)):
+        while len(block := f.read(BLOCK, dtype="float32", always_2d=True)):  # (as the reader reads either decoder)
             parts.append(block)
     finally:
         f.close()
@@ -250,18 +286,26 @@ with sf.SoundFile(_SMALL, "w", 16_000, 1, format="FLAC", subtype="PCM_16") as _f
     _f.title = "a title in a VORBIS_COMMENT block"
     _f.write(signal(16_000, 8 * 4096 - 1234, 1, seed=3))
 SMALL = _SMALL.getvalue()
+AUDIO_AT = SMALL.index(b"\xff\xf8")  # the first frame's sync code: metadata blocks before it
+SMALL_SAMPLES = sf.read(io.BytesIO(SMALL), dtype="float32", always_2d=True)[0]
 
 
 @given(op=st.sampled_from(["zero", "random", "flip", "cut"]), where=st.floats(0, 1), size=st.integers(1, 3000),
        head=st.booleans(), data=st.data())
-@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(deadline=None, suppress_health_check=list(HealthCheck))  # examples: the profile's (conftest.py)
 def test_any_damage_ends_as_libsndfiles(op, where, size, head, data):
     """Any damage -- a byte range zeroed or randomised, a bit flipped, a cut, anywhere or in the
-    metadata blocks (``head``) -- gives the tool's FLAC read libsndfile's outcome: the same samples
-    (damage to metadata dr_flac and libsndfile both skip), or an error from both.  (A file libsndfile
-    cannot open is its probe's error row, never read.)"""
+    metadata blocks (``head``) -- gives the tool's FLAC read libsndfile's samples where libsndfile
+    decodes the file, and an error where it fails, with one exception: damage confined to the
+    metadata blocks, every audio frame intact, which libsndfile may refuse ("Internal psf_fseek()
+    failed" for a STREAMINFO minimum block size or MD5 zeroed, a VORBIS_COMMENT header zeroed) and
+    dr_flac reads past.  The tool's read is then the file's own samples, in place, up to the total
+    STREAMINFO states (fewer where the damage lowered it, as libsndfile reads a lowered total):
+    never a sample that is not in the file where it was.  (A file libsndfile cannot open is its
+    probe's error row, never read.)"""
     blob = bytearray(SMALL)
     at = int(where * (200 if head else len(blob) - 1))
+    end = at + 1 if op == "flip" else len(blob) if op == "cut" else at + size
     if op == "zero":
         blob[at: at + size] = bytes(len(blob[at: at + size]))
     elif op == "random":
@@ -276,7 +320,8 @@ def test_any_damage_ends_as_libsndfiles(op, where, size, head, data):
     except Exception:  # noqa: BLE001
         return
     want, got = _outcome(_libsndfile, blob), _outcome(_tool, blob)
-    if isinstance(want, str) or isinstance(got, str):
-        assert isinstance(want, str) and isinstance(got, str), (want if isinstance(got, str) else got).shape
-    else:
-        assert got.shape == want.shape and np.array_equal(got, want)
+    if not isinstance(want, str):
+        assert not isinstance(got, str) and got.shape == want.shape and np.array_equal(got, want)
+    elif not isinstance(got, str):
+        assert end <= AUDIO_AT, (op, at, end)  # libsndfile refused, dr_flac decoded: the frames were spared
+        assert np.array_equal(got, SMALL_SAMPLES[: len(got)])
