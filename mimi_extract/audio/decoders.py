@@ -9,6 +9,7 @@ counted in the item's ``decoder_warnings``."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import numpy as np
@@ -414,12 +415,17 @@ class DrFlacFile:
             data = None
             handle = lib.ma_dr_flac_open_file(os.fsencode(path), ffi.NULL) if magic != b"OggS" else ffi.NULL
         else:
-            size = source.seek(0, os.SEEK_END)
-            source.seek(0)
-            if size > DRFLAC_IN_MEMORY:
+            try:
+                size = source.seek(0, os.SEEK_END)
+                source.seek(0)
+                if size > DRFLAC_IN_MEMORY:
+                    return None
+                data = source.getvalue() if hasattr(source, "getvalue") else source.read()
+                source.seek(0)
+            except OSError:  # (bytes that cannot be read: libsndfile's open says so, as before)
+                with contextlib.suppress(OSError):
+                    source.seek(0)
                 return None
-            data = source.getvalue() if hasattr(source, "getvalue") else source.read()
-            source.seek(0)
             handle = lib.ma_dr_flac_open_memory(data, len(data), ffi.NULL) if data[:4] != b"OggS" else ffi.NULL
         if handle == ffi.NULL:
             return None
