@@ -232,7 +232,10 @@ def decoders(args):
     48 kHz and 16 kHz (libsndfile decodes at the stated rate, FFmpeg always at 48 kHz).  FLAC also
     through the faster decoders that were candidates (issue 40): dr_flac (the ``miniaudio``
     package) and ``pedalboard`` (JUCE's libFLAC), where installed, with what each makes of a FLAC
-    cut in half and of one with 1,000 zeroed bytes (``damaged``): libsndfile refuses both."""
+    cut in half and of one with 1,000 zeroed bytes (``damaged``): libsndfile refuses both.  And the
+    tool's own FLAC path since 0.4, ``dr_flac (DrFlacFile)``: dr_flac as a whole-file read opens it
+    (``open_decoder(..., span=(0, None))``), in the same blocks, float32 and int16, with its count
+    check; side by side with libsndfile in the same run."""
     import av
 
     from mimi_extract.audio.decoders import PyAVFile
@@ -309,6 +312,18 @@ def decoders(args):
                 said[label] = f"error: {str(e)[:80]}"
         return said
 
+    def tool_flac(path, dtype):  # the tool's reader of a FLAC file read whole (dr_flac since 0.4)
+        from mimi_extract.audio.decoders import DrFlacFile, open_decoder
+
+        f = open_decoder(path, span=(0, None))
+        assert isinstance(f, DrFlacFile), type(f)
+        parts = []
+        while len(block := f.read(1 << 16, dtype=dtype)):
+            parts.append(block)
+        f.close()
+        data = np.concatenate(parts)[:, 0]
+        return data.astype(np.float32) / 32768 if dtype == "int16" else data
+
     def pyav_file(path):
         f = PyAVFile(path)
         parts = []
@@ -319,12 +334,16 @@ def decoders(args):
 
     rows = {}
     for name, (path, _rate) in files.items():
+        if args.decoder_files and name not in args.decoder_files:
+            continue
         row, ref = {"seconds": seconds}, None
         readers = [("pyav raw", pyav_raw), ("pyav (PyAVFile)", pyav_file)]
         if not name.endswith(".m4a"):
             readers = [("soundfile float32", lambda p: soundfile_read(p, "float32"))] + readers
             if name.startswith("flac"):
                 readers.insert(1, ("soundfile int16", lambda p: soundfile_read(p, "int16")))
+                readers[2:2] = [("dr_flac (DrFlacFile) float32", lambda p: tool_flac(p, "float32")),
+                                ("dr_flac (DrFlacFile) int16", lambda p: tool_flac(p, "int16"))]
                 for label, module, fn in (("dr_flac (miniaudio)", "miniaudio", dr_flac),
                                           ("pedalboard read_raw", "pedalboard", pedalboard_raw)):
                     try:
@@ -388,6 +407,7 @@ def main():
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--decode-seconds", type=int, default=120)
     p.add_argument("--pad-n", type=int, default=600)
+    p.add_argument("--decoder-files", nargs="+", help="decoders: only these files (e.g. flac16k.flac flac48k.flac)")
     p.add_argument("--buffers", type=float, nargs="+", default=[1, 4, 16, 64])
     p.add_argument("--only", choices=("plan", "e2e", "decode", "decoders", "padding"), action="append")
     args = p.parse_args()

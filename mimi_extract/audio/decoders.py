@@ -1,5 +1,6 @@
 """Decoders: which library decodes a file (by its extension), and the decoders themselves --
-libsndfile through ``soundfile``, FFmpeg through :class:`PyAVFile` -- behind one interface
+libsndfile through ``soundfile``, FFmpeg through :class:`PyAVFile`, dr_flac through
+:class:`DrFlacFile` for a FLAC file read whole -- behind one interface
 (:func:`open_decoder`: ``samplerate``, ``channels``, ``frames``, ``read``, ``seek``, ``close``), with
 the seeks that give exactly the samples a decode from the start gives (:func:`seek_exact`).  MPEG audio
 (MP3) and Ogg Opus (``.opus``) go through FFmpeg (see the decoder table below), MP3 cut before the
@@ -8,6 +9,7 @@ counted in the item's ``decoder_warnings``."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import numpy as np
@@ -65,6 +67,17 @@ def open_soundfile(source, info_only: bool = False, shown: str | None = None):
 # Measured per core (docs/inputs.md): FFmpeg decodes MP3 at 0.84-0.95x libsndfile's speed alone,
 # and the tool's old libsndfile path ran one MP3 read at a time per process.
 #
+# FLAC read whole (from its first sample to its end: a file, or a segment that runs to the end from
+# sample 0) goes through dr_flac (the ``miniaudio`` package, :class:`DrFlacFile`) since 0.4: 1.6x
+# libsndfile's libFLAC per core, and its samples are libsndfile's, bit for bit (8-, 16- and 24-bit,
+# 1-8 channels, tests/audio/test_flac.py; the real-shapes corpus).  What differs is damage: libFLAC
+# reports a frame that fails its CRC and libsndfile raises, where dr_flac skips the frame silently
+# (every later sample moves a frame earlier) and stops where the bytes stop.  Both leave fewer frames
+# than STREAMINFO's total, so DrFlacFile checks the count and makes an error of any shortfall: a read
+# that does not reach the end could not see it, and stays with libsndfile, as does what was not
+# measured equal (an unknown total, other bit depths, Ogg FLAC, a member too large to hold in memory).
+# The samples being the same, which of the two decodes a FLAC file is not a choice an OUT sees.
+#
 # Ogg Opus (``.opus``) goes through FFmpeg's native Opus decoder since 0.4: 2.2-2.6x libsndfile's
 # libopus per core (docs/performance.md).  It decodes at 48 kHz, Opus's own rate, whatever rate the
 # header states: RFC 7845 5.1 makes that field informational (the encoder's input rate) and says to
@@ -74,6 +87,7 @@ def open_soundfile(source, info_only: bool = False, shown: str | None = None):
 # granule positions give every page's exact time, end trimming applied) and a segment seeks through
 # the pre-roll, both equal to the whole decode (tests/audio/test_decoding.py).  An Opus stream named
 # ``.ogg`` or ``.oga`` stays with libsndfile, by the extension rule above.
+FLAC_EXTENSIONS = (".flac",)  # read whole by dr_flac (DrFlacFile), else by libsndfile
 SOUNDFILE_EXTENSIONS = (".wav", ".flac", ".ogg", ".oga", ".aiff", ".aif", ".aifc", ".caf", ".w64", ".rf64",
                         ".au", ".snd")
 MPEG_EXTENSIONS = (".mp3", ".mp2", ".mp1", ".mpga")
@@ -103,7 +117,7 @@ def decoder_versions() -> dict:
     codec = av.library_versions.get("libavcodec")
     return {"soundfile": f"soundfile {sf.__version__}, libsndfile {sf.__libsndfile_version__}",
             "pyav": f"av {av.__version__}, libavcodec {'.'.join(map(str, codec)) if codec else '?'}",
-            "pyav_extensions": list(PYAV_EXTENSIONS)}
+            "pyav_extensions": list(PYAV_EXTENSIONS), "dr_flac": DrFlacFile.version()}
 
 
 _SCALE = {"s16": 1 / 32768, "s32": 1 / 2147483648, "flt": None, "dbl": None, "u8": 1 / 128, "s64": 2.0 ** -63}
@@ -342,6 +356,135 @@ class PyAVFile:
             self.container = None
 
 
+_DRFLAC_BITS = (8, 16, 24)  # bit depths measured bit-identical to libsndfile (tests/audio/test_flac.py)
+_DRFLAC_SUBTYPES = {8: "PCM_S8", 16: "PCM_16", 24: "PCM_24"}  # libsndfile's names for them
+DRFLAC_IN_MEMORY = 256 << 20  # a file-like object (a tar member) is handed to dr_flac in memory up to this size
+
+
+class DrFlacFile:
+    """A FLAC stream read whole, from its first sample to STREAMINFO's total, by dr_flac (the
+    ``miniaudio`` package): what AudioReader needs of ``sf.SoundFile`` (``samplerate``,
+    ``channels``, ``frames``, ``subtype``, ``read``, ``close``), with libsndfile's samples (its
+    float32 is dr_flac's, whose int16 / 32768 and int24 / 2^23 are exact, as libsndfile's are).
+
+    dr_flac skips a frame whose CRC fails and ends where the bytes end, without a word; libsndfile
+    raises.  So every read is checked against STREAMINFO's total: a decode that ends before it is
+    an :class:`AudioError` (the item's error row, as libsndfile's "flac decoder lost sync" was),
+    and nothing is read past it (libsndfile stops there too, where frames follow it).  STREAMINFO's
+    MD5 is not checked: libsndfile does not check it (a file whose MD5 is wrong decodes), and hashing
+    costs 54-65 us per audio second of 16 kHz mono, a third of dr_flac's decode (docs/performance.md).
+    The reads release the GIL (cffi), as libsndfile's do.  Open with :meth:`open_whole`, which says
+    where dr_flac is not used."""
+
+    def __init__(self, handle, data, name: str):
+        import miniaudio
+
+        self._lib, self._ffi = miniaudio.lib, miniaudio.ffi
+        self._handle, self._data, self.name = handle, data, name  # (``data``: the bytes dr_flac reads, kept alive)
+        self.samplerate, self.channels = int(handle.sampleRate), int(handle.channels)
+        self.frames, self.bits = int(handle.totalPCMFrameCount), int(handle.bitsPerSample)
+        self.subtype = _DRFLAC_SUBTYPES.get(self.bits, "")
+        self.position = 0  # samples decoded so far
+        self._first = None  # the first sample, decoded by open_whole and not read yet
+
+    @staticmethod
+    def version() -> str:
+        """The package and dr_flac's version (run.json's ``decoders``)."""
+        import miniaudio
+
+        return f"miniaudio {miniaudio.__version__}, miniaudio.h {miniaudio.ffi.string(miniaudio.lib.ma_version_string()).decode()}"
+
+    @classmethod
+    def open_whole(cls, source, name: str, frames: int | None) -> "DrFlacFile | None":
+        """``source`` (a path, or a seekable binary file-like object: rewound when None is returned)
+        opened by dr_flac to be read whole (``frames``: the samples the reader takes, None to the
+        end); None where libsndfile decodes it instead: a read that stops before the end (a
+        dropped frame would go unseen), an unknown total, a bit depth not measured, Ogg FLAC, a
+        file-like object over :data:`DRFLAC_IN_MEMORY`, or bytes dr_flac cannot open (libsndfile
+        then says why)."""
+        import miniaudio
+
+        lib, ffi = miniaudio.lib, miniaudio.ffi
+        if isinstance(source, (str, os.PathLike)):
+            path = os.fspath(source)
+            try:
+                with open(path, "rb") as f:
+                    magic = f.read(4)
+            except OSError:
+                return None
+            data = None
+            handle = lib.ma_dr_flac_open_file(os.fsencode(path), ffi.NULL) if magic != b"OggS" else ffi.NULL
+        else:
+            try:
+                size = source.seek(0, os.SEEK_END)
+                source.seek(0)
+                if size > DRFLAC_IN_MEMORY:
+                    return None
+                data = source.getvalue() if hasattr(source, "getvalue") else source.read()
+                source.seek(0)
+            except OSError:  # (bytes that cannot be read: libsndfile's open says so, as before)
+                with contextlib.suppress(OSError):
+                    source.seek(0)
+                return None
+            handle = lib.ma_dr_flac_open_memory(data, len(data), ffi.NULL) if data[:4] != b"OggS" else ffi.NULL
+        if handle == ffi.NULL:
+            return None
+        file = cls(handle, data, name)
+        if file.frames <= 0 or file.bits not in _DRFLAC_BITS or (frames is not None and frames < file.frames) \
+                or not file._first_sample():
+            file.close()
+            return None
+        return file
+
+    def _first_sample(self) -> bool:
+        """Decode the first sample (dr_flac decodes its whole frame), kept for the first read: False
+        where dr_flac decodes none -- a STREAMINFO whose maximum block size or bit depth the frames
+        contradict, which libsndfile reads by the frames' own headers (measured: an error from
+        dr_flac at sample 0, libsndfile's samples unchanged), or a first frame that is damaged
+        (libsndfile then says so).  No frame is decoded twice."""
+        first = np.empty((1, self.channels), np.float32)
+        if self._lib.ma_dr_flac_read_pcm_frames_f32(self._handle, 1, self._ffi.from_buffer("float[]", first)) != 1:
+            return False
+        self._first, self.position = first, 1
+        return True
+
+    def read(self, n: int, dtype: str = "float32", always_2d: bool = True) -> np.ndarray:
+        """The next ``n`` samples or fewer at the end [samples, channels], float32 or (16-bit
+        only) int16; AudioError where the stream ends before STREAMINFO's total."""
+        if self._handle is None:
+            raise AudioError("read after close")
+        int16 = dtype == "int16"
+        if int16 and self.bits != 16:
+            raise ValueError(f"int16 reads of a {self.bits}-bit FLAC")
+        held = int(self._first is not None)  # the first sample, decoded by open_whole
+        want = max(0, min(n, self.frames - self.position + held))
+        out = np.empty((want, self.channels), np.int16 if int16 else np.float32)
+        if want and held:  # (16-bit: its float32 is k / 32768, so k exactly)
+            out[0] = (self._first[0] * 32768).astype(np.int16) if int16 else self._first[0]
+            self._first = None
+        ask = want - held if want else 0
+        if ask:
+            ffi, rest = self._ffi, out[held:]
+            if int16:
+                got = self._lib.ma_dr_flac_read_pcm_frames_s16(self._handle, ask, ffi.from_buffer("ma_dr_flac_int16[]", rest))
+            else:
+                got = self._lib.ma_dr_flac_read_pcm_frames_f32(self._handle, ask, ffi.from_buffer("float[]", rest))
+            self.position += int(got)
+            out = out[:held + got]
+            if got < ask:
+                raise AudioError(f"damaged or cut short: its FLAC frames decode to {self.position:,} samples, its "
+                                 f"STREAMINFO header states {self.frames:,} (a frame failed its CRC, or the file ends early)")
+        return out
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._lib.ma_dr_flac_close(self._handle)
+            self._handle, self._data = None, None
+
+    def __del__(self) -> None:  # (as sf.SoundFile: a reader dropped unclosed still frees dr_flac's file)
+        self.close()
+
+
 def _before_trailing_tags(source):
     """``source`` (a path or a seekable binary file object) as FFmpeg is to read it: cut before the
     APEv2 / ID3v2 tags appended to it (:func:`~mimi_extract.audio.trailing.audio_end`) -- a path by
@@ -360,12 +503,19 @@ def _before_trailing_tags(source):
     return source if end == size else Window(source, end)
 
 
-def open_decoder(source, name: str | None = None, shown: str | None = None):
+def open_decoder(source, name: str | None = None, shown: str | None = None,
+                 span: tuple[int, int | None] | None = None):
     """The decoder for ``source`` (a path or a seekable file-like object; ``name`` or its name
-    decides the format, see :func:`decoder_for`): ``sf.SoundFile`` or :class:`PyAVFile`, opened;
-    AudioError with an accurate message if it cannot be decoded (naming it ``shown``, if given)."""
+    decides the format, see :func:`decoder_for`): ``sf.SoundFile`` or :class:`PyAVFile`, opened --
+    or, for a FLAC file read whole (``span``: the read's first sample and its length, None to the
+    end; None: a header probe), :class:`DrFlacFile` where it gives libsndfile's samples; AudioError
+    with an accurate message if it cannot be decoded (naming it ``shown``, if given)."""
     if name is None:
         name = os.fspath(source) if isinstance(source, (str, os.PathLike)) else str(getattr(source, "name", "") or "")
+    if span is not None and span[0] == 0 and name.lower().endswith(FLAC_EXTENSIONS):
+        whole = DrFlacFile.open_whole(source, name, span[1])
+        if whole is not None:
+            return whole
     if decoder_for(name) == "soundfile":
         return open_soundfile(source, shown=shown)
     import av

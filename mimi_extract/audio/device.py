@@ -30,7 +30,7 @@ import soundfile as sf
 import torch
 
 from ..config.choices import SAMPLE_RATE
-from .decoders import AudioError
+from .decoders import AudioError, DrFlacFile
 from .reader import AudioReader
 from .framing import Framing
 from .resample import reduced_rates, sinc_kernel
@@ -92,7 +92,8 @@ class NativeReader(AudioReader):
         kernel, self.width = sinc_kernel(self.orig, self.new)
         self.size = kernel.shape[-1]
         # int16 transport where libsndfile's float would be that int16 / 32768 and no channels are mixed
-        self.dtype = "int16" if (isinstance(self.file, sf.SoundFile) and self.file.subtype == "PCM_16"
+        # (libsndfile's 16-bit PCM and FLAC; dr_flac's 16-bit FLAC)
+        self.dtype = "int16" if (isinstance(self.file, (sf.SoundFile, DrFlacFile)) and self.file.subtype == "PCM_16"
                                  and (self.file.channels == 1 or channel != "mix")) else "float32"
         self.padded = [np.zeros(self.width + framing.delay(self.rate), self.dtype)]  # P from block `computed` on
         self.padded_len = len(self.padded[0])

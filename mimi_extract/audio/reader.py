@@ -82,7 +82,7 @@ class AudioReader:
         self.handle = None if isinstance(path, (str, bytes, os.PathLike)) else path
         self._warnings = ""
         try:
-            self.file = open_decoder(path)
+            self.file = open_decoder(path, span=(start, frames))  # (a FLAC file read whole: dr_flac)
         except AudioError as e:
             self._close_handle()
             raise AudioError(f"cannot decode: {e}") from e

@@ -41,7 +41,9 @@ class FeedCost:
 # fixed and resampling costs measured on the other 48 kHz rows -- derived, not measured.
 FEED: dict[str, tuple[FeedCost, ...]] = {
     "pcm": (FeedCost(16_000, 42.0, 116.0, 616.0),),
-    "flac": (FeedCost(16_000, 264.0, 133.0, 694.0), FeedCost(48_000, 720.0, 155.0, 1614.0)),
+    # dr_flac, a FLAC file read whole (0.4; 2026-12-07, bench_ceilings.py --sections feed --formats flac16k,flac48k
+    # --seconds 1200 --resample-on host,device --torch-threads 1); libsndfile's: 264, 133, 694 / 720, 155, 1614
+    "flac": (FeedCost(16_000, 182.0, 138.0, 471.0), FeedCost(48_000, 452.0, 160.0, 1129.0)),
     "mp3": (FeedCost(48_000, 778.0, 209.0, 1406.0),),  # FFmpeg's MP3 decoder (0.3; libsndfile's: 774, 251, 1686)
     "opus": (FeedCost(48_000, 3318.0, 231.0, 4229.0),),
     "vorbis": (FeedCost(48_000, 887.0, 200.0, 1787.0),),

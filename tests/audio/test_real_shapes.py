@@ -5,7 +5,8 @@ the probe's sample count, every sample of a whole read and of a segment read aft
 encoder input; then the whole corpus end to end (directory and tar shard) through the CLI.
 
 A file is an error row only where FFmpeg fails too.  Bounds are measured: MP3, M4A and Ogg Opus are
-decoded by FFmpeg itself (0), FLAC and WAV by libsndfile (0), Ogg Vorbis by libsndfile within 9e-8
+decoded by FFmpeg itself (0), FLAC and WAV by libsndfile (0; FLAC read whole -- ``load`` here -- by
+dr_flac, bit for bit libsndfile's: tests/audio/test_flac.py), Ogg Vorbis by libsndfile within 9e-8
 of FFmpeg's decoder (bound 3e-7)."""
 
 from __future__ import annotations

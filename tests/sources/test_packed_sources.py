@@ -396,6 +396,7 @@ def test_pyav_formats_decode_and_encode(tmp_path, tiny_model_dir):
     assert extract(str(root), out, settings(tiny_model_dir)).ok == 2
     decoders = read_run_info(out)["decoders"]
     assert decoders["soundfile"].startswith("soundfile") and decoders["pyav"].startswith("av ")
+    assert decoders["dr_flac"].startswith("miniaudio ")  # (FLAC read whole, since 0.4)
     # verify: the engine vs each item alone
     checks = verify_source(str(root), settings(tiny_model_dir, batch_size=4))
     assert all(c.error is None and c.note is None for c in checks)
