@@ -76,7 +76,12 @@ What the shared code guarantees a format
 * every ok row carries ``checksum`` (crc32 of the time-first array's little-endian bytes, see
   :func:`array_checksum`), checked by every read (``store.read.load_row``), so a format only has to
   store the bytes; any exception from ``load`` becomes a ``DamagedError`` naming OUT, key, shard;
-* ``load`` only ever receives rows whose ``shard`` matched ``shard_re``.
+* ``load`` only ever receives rows whose ``shard`` matched ``shard_re``;
+* the rows ``check``, ``load``, ``item_attrs`` and ``lhotse_storage`` are handed are typed
+  :class:`~mimi_extract.formats.records.StoredRow` (read back and checked by the store): a format
+  reads attributes (``row.key``, ``row.frames``, its own ``row.index``...), never a dict's keys.
+  The fields a format's ``ShardBuilder.add`` returns are ``StoredRow`` fields too (add a new one
+  there, and its JSON type to ``store.manifest``'s row check: a test holds the two lists together).
 """
 
 from __future__ import annotations
@@ -96,7 +101,7 @@ class ShardBuilder:
     def __init__(self, file_attrs: dict):
         self.file_attrs = file_attrs  # the run's settings and provenance, stored in the shard
 
-    def add(self, key: str, data: np.ndarray, row: dict, attrs: dict) -> dict:
+    def add(self, key: str, data: np.ndarray, row: StoredRow, attrs: dict) -> dict:
         """Store one item.  ``row`` is its manifest row so far (``key``, ``path``, ``duration``,
         ``frames``, ``dataset``...), ``attrs`` per-item metadata (``duration``, ``start``...).
         Returns fields to add to the row (e.g. where the item sits in the shard); may be ``{}``."""

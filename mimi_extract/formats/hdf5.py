@@ -78,10 +78,10 @@ class HDF5Shard(ShardBuilder):
                              libver=("v110", "v110"))
         write_attrs(self._h5.attrs, file_attrs)
 
-    def add(self, key: str, data: np.ndarray, row: dict, attrs: dict) -> dict:
+    def add(self, key: str, data: np.ndarray, row: StoredRow, attrs: dict) -> dict:
         # fletcher32: HDF5's own checksum of each chunk, verified by h5py (and lhotse) on every read;
         # it needs a chunked layout, which an empty array cannot have
-        ds = self._h5.create_dataset(row["dataset"], data=data, fletcher32=data.size > 0)
+        ds = self._h5.create_dataset(row.dataset, data=data, fletcher32=data.size > 0)
         write_attrs(ds.attrs, {**attrs, "key": key})
         return {}
 

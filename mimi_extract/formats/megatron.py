@@ -298,12 +298,12 @@ class MegatronShard(ShardBuilder):
         self._builder = indexed_dataset().IndexedDatasetBuilder(self._files.path("bin"), dtype=self.dtype.type)
         self._docs: list[dict] = []
 
-    def add(self, key: str, data: np.ndarray, row: dict, attrs: dict) -> dict:
+    def add(self, key: str, data: np.ndarray, row: StoredRow, attrs: dict) -> dict:
         tokens, lengths = self.tokens.encode(data)
         # megatron-core's builder: one document of the item's sequences (a flat item is one sequence)
         self._builder.add_document(tokens, lengths)
         self._docs.append({"key": key, "frames": int(data.shape[0]), **attrs,
-                           **{k: row[k] for k in FIDELITY_FIELDS if row.get(k) is not None}})
+                           **{k: getattr(row, k) for k in FIDELITY_FIELDS if getattr(row, k) is not None}})
         return {"document": len(self._docs) - 1}
 
     def files(self, shard_name: str) -> dict[str, bytes]:

@@ -61,7 +61,7 @@ class ParquetShard(ShardBuilder):
         if file_attrs.get("fidelity"):  # --fidelity: float64 columns (si_sdr null for a silent input)
             self.cols.update({k: [] for k in FIDELITY_FIELDS})
 
-    def add(self, key: str, data: np.ndarray, row: dict, attrs: dict) -> dict:
+    def add(self, key: str, data: np.ndarray, row: StoredRow, attrs: dict) -> dict:
         if data.ndim != 2:
             raise ValueError(f"{key}: Parquet shards store [frames, dims] arrays, got shape {data.shape}")
         index = len(self.arrays)
@@ -70,16 +70,16 @@ class ParquetShard(ShardBuilder):
         c["key"].append(key)
         c["frames"].append(int(data.shape[0]))
         c["dims"].append(int(data.shape[1]))
-        c["duration"].append(float(attrs.get("duration", row.get("duration", 0.0))))
-        c["sample_rate"].append(row.get("sample_rate"))
-        c["path"].append(row.get("path"))
+        c["duration"].append(float(attrs.get("duration", row.duration)))
+        c["sample_rate"].append(row.sample_rate)
+        c["path"].append(row.path)
         c["start"].append(attrs.get("start"))
         c["end"].append(attrs.get("end"))
-        c["channel"].append(row.get("channel"))
+        c["channel"].append(row.channel)
         for k in FIDELITY_FIELDS:
             if k in c:
-                c[k].append(row.get(k))
-        meta = row.get("meta") or {}
+                c[k].append(getattr(row, k))
+        meta = row.meta or {}
         for name, kind in self.meta_types.items():
             value = meta.get(name)
             self.meta[name].append(json.dumps(value, ensure_ascii=False) if kind == "json" and value is not None

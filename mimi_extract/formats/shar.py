@@ -33,6 +33,7 @@ import json
 import os
 import re
 import tarfile
+from dataclasses import replace
 from pathlib import PurePosixPath
 
 import numpy as np
@@ -102,13 +103,13 @@ def _placeholder(data_shape: tuple, frame_shift: float, start: float) -> dict:
             "temporal_dim": 0, "frame_shift": frame_shift, "start": start}
 
 
-def cut_for(row: dict, field: str, frame_shift: float, shape: tuple) -> dict:
-    """The Shar cut of one ok row (its JSON as written: ``ShardBuilder.add``): the HDF5 output's cut
+def cut_for(row: StoredRow, field: str, frame_shift: float, shape: tuple) -> dict:
+    """The Shar cut of one ok row (as ``ShardBuilder.add`` is handed it): the HDF5 output's cut
     (``cuts.cut_dict``) with Shar storage."""
     from .cuts import cut_dict
 
-    stored = StoredRow.from_dict({**row, "shard": "", "frames": shape[0]})
-    return cut_dict(stored, "", field, frame_shift, array=_placeholder(shape, frame_shift, stored.start or 0.0)["array"])
+    return cut_dict(replace(row, shard="", frames=shape[0]), "", field, frame_shift,
+                    array=_placeholder(shape, frame_shift, row.start or 0.0)["array"])
 
 
 class SharShard(ShardBuilder):
@@ -123,7 +124,7 @@ class SharShard(ShardBuilder):
         self._tar = _memory_tar_writer({PAX_KEY: json.dumps(file_attrs, sort_keys=True, default=_plain)})
         self._cuts: list[str] = []
 
-    def add(self, key: str, data: np.ndarray, row: dict, attrs: dict) -> dict:
+    def add(self, key: str, data: np.ndarray, row: StoredRow, attrs: dict) -> dict:
         problem = key_problem(key)
         if problem:
             raise ValueError(problem)

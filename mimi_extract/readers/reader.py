@@ -93,7 +93,8 @@ class Reader:
         self._rows: list[StoredRow] = []
         for f in files:
             prefix = remote.relpath(f.path, self.out_dir)
-            self._rows += (row.under(prefix) for row in committed_rows(f.path, f))
+            rows = committed_rows(f.path, f)
+            self._rows += rows if prefix == "." else [row.under(prefix) for row in rows]
         index: dict[str, StoredRow] = {}
         for row in self._rows:
             if row.ok and row.shard:

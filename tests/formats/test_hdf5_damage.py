@@ -33,7 +33,7 @@ def build_shard(path, n_items=12):
         key = f"spk{i % 3}/utt-{i}.wav" if i else "spk/naïve ü.wav"
         row = {"key": key, "dataset": dataset_name(key), "frames": 3 + i % 4}
         data = rng.integers(0, 2048, (row["frames"], 8), dtype=np.int16)
-        shard.add(key, data, row, {"duration": row["frames"] / 12.5, "source_sample_rate": 16000})
+        shard.add(key, data, StoredRow.from_dict(row), {"duration": row["frames"] / 12.5, "source_sample_rate": 16000})
         rows.append(row)
     with open(path, "wb") as f:
         f.write(shard.files("shard-00000.h5")["shard-00000.h5"])

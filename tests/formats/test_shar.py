@@ -426,7 +426,7 @@ def test_long_and_non_ascii_keys_round_trip_through_lhotse(tmp_path):
         arrays[key] = rng.integers(0, 2048, (5 + i, 8)).astype(np.int16)
         row = {"path": key, "key": key, "dataset": key, "channel": None, "sample_rate": 24_000, "duration": 0.5,
                "source": {"path": "/abs/x.wav", "frames": 48_000, "channels": 1}}
-        rows.append({**row, **shard.add(key, arrays[key], row, {}), "frames": 5 + i, "status": "ok",
+        rows.append({**row, **shard.add(key, arrays[key], StoredRow.from_dict(row), {}), "frames": 5 + i, "status": "ok",
                      "shard": fmt.shard_name(0)})
     for name, data in shard.files(fmt.shard_name(0)).items():
         os.makedirs(os.path.dirname(tmp_path / name), exist_ok=True)
