@@ -72,6 +72,36 @@ def test_every_field_the_row_check_types_is_a_field_of_the_record():
     assert set(_ROW_TYPES) <= {f.name for f in fields(StoredRow)}
 
 
+def test_the_row_check_s_fast_path_is_its_rule():
+    """``row_problem`` passes a row whose fields all have JSON's exact types at a set lookup each;
+    any row, fuzzed, gets the answer of the field-by-field rule (``_typed``) it stands for."""
+    hypothesis = pytest.importorskip("hypothesis")
+    from hypothesis import given, settings as hsettings, strategies as st
+
+    from mimi_extract.store import manifest
+
+    def by_the_rule(row):
+        for field, kinds in manifest._ROW_TYPES.items():
+            if field in row and not manifest._typed(row[field], kinds):
+                return f"has {field} {manifest._type_name(row[field])} ({manifest._shown(row[field])})"
+        return manifest._row_rules(row)
+
+    # (a value of each JSON type at the rule's edges: a bool where an int is meant, a float count, null)
+    values = st.one_of(st.sampled_from([None, True, False, 0, -1, 7, 1.5, "s", "shard-00000.h5", [], [1], {}]),
+                       st.dictionaries(st.sampled_from(["path", "frames", "channels", "kind"]),
+                                       st.sampled_from([None, True, 3, "x"]), max_size=4))
+    rows = st.builds(lambda row, changes: {**row, **changes}, st.sampled_from(ROWS),
+                     st.dictionaries(st.sampled_from(sorted(manifest._ROW_TYPES)), values, max_size=3))
+
+    @hsettings(max_examples=500, deadline=None, derandomize=True)
+    @given(rows)
+    def check(row):
+        assert manifest.row_problem(row) == by_the_rule(row), row
+
+    assert hypothesis.__version__
+    check()
+
+
 def test_run_info_survives_its_json_both_ways():
     info = RunInfo(model="kyutai/mimi", tap="codes", format="megatron", num_quantizers=8, fidelity=True,
                    decoders={"libsndfile": "1.2"}, items={"--key": "path"}, extra={"token_layout": "flat"})
