@@ -16,6 +16,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import mimi_extract.formats.hdf5 as hdf5  # noqa: E402
+from mimi_extract.formats.records import StoredRow  # noqa: E402
 from mimi_extract.sources.keys import dataset_name  # noqa: E402
 
 FILE_ATTRS = {"tap": "codes", "model": "kyutai/mimi", "weights": "da6b0984e74bde55afe6b912", "framing": "transformers",
@@ -30,7 +31,7 @@ def build(write_attrs, arrays) -> tuple[float, int]:
     shard = hdf5.HDF5Shard(FILE_ATTRS)
     for i, data in enumerate(arrays):
         key = f"spk{i % 7}/utt{i:05d}.flac"
-        shard.add(key, data, {"dataset": dataset_name(key)}, {"duration": len(data) / 12.5, "source_sample_rate": 16000})
+        shard.add(key, data, StoredRow(key, dataset=dataset_name(key)), {"duration": len(data) / 12.5, "source_sample_rate": 16000})
     image = shard.files("shard-00000.h5")["shard-00000.h5"]
     shard.close()
     return time.process_time() - t, len(image)

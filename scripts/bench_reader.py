@@ -52,6 +52,7 @@ def main() -> None:
     args = ap.parse_args()
     import mimi_extract
     from mimi_extract.store.manifest import read_manifest
+    from mimi_extract.formats.records import StoredRow
     from mimi_extract.store.read import load_row
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -82,7 +83,7 @@ def main() -> None:
         w = time.perf_counter()
         for k in picks[: args.old_reads]:  # before: every read() scanned every manifest
             row = next(r for r in read_manifest(out) if r["key"] == k and r["status"] == "ok")
-            load_row(out, row)
+            load_row(out, StoredRow.from_dict(row))
         print(f"old read (manifest scan per call): {(time.perf_counter() - w) / args.old_reads:.2f} s per call")
         print(f"peak RSS: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
 

@@ -9,25 +9,25 @@ import os
 
 import numpy as np
 
-from ..store.identity import read_run_info
+from ..formats.records import RunInfo, StoredRow
+from ..store.identity import read_run
 from ..store.manifest import out_files, out_rows, shard_attrs
 from .outputs import require_runs
 
 
-def _samples_24k(row: dict, info: dict) -> int:
+def _samples_24k(row: StoredRow, info: RunInfo) -> int:
     """The item's length at 24 kHz (before the framing's padding), from its exact source length."""
     from ..audio.framing import Framing
     from ..sources import seconds_to_samples
 
-    rate = row["sample_rate"]
-    if row.get("end") is not None:
-        frames = seconds_to_samples(row["end"] - row["start"], rate)  # as discovery counted them
-    elif row.get("source"):
-        frames = row["source"]["frames"]
+    rate = row.sample_rate
+    if row.end is not None:
+        frames = seconds_to_samples(row.end - row.start, rate)  # as discovery counted them
+    elif row.source:
+        frames = row.source.frames
     else:
-        frames = round(row["duration"] * rate)
-    framing = Framing(info.get("framing", "transformers"), info.get("causal_16k", True),
-                      length=info.get("resampled_length", "exact"))  # (an OUT made before 0.3: the exact length)
+        frames = round(row.duration * rate)
+    framing = Framing(info.framing, info.causal_16k, length=info.resampled_length)  # (before 0.3: exact, RunInfo)
     return max(1, framing.resampled_length(frames, rate))
 
 
@@ -79,8 +79,8 @@ def decode_items(out_dir: str, keys: list[str] | None, output: str | None, model
     from ..sources import dataset_name
 
     files = out_files(out_dir)
-    info = read_run_info(require_runs(out_dir, files)[0].path)
-    rows = {r["key"]: r for r in out_rows(out_dir, files) if r.get("status") == "ok"}
+    info = read_run(require_runs(out_dir, files)[0].path)
+    rows = {r.key: r for r in out_rows(out_dir, files) if r.ok}
     keys = keys or sorted(rows)
     missing = [k for k in keys if k not in rows]
     if missing:
@@ -98,14 +98,14 @@ def decode_items(out_dir: str, keys: list[str] | None, output: str | None, model
     if folder:
         for path in paths.values():
             os.makedirs(os.path.dirname(path), exist_ok=True)
-    mimi = load_model(model or info["model"], device)
+    mimi = load_model(model or info.model, device)
     decoder = PaddedMimiDecoder(mimi)
     reader = Reader(out_dir)
     written = []
 
     def codes_of(key: str) -> torch.Tensor:
         """The item's codes [frames, N] (features go through the quantizer, all codebooks)."""
-        tap = shard_attrs(out_dir, rows[key]["shard"]).get("tap", info["tap"])
+        tap = shard_attrs(out_dir, rows[key].shard).get("tap", info.tap)
         data = torch.from_numpy(np.ascontiguousarray(reader[key])).to(device)
         if tap == "codes":
             return data.long()
@@ -118,7 +118,7 @@ def decode_items(out_dir: str, keys: list[str] | None, output: str | None, model
 
     with torch.no_grad():
         batch_frames, chunk_frames = decode_limits(device)
-        for batch in decode_batches(keys, [rows[k]["frames"] for k in keys], batch_frames, chunk_frames):
+        for batch in decode_batches(keys, [rows[k].frames for k in keys], batch_frames, chunk_frames):
             audios = decode_chunked(decoder, [codes_of(k) for k in batch], chunk_frames)
             for key, audio in zip(batch, audios):
                 audio = audio[: _samples_24k(rows[key], info)].float().cpu().numpy()

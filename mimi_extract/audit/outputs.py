@@ -11,12 +11,13 @@ from collections import Counter
 
 from ..common import remote
 from ..store.files import LOCK, PART_RE, PLAN_INFO, RUN_INFO
-from ..store.identity import read_run_info
+from ..formats.records import RunInfo, StoredRow
+from ..store.identity import read_run, read_run_info
 from ..store.lock import live_holder
 from ..store.mirror import remote_holder
 from ..store.plan_info import read_plan
 from ..store.manifest import (RunFiles, committed_rows, format_of_path, out_exists, out_files, out_rows,
-                              read_ahead, read_manifest)
+                              read_ahead)
 
 
 def require_runs(out_dir: str, files: list[RunFiles] | None = None) -> list[RunFiles]:
@@ -87,8 +88,8 @@ def status_report(out_dir: str) -> dict:
         plan = read_plan(f)
         rows = committed_rows(d, f)
         name = _name(d, out_dir)
-        ok = {r["key"] for r in rows if r.get("status") == "ok"}
-        errors = len({r["key"] for r in rows if r.get("status") == "error"} - ok)
+        ok = {r.key for r in rows if r.ok}
+        errors = len({r.key for r in rows if r.status == "error"} - ok)
         inputs = plan.get("inputs")  # (never fewer than the items stored: see info_report's "unplanned")
         runs[name] = {"inputs": None if inputs is None else max(inputs, len(ok) + errors), "ok": len(ok),
                       "errors": errors, "updated": plan.get("updated")}
@@ -110,8 +111,8 @@ def status_report(out_dir: str) -> dict:
     names = {int(m.group(1)) if (m := PART_RE.search(name)) else 0: name for name in runs}
     todo = [i for i in ([alone[0]] if alone else range(count)) if i not in names or not _run_done(runs[names[i]])]
     # parts of whole input shards: part I took shards I, I+N, I+2N... of the list every part records
-    shards = next((info["part_shards"] for f in dirs
-                   if (info := read_run_info(f.path, f.read) or {}).get("part_shards") is not None), None)
+    shards = next((info.part_shards for f in dirs
+                   if (info := read_run(f.path, f.read)) is not None and info.part_shards is not None), None)
     return {"runs": runs, "starting": starting, "missing_parts": missing, "ok": ok, "errors": errors, "remaining": remaining,
             "complete": complete, "parts": count, "incomplete_parts": todo, "array": array_spec(todo),
             "incomplete_shards": None if shards is None else [s for n, s in enumerate(shards) if n % count in todo]}
@@ -134,13 +135,13 @@ def array_spec(indices: list[int]) -> str:
     return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
-def error_reason(message: str, row: dict | None = None) -> str:
+def error_reason(message: str, row: StoredRow | None = None) -> str:
     """An error message with its specifics (quoted names, numbers in parentheses) folded, for grouping,
     and without the location the sources put before it (``row``'s own: ``shard:key: `` of a tar or
     .tar.gz sample, ``file:row N: `` of a Parquet row, ``line N: `` of a list), which differs per item."""
     text = message or "unknown"
     head, sep, rest = text.partition(": ")
-    tail = str((row or {}).get("key") or "").rpartition("/")[2]
+    tail = str(row.key if row is not None else "").rpartition("/")[2]
     if sep and (re.fullmatch(r"line \d+", head) or (tail and head.endswith((f":{tail}", f":row {tail}")))):
         text = rest
     return re.sub(r"'[^']*'|\"[^\"]*\"", "'…'", text).strip()
@@ -152,12 +153,12 @@ def error_reason(message: str, row: dict | None = None) -> str:
 COMMON_AT_LEAST, COMMON_SHARE, COMMON_KEYS = 3, 0.02, 3
 
 
-def common_failures(errors: list[dict], inputs: int) -> list[dict]:
+def common_failures(errors: list[StoredRow], inputs: int) -> list[dict]:
     """The error reasons (folded as ``info`` groups them) shared by many rows: ``{"reason", "count",
     "share" (of ``inputs``), "first_keys"}``, most frequent first."""
     groups: dict[str, list[str]] = {}
     for row in errors:
-        groups.setdefault(error_reason(row.get("error"), row), []).append(str(row.get("key")))
+        groups.setdefault(error_reason(row.error, row), []).append(row.key)
     found = [{"reason": reason, "count": len(keys), "share": len(keys) / max(1, inputs), "first_keys": keys[:COMMON_KEYS]}
              for reason, keys in groups.items()
              if len(keys) >= COMMON_AT_LEAST and len(keys) >= COMMON_SHARE * inputs]
@@ -166,9 +167,9 @@ def common_failures(errors: list[dict], inputs: int) -> list[dict]:
 
 def run_failures(run_dir: str) -> list[dict]:
     """:func:`common_failures` of one run directory's manifest (what a run just wrote)."""
-    rows = read_manifest(run_dir)
-    ok = {r["key"] for r in rows if r.get("status") == "ok"}
-    errors = list({r["key"]: r for r in rows if r.get("status") == "error" and r["key"] not in ok}.values())
+    rows = committed_rows(run_dir)
+    ok = {r.key for r in rows if r.ok}
+    errors = list({r.key: r for r in rows if r.status == "error" and r.key not in ok}.values())
     return common_failures(errors, len(ok) + len(errors))
 
 
@@ -177,11 +178,12 @@ def info_report(out_dir: str) -> dict:
     dirs = require_runs(out_dir, files)
     read_ahead(files, (PLAN_INFO,))
     rows = out_rows(out_dir, files)
-    ok = list({r["key"]: r for r in rows if r.get("status") == "ok"}.values())  # each key once, whatever the rows
-    ok_keys = {r["key"] for r in ok}
-    errors = list({r["key"]: r for r in rows if r.get("status") == "error" and r["key"] not in ok_keys}.values())
-    info = read_run_info(dirs[0].path, dirs[0].read)
-    shards = sorted({r["shard"] for r in ok})
+    ok = list({r.key: r for r in rows if r.ok}.values())  # each key once, whatever the rows
+    ok_keys = {r.key for r in ok}
+    errors = list({r.key: r for r in rows if r.status == "error" and r.key not in ok_keys}.values())
+    recorded = read_run_info(dirs[0].path, dirs[0].read)  # (its JSON: ``settings`` shows every key)
+    info = RunInfo.from_dict(recorded)
+    shards = sorted({r.shard for r in ok})
     size_of = {remote.relpath(remote.join(f.path, name), out_dir): size
                for f in files for name, size in (f.listing or {}).items()}
 
@@ -193,9 +195,9 @@ def info_report(out_dir: str) -> dict:
 
     sizes = {s: sum(size(f) or 0 for f in [s] + format_of_path(s).companions(s))  # a Shar tar with its cuts file
              for s in shards if size(s) is not None}
-    frames = sum(r.get("frames", 0) for r in ok)
-    nq = info.get("num_quantizers") if info.get("tap") == "codes" else None
-    settings = {k: info[k] for k in sorted(info) if k not in ("part",)}
+    frames = sum(r.frames or 0 for r in ok)
+    nq = info.num_quantizers if info.tap == "codes" else None
+    settings = {k: recorded[k] for k in sorted(recorded) if k not in ("part",)}
     if len(dirs) > 1:
         settings["parts"] = len(dirs)
     planned = [read_plan(f).get("inputs") for f in dirs]
@@ -207,11 +209,11 @@ def info_report(out_dir: str) -> dict:
     return {
         "inputs": inputs + unplanned, "unplanned": unplanned, "ok": len(ok), "errors": len(errors),
         "pending": max(0, inputs - stored),
-        "errors_by_reason": dict(Counter(error_reason(r.get("error"), r) for r in errors).most_common()),
+        "errors_by_reason": dict(Counter(error_reason(r.error, r) for r in errors).most_common()),
         "common_failures": common_failures(errors, inputs + unplanned),
-        "failed": [{"key": r["key"], "path": (r.get("source") or {}).get("path") or _source_path(info, r),
-                    "reason": r.get("error") or "unknown"} for r in errors],
-        "hours": sum(r.get("duration", 0.0) for r in ok) / 3600, "frames": frames,
+        "failed": [{"key": r.key, "path": (r.source.path if r.source else None) or _source_path(info, r),
+                    "reason": r.error or "unknown"} for r in errors],
+        "hours": sum(r.duration or 0.0 for r in ok) / 3600, "frames": frames,
         "tokens": frames * nq if nq else None, "shards": {s: sizes.get(s, 0) for s in shards},
         "bytes": sum(sizes.values()), "settings": settings, "fidelity": fidelity_summary(ok),
     }
@@ -229,10 +231,10 @@ def fidelity_summary(rows) -> dict | None:
     (key, si_sdr, mel_distance), to listen to (``mimi-extract decode OUT KEY``)."""
     import numpy as np
 
-    measured = [r for r in rows if r.get("mel_distance") is not None]
+    measured = [r for r in rows if r.mel_distance is not None]
     if not measured:
         return None
-    scored = [r for r in measured if r.get("si_sdr") is not None]
+    scored = [r for r in measured if r.si_sdr is not None]
 
     def stats(values):
         v = np.asarray(values, dtype=np.float64)
@@ -242,15 +244,15 @@ def fidelity_summary(rows) -> dict | None:
                 "median": float(np.median(v)), "mean": float(v.mean()), "p95": float(np.percentile(v, 95)),
                 "max": float(v.max())}
 
-    si = np.asarray([r["si_sdr"] for r in scored], dtype=np.float64)
+    si = np.asarray([r.si_sdr for r in scored], dtype=np.float64)
     edges = np.asarray(SI_SDR_EDGES, dtype=np.float64)
     bins = np.clip(np.searchsorted(edges, si, side="right"), 0, len(edges))  # 0: below the first edge
-    worst = sorted(scored, key=lambda r: r["si_sdr"])[:WORST_SHOWN]
+    worst = sorted(scored, key=lambda r: r.si_sdr)[:WORST_SHOWN]
     return {"items": len(measured), "silent": len(measured) - len(scored),
             "si_sdr": {**stats(si), "edges": list(SI_SDR_EDGES),
                        "counts": [int(c) for c in np.bincount(bins, minlength=len(edges) + 1)]},
-            "mel_distance": stats([r["mel_distance"] for r in measured]),
-            "worst": [{"key": r["key"], "si_sdr": r["si_sdr"], "mel_distance": r["mel_distance"]} for r in worst]}
+            "mel_distance": stats([r.mel_distance for r in measured]),
+            "worst": [{"key": r.key, "si_sdr": r.si_sdr, "mel_distance": r.mel_distance} for r in worst]}
 
 
 def fidelity_lines(fid: dict | None, shown: int = 5) -> list[str]:
@@ -268,10 +270,10 @@ def fidelity_lines(fid: dict | None, shown: int = 5) -> list[str]:
     return lines
 
 
-def _source_path(info: dict, row: dict) -> str:
+def _source_path(info: RunInfo, row: StoredRow) -> str:
     """An error row's file: its path is relative to the run's input (a directory, or a list's folder)."""
-    path = row.get("path") or ""
-    root = info.get("input") or ""
+    path = row.path or ""
+    root = info.input or ""
     if os.path.isabs(path) or not root:
         return path
     return os.path.join(root if os.path.isdir(root) else os.path.dirname(root), path)

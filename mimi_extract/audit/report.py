@@ -29,7 +29,8 @@ import numpy as np
 from ..common import remote
 from ..config.taps import frame_rate
 from ..store.files import DamagedError, write_atomic
-from ..store.identity import read_run_info
+from ..formats.records import RunInfo, StoredRow
+from ..store.identity import read_run, read_run_info
 from ..store.lock import RunLock
 from ..store.manifest import RunFiles, iter_committed, out_files
 from ..store.read import close_shard, load_row, open_shard
@@ -45,11 +46,11 @@ CARD_END = "<!-- mimi-extract report: end -->"
 CARD_ROWS = 50  # subsets listed in the card (all of them in --json)
 
 
-def codebook_size(info: dict) -> tuple[int | None, str]:
+def codebook_size(info: RunInfo) -> tuple[int | None, str]:
     """(codebook size, where it came from) for the model OUT was made with: its ``config.json`` (a
     local folder, or the Hugging Face cache: no network), else Mimi's 2048 for ``kyutai/mimi``,
     else unknown (the report then uses the largest code seen + 1 and says so)."""
-    model = info.get("model") or ""
+    model = info.model or ""
     path = os.path.join(model, "config.json") if os.path.isdir(model) else None
     if path is None and model:
         try:
@@ -72,9 +73,9 @@ def codebook_size(info: dict) -> tuple[int | None, str]:
     return None, "observed"
 
 
-def _field(row: dict, name: str):
-    """A manifest row's field, ``a.b`` for a nested one (``source.kind``)."""
-    value = row
+def _field(row: StoredRow, name: str):
+    """A manifest row's field as its JSON says, ``a.b`` for a nested one (``source.kind``)."""
+    value = row.to_dict()
     for part in name.split("."):
         if not isinstance(value, dict) or part not in value:
             return None
@@ -100,37 +101,37 @@ class _Subsets:
     tgz, Parquet, Shar input: the file, relative to the input), else the key's top-level folder
     (a directory's sub-corpora, speakers...); ``by``: a manifest row field."""
 
-    def __init__(self, info: dict, by: str | None):
+    def __init__(self, info: RunInfo, by: str | None):
         self.by = by
-        root = info.get("input") or ""
+        root = info.input or ""
         self.root = root if os.path.isdir(root) else os.path.dirname(root)
         self.kind = f"field {by}" if by else None
 
-    def of_ok(self, row: dict) -> str:
+    def of_ok(self, row: StoredRow) -> str:
         if self.by:
             return self._by(row)
-        source = row.get("source") or {}
-        if source.get("kind") and source.get("path"):
+        source = row.source
+        if source is not None and source.kind and source.path:
             self.kind = self.kind or "input shard"
-            path = source["path"]
+            path = source.path
             rel = os.path.relpath(path, self.root) if self.root else path
             return os.path.basename(path) if rel.startswith("..") else rel.replace(os.sep, "/")
         self.kind = self.kind or "top-level folder"
-        return _top_folder(row["key"])
+        return _top_folder(row.key)
 
-    def of_error(self, row: dict, shards: list[str]) -> str:
+    def of_error(self, row: StoredRow, shards: list[str]) -> str:
         """An error row has no ``source``: its ``path`` starts with the input shard's shown name."""
         if self.by:
             return self._by(row)
-        path = row.get("path") or row["key"]
+        path = row.path or row.key
         for shard in shards:
             if path == shard or path.startswith(shard + "/") or path.startswith(shard + ":"):
                 return shard
         if self.kind == "input shard":
             return path.split(":", 1)[0] if ":" in path else path.split("/", 1)[0]
-        return _top_folder(row["key"])
+        return _top_folder(row.key)
 
-    def _by(self, row: dict) -> str:
+    def _by(self, row: StoredRow) -> str:
         value = _field(row, self.by)
         return NO_VALUE if value is None else value if isinstance(value, str) else json.dumps(value)
 
@@ -153,7 +154,7 @@ def duration_histogram(seconds: np.ndarray) -> dict:
     return {"edges": list(DURATION_EDGES), "counts": [int(c) for c in counts], **stats}
 
 
-def _shard_stats(out_dir: str, shard: str, rows: list[dict], tap: str, size: int | None) -> dict:
+def _shard_stats(out_dir: str, shard: str, rows: list[StoredRow], tap: str, size: int | None) -> dict:
     """What one shard's arrays say: ``counts`` [codebooks, codes] (codes only, one ``bincount``),
     ``dims`` seen, ``damaged`` items (unreadable, or failing their checksum: not counted).  Runs in a
     worker process for big OUTs, so it takes and returns plain values."""
@@ -161,14 +162,14 @@ def _shard_stats(out_dir: str, shard: str, rows: list[dict], tap: str, size: int
     try:
         handle = open_shard(out_dir, shard)
     except Exception as e:  # noqa: BLE001 -- every item of it is unreadable: reported, the rest goes on
-        return {"counts": None, "dims": [], "damaged": [{"key": r["key"], "shard": shard,
+        return {"counts": None, "dims": [], "damaged": [{"key": r.key, "shard": shard,
                                                          "problem": f"shard unreadable: {e}"} for r in rows]}
     try:
         for row in rows:
             try:
                 data = load_row(out_dir, row, handle)
             except DamagedError as e:
-                damaged.append({"key": row["key"], "shard": shard, "problem": str(e.__cause__ or "checksum mismatch")})
+                damaged.append({"key": row.key, "shard": shard, "problem": str(e.__cause__ or "checksum mismatch")})
                 continue
             if data.ndim == 2:
                 dims.add(int(data.shape[1]))
@@ -231,18 +232,18 @@ def default_workers() -> int:
     return max(1, min(8, cpus))
 
 
-def _counted(runs: list[tuple[RunFiles, str]]) -> tuple[dict[str, tuple[int, int]], dict[str, dict]]:
+def _counted(runs: list[tuple[RunFiles, str]]) -> tuple[dict[str, tuple[int, int]], dict[str, StoredRow]]:
     """The manifests' first pass (memory: a key index, not every row): which row of a key counts
     ((run, row) of its last ok one, as for mimi_extract.open / read), and the error rows of the keys
     never encoded (a key encoded later, a retry, is not an error of OUT)."""
     winner: dict[str, tuple[int, int]] = {}
-    error_rows: dict[str, dict] = {}
+    error_rows: dict[str, StoredRow] = {}
     for r, (d, _) in enumerate(runs):
         for i, row in enumerate(_rows_of(d)):
-            if row.get("status") == "ok" and row.get("shard"):
-                winner[row["key"]] = (r, i)
-            elif row.get("status") == "error":
-                error_rows[row["key"]] = row
+            if row.ok and row.shard:
+                winner[row.key] = (r, i)
+            elif row.status == "error":
+                error_rows[row.key] = row
     return winner, {key: row for key, row in error_rows.items() if key not in winner}
 
 
@@ -250,7 +251,7 @@ class _Tally:
     """The manifests' second pass: the counted rows' numbers, per subset and in all, added as
     :meth:`shards` streams the rows shard by shard; then the error rows' (:meth:`add_errors`)."""
 
-    def __init__(self, subsets: _Subsets, winner: dict[str, tuple[int, int]], error_rows: dict[str, dict]):
+    def __init__(self, subsets: _Subsets, winner: dict[str, tuple[int, int]], error_rows: dict[str, StoredRow]):
         self.subsets, self.by, self.winner, self.error_rows = subsets, subsets.by, winner, error_rows
         self.per: dict[str, dict] = {}
         self.durations = np.empty(len(winner), dtype=np.float64)
@@ -269,8 +270,8 @@ class _Tally:
                                   "fidelity": []}
         return s
 
-    def add(self, row: dict) -> None:
-        seconds, frames = float(row.get("duration") or 0.0), int(row.get("frames") or 0)
+    def add(self, row: StoredRow) -> None:
+        seconds, frames = float(row.duration or 0.0), int(row.frames or 0)
         self.durations[self.items] = seconds
         self.items += 1
         self.frames += frames
@@ -281,25 +282,24 @@ class _Tally:
         s["items"] += 1
         s["seconds"] += seconds
         s["frames"] += frames
-        if row.get("mel_distance") is not None:  # --fidelity (kept slim: three fields a row)
-            s["fidelity"].append({k: row.get(k) for k in ("key", "si_sdr", "mel_distance")})
-        if isinstance(row.get("dims"), int):
-            self.row_dims.add(row["dims"])
+        if row.mel_distance is not None:  # --fidelity (kept slim: three fields a row)
+            s["fidelity"].append(StoredRow(row.key, si_sdr=row.si_sdr, mel_distance=row.mel_distance))
+        if isinstance(row.dims, int):
+            self.row_dims.add(row.dims)
 
     def shards(self, runs: list[tuple[RunFiles, str]]):
         """(shard relative to OUT, its counted rows), in manifest order; numbers added on the way."""
         shard, rows = None, []
         for r, (d, prefix) in enumerate(runs):
             for i, row in enumerate(_rows_of(d)):
-                if self.winner.get(row["key"]) != (r, i):
+                if self.winner.get(row.key) != (r, i):
                     continue
-                if prefix != ".":
-                    row["shard"] = f"{prefix}/{row['shard']}"
+                row = row.under(prefix)
                 self.add(row)
-                if row["shard"] != shard and rows:
+                if row.shard != shard and rows:
                     yield shard, rows
                     rows = []
-                shard = row["shard"]
+                shard = row.shard
                 rows.append(row)
         if rows:
             yield shard, rows
@@ -324,13 +324,13 @@ class _Tally:
         for row in self.error_rows.values():
             s = self.subset(self.subsets.of_error(row, containers))
             s["errors"] += 1
-            s["reasons"][error_reason(row.get("error"))] += 1
+            s["reasons"][error_reason(row.error)] += 1
 
 
 def _no_such_field(out_dir: str, by: str, runs, tally: _Tally) -> ValueError:
     sample = next(iter(tally.error_rows.values()), None) if not tally.winner else next(
-        (row for d, _ in runs for row in _rows_of(d) if row.get("status") == "ok"), None)
-    fields = sorted(_flat_fields(sample or {}))
+        (row for d, _ in runs for row in _rows_of(d) if row.ok), None)
+    fields = sorted(_flat_fields(sample.to_dict() if sample is not None else {}))
     return ValueError(f"no row of {out_dir} has a field {by!r}; rows have: {', '.join(fields)}")
 
 
@@ -364,8 +364,8 @@ def corpus_report(out_dir: str, by: str | None = None, arrays: bool = True, work
     out_dir = remote.absolute(out_dir)
     files = out_files(out_dir)
     dirs = [f.path for f in require_runs(out_dir, files)]
-    info = read_run_info(dirs[0])
-    tap = info.get("tap")
+    info = read_run(dirs[0])
+    tap = info.tap
     size, size_from = codebook_size(info) if tap == "codes" else (None, None)
     subsets = _Subsets(info, by)
     runs = [(f, remote.relpath(f.path, out_dir)) for f in files]
@@ -381,22 +381,22 @@ def corpus_report(out_dir: str, by: str | None = None, arrays: bool = True, work
     return _summary(out_dir, info, len(dirs), tally, arrays, (size, size_from))
 
 
-def _summary(out_dir: str, info: dict, parts: int, tally: _Tally, arrays: bool,
+def _summary(out_dir: str, info: RunInfo, parts: int, tally: _Tally, arrays: bool,
              codebook: tuple[int | None, str | None]) -> dict:
     """What :func:`corpus_report` gathered, summarised (the ``--json`` schema); ``codebook``: (size,
     where it came from) as :func:`codebook_size` says."""
-    tap, counts, dims = info.get("tap"), tally.counts, tally.dims
+    tap, counts, dims = info.tap, tally.counts, tally.dims
     durations = tally.durations[:tally.items]  # a shard quarantined by a resume between the two passes: its rows are gone
     num_q = counts.shape[0] if counts is not None else (next(iter(dims)) if tap == "codes" and len(dims) == 1 else None)
     tokens = tally.frames * num_q if tap == "codes" and num_q else None
     codebooks = None
     if tap == "codes" and arrays:
         if counts is None:
-            counts = np.zeros((num_q or info.get("num_quantizers") or 0, codebook[0] or 0), np.int64)
+            counts = np.zeros((num_q or info.num_quantizers or 0, codebook[0] or 0), np.int64)
         codebooks = _codebooks(counts, codebook[1])
-    model = {k: info.get(k) for k in ("model", "weights", "config_hash", "dtype", "feature_dtype", "tap",
-                                      "num_quantizers", "framing", "format", "tool_version")}
-    model["precision"] = info.get("dtype")  # the encoder's compute dtype (--dtype); features are stored as feature_dtype
+    model = {k: getattr(info, k) for k in ("model", "weights", "config_hash", "dtype", "feature_dtype", "tap",
+                                           "num_quantizers", "framing", "format", "tool_version")}
+    model["precision"] = info.dtype  # the encoder's compute dtype (--dtype); features are stored as feature_dtype
     ordered = dict(sorted(tally.per.items()))
     return {
         "schema": SCHEMA,
@@ -414,7 +414,7 @@ def _summary(out_dir: str, info: dict, parts: int, tally: _Tally, arrays: bool,
         "subsets_by": tally.subsets.kind or ("field " + tally.by if tally.by else "top-level folder"),
         "subsets": {name: _subset_numbers(s, num_q, tokens is not None) for name, s in ordered.items()},
         "durations": duration_histogram(durations),
-        "errors_by_reason": dict(Counter(error_reason(r.get("error")) for r in tally.error_rows.values()).most_common()),
+        "errors_by_reason": dict(Counter(error_reason(r.error) for r in tally.error_rows.values()).most_common()),
         "codebooks": codebooks,
         "fidelity": fidelity_summary([f for s in ordered.values() for f in s["fidelity"]]),  # --fidelity: None without it
     }
@@ -613,14 +613,15 @@ def write_card(out_dir: str, report: dict) -> str:
 
 
 def card_out(out_dir: str) -> tuple[str, list[str], dict]:
-    """OUT (absolute, or its URL), its run directories and run.json, if it has a dataset card
-    (Parquet); else ValueError -- asked before a report is computed, so a refusal costs nothing."""
+    """OUT (absolute, or its URL), its run directories and run.json (its JSON: the card lists it), if
+    it has a dataset card (Parquet); else ValueError -- asked before a report is computed, so a
+    refusal costs nothing."""
     out_dir = out_dir.rstrip("/") if remote.is_url(out_dir) else os.path.abspath(out_dir)
     dirs = [f.path for f in require_runs(out_dir)]
     info = read_run_info(dirs[0])
-    if info.get("format") != "parquet":
-        raise ValueError(f"{out_dir} is a {info.get('format', 'hdf5')} OUT: only Parquet OUTs have a dataset card "
-                         "(use --json or --png)")
+    fmt = RunInfo.from_dict(info).format
+    if fmt != "parquet":
+        raise ValueError(f"{out_dir} is a {fmt} OUT: only Parquet OUTs have a dataset card (use --json or --png)")
     return out_dir, dirs, info
 
 

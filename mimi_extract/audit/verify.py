@@ -57,8 +57,9 @@ from ..engines.plan import plan_units
 from ..config.settings import Settings
 from ..sources import Item, Options, discover, loc_of, open_audio, seconds_to_samples
 from ..store.files import PART_RE
-from ..store.identity import read_run_info
-from ..store.manifest import read_manifest, run_dirs, shard_attrs
+from ..formats.records import RunInfo, StoredRow
+from ..store.identity import read_run
+from ..store.manifest import out_rows, run_dirs, shard_attrs
 from ..store.read import item_attrs, load_row
 
 EPS32 = float(torch.finfo(torch.float32).eps)
@@ -271,15 +272,13 @@ def verify_source(source: str, settings: Settings, limit: int | None = 50, rtol:
 
 
 # -- audit 2: what OUT holds ---------------------------------------------------------------
-def _item_of_row(row: dict) -> Item:
-    src = row["source"]
-    rate = row["sample_rate"]
-    start = seconds_to_samples(row.get("start") or 0.0, rate)  # the very samples discovery read
-    frames = seconds_to_samples(row["end"] - row["start"], rate) if row.get("end") is not None else src["frames"]
-    channel = row["channel"] if row.get("channel") is not None else None
-    kind = src.get("kind", "file")
-    return Item(src["path"], row["path"], row["key"], channel, rate, start, frames, kind=kind,
-                loc=loc_of(kind, src.get("loc")))
+def _item_of_row(row: StoredRow) -> Item:
+    src = row.source
+    rate = row.sample_rate
+    start = seconds_to_samples(row.start or 0.0, rate)  # the very samples discovery read
+    frames = seconds_to_samples(row.end - row.start, rate) if row.end is not None else src.frames
+    kind = src.kind or "file"
+    return Item(src.path, row.path, row.key, row.channel, rate, start, frames, kind=kind, loc=loc_of(kind, src.loc))
 
 
 def transformers_drift(out_dir: str) -> str | None:
@@ -287,7 +286,7 @@ def transformers_drift(out_dir: str) -> str | None:
     ``versions``; an OUT made before they were recorded says nothing): ``verify --out`` re-encodes
     through the installed one, so a difference it finds may be the version's.  None when they agree."""
     made = sorted({v for d in run_dirs(out_dir)
-                   if isinstance(v := ((read_run_info(d) or {}).get("versions") or {}).get("transformers"), str)})
+                   if (info := read_run(d)) is not None and isinstance(v := (info.versions or {}).get("transformers"), str)})
     installed = library_versions()["transformers"]
     if not made or made == [installed]:
         return None
@@ -295,15 +294,15 @@ def transformers_drift(out_dir: str) -> str | None:
             "the reference re-encodes with the installed one, so a difference may be the version's")
 
 
-def _run_info(out_dir: str, rows: list[dict]) -> dict:
+def _run_info(out_dir: str, rows: list[StoredRow]) -> RunInfo:
     """The settings OUT's items were made with: run.json of the first run (part) the ``rows`` are in;
     an error if one of those runs has none (channel, causal_16k... are not all in the shards)."""
     infos = {}
     for row in rows:
-        top = row["shard"].split("/")[0]  # a part's folder, or a shard (or a format's folder) of a whole run
+        top = row.shard.split("/")[0]  # a part's folder, or a shard (or a format's folder) of a whole run
         run_dir = remote.join(out_dir, top) if PART_RE.fullmatch(top) else out_dir
         if run_dir not in infos:
-            infos[run_dir] = read_run_info(run_dir)
+            infos[run_dir] = read_run(run_dir)
     missing = sorted(d for d, i in infos.items() if i is None)
     if missing:
         raise ValueError(f"{remote.join(missing[0], 'run.json')} is missing: verify --out re-encodes with the "
@@ -316,24 +315,23 @@ class _StoredCheck:
     """One stored item of OUT against its re-encode: the reference model (fp32) and its chunked
     encoder for long items, with the settings (``run.json``) OUT was made with."""
 
-    def __init__(self, out_dir: str, info: dict, reference, device: str, rtol: float, atol: float,
+    def __init__(self, out_dir: str, info: RunInfo, reference, device: str, rtol: float, atol: float,
                  chunk_seconds: float):
         self.out_dir, self.info, self.reference, self.device, self.rtol, self.atol = (out_dir, info, reference,
                                                                                       device, rtol, atol)
-        self.framing = Framing(info.get("framing", "transformers"), info.get("causal_16k", True),
-                               info.get("frames_per_call", 1),
-                               info.get("resampled_length", "exact"))  # (an OUT made before 0.3 was cut to the exact length)
-        self.tap, self.nq = info["tap"], info.get("num_quantizers")
+        self.framing = Framing(info.framing, info.causal_16k, info.frames_per_call,
+                               info.resampled_length)  # (an OUT made before 0.3 was cut to the exact length: RunInfo)
+        self.tap, self.nq = info.tap, info.num_quantizers
         self.chunked = PaddedMimiEncoder(reference, self.framing.stream_frames)
         self.chunk = max(self.chunked.hop, int(chunk_seconds * SAMPLE_RATE) // self.chunked.hop * self.chunked.hop)
 
-    def __call__(self, row: dict, on_file=None) -> FileCheck:
+    def __call__(self, row: StoredRow, on_file=None) -> FileCheck:
         """``row``'s check; ``on_file(check)`` once it is compared (not when its source, its re-encode
         or its stored item fails)."""
         item = _item_of_row(row)
-        check = FileCheck(row["key"], row.get("duration", 0.0))
+        check = FileCheck(row.key, row.duration if row.duration is not None else 0.0)
         try:
-            channel = item.channel if item.channel is not None else self.info.get("channel", "mix")
+            channel = item.channel if item.channel is not None else self.info.channel
             audio = load(open_audio(item), channel, framing=self.framing, start=item.start, frames=item.frames)
         except Exception as e:
             check.error = f"cannot re-read the source: {e}"
@@ -345,7 +343,7 @@ class _StoredCheck:
             return check
         try:  # through the shard's format: an HDF5 dataset, a Parquet row...
             stored = torch.from_numpy(np.ascontiguousarray(load_row(self.out_dir, row)))
-            attrs, ds_attrs = shard_attrs(self.out_dir, row["shard"]), item_attrs(self.out_dir, row)
+            attrs, ds_attrs = shard_attrs(self.out_dir, row.shard), item_attrs(self.out_dir, row)
         except Exception as e:  # noqa: BLE001 -- a damaged item fails its check, the audit goes on
             check.error = f"cannot read the stored item: {type(e).__name__}: {e}"
             return check
@@ -363,13 +361,13 @@ class _StoredCheck:
                                   self.nq)[0]
         return reference_single(self.reference, audio.to(self.device), self.nq, self.framing.stream_frames)
 
-    def _check_attributes(self, check: FileCheck, row: dict, attrs: dict, ds_attrs: dict) -> None:
+    def _check_attributes(self, check: FileCheck, row: StoredRow, attrs: dict, ds_attrs: dict) -> None:
         """The shard's attributes against run.json, the item's duration against the manifest's."""
-        for key, want in (("tap", self.tap), ("framing", self.framing.name), ("weights", self.info.get("weights"))):
+        for key, want in (("tap", self.tap), ("framing", self.framing.name), ("weights", self.info.weights)):
             if attrs.get(key) is not None and attrs.get(key) != want:
                 check.error = f"shard attribute {key}={attrs.get(key)!r}, run.json says {want!r}"
-        if check.error is None and abs(float(ds_attrs.get("duration", row["duration"])) - row["duration"]) > 1e-3:
-            check.error = f"dataset duration {ds_attrs.get('duration')} != manifest {row['duration']}"
+        if check.error is None and abs(float(ds_attrs.get("duration", row.duration)) - row.duration) > 1e-3:
+            check.error = f"dataset duration {ds_attrs.get('duration')} != manifest {row.duration}"
 
     def _compare(self, check: FileCheck, stored: torch.Tensor, ref: dict) -> None:
         tap = self.tap
@@ -394,15 +392,15 @@ def verify_outputs(out_dir: str, sample: int | None = 20, seed: int = 0, device:
     equality with the unchunked reference is what ``verify INPUT`` and the test suite check):
     transformers' unchunked encode of an hour-long item needs a T x T attention mask that no
     machine holds.  Returns (checks, problems found with the run as a whole)."""
-    rows = [r for r in read_manifest(out_dir) if r.get("status") == "ok"]
+    rows = [r for r in out_rows(out_dir) if r.ok]
     problems = []
     if not rows:
         return [], [f"{out_dir} holds no encoded items"]
     info = _run_info(out_dir, rows)
-    name = model or info["model"]
+    name = model or info.model
     reference = load_model(name, device, torch.float32)
-    if weights_hash(reference) != info.get("weights"):
-        problems.append(f"the model {name!r} is not the one OUT was made with (weights {info.get('weights')})")
+    if weights_hash(reference) != info.weights:
+        problems.append(f"the model {name!r} is not the one OUT was made with (weights {info.weights})")
     picked = random.Random(seed).sample(rows, min(sample, len(rows))) if sample else rows
     check = _StoredCheck(out_dir, info, reference, device, rtol, atol, chunk_seconds)
     return [check(row, on_file) for row in picked], problems

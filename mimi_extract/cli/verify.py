@@ -150,14 +150,14 @@ def _audit_out(out: str, sample: int, seed: int, device: str, model: str | None,
     """``verify --out``: (checks, problems, the table's title, the feature taps it shows)."""
     from ..audit.verify import verify_outputs
     from ..engines.device import resolve_devices
-    from ..store.identity import read_run_info
+    from ..store.identity import read_run
     from ..store.manifest import run_dirs
     from .request import model_path
 
     checks, problems = verify_outputs(out, sample, seed, resolve_devices(device)[0], model and model_path(model),
                                       rtol, atol, chunk_seconds=chunk_seconds)
-    info = read_run_info(run_dirs(out)[0]) or {}
-    shown = (info.get("tap", "codes"),) if info.get("tap") != "codes" else ()
+    info = read_run(run_dirs(out)[0])
+    shown = (info.tap,) if info is not None and info.tap != "codes" else ()
     return checks, problems, f"{out}: stored vs single-item (fp32, transformers)", shown
 
 

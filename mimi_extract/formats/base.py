@@ -53,7 +53,7 @@ A minimal format, for orientation (``formats/hdf5.py`` is the complete one, ~100
         def builder(self, file_attrs): return NpzShard(file_attrs)   # add() keeps arrays; files() -> np.savez bytes
         def check(self, path, rows): ...                            # None, or what is wrong; never raises
         def open(self, path): return np.load(path)
-        def load(self, path, row, handle=None): ...                 # (handle or np.load(path))[row["dataset"]]
+        def load(self, path, row, handle=None): ...                 # (handle or np.load(path))[row.dataset]
         def attrs(self, path): ...
 
 A :class:`ShardBuilder` collects the items of one shard *in memory* and finally returns the
@@ -76,7 +76,12 @@ What the shared code guarantees a format
 * every ok row carries ``checksum`` (crc32 of the time-first array's little-endian bytes, see
   :func:`array_checksum`), checked by every read (``store.read.load_row``), so a format only has to
   store the bytes; any exception from ``load`` becomes a ``DamagedError`` naming OUT, key, shard;
-* ``load`` only ever receives rows whose ``shard`` matched ``shard_re``.
+* ``load`` only ever receives rows whose ``shard`` matched ``shard_re``;
+* the rows ``check``, ``load``, ``item_attrs`` and ``lhotse_storage`` are handed are typed
+  :class:`~mimi_extract.formats.records.StoredRow` (read back and checked by the store): a format
+  reads attributes (``row.key``, ``row.frames``, its own ``row.index``...), never a dict's keys.
+  The fields a format's ``ShardBuilder.add`` returns are ``StoredRow`` fields too (add a new one
+  there, and its JSON type to ``store.manifest``'s row check: a test holds the two lists together).
 """
 
 from __future__ import annotations
@@ -86,6 +91,8 @@ import zlib
 
 import numpy as np
 
+from .records import StoredRow
+
 
 class ShardBuilder:
     """One shard being built in memory.  ``add`` is called once per item (the whole time-first
@@ -94,7 +101,7 @@ class ShardBuilder:
     def __init__(self, file_attrs: dict):
         self.file_attrs = file_attrs  # the run's settings and provenance, stored in the shard
 
-    def add(self, key: str, data: np.ndarray, row: dict, attrs: dict) -> dict:
+    def add(self, key: str, data: np.ndarray, row: StoredRow, attrs: dict) -> dict:
         """Store one item.  ``row`` is its manifest row so far (``key``, ``path``, ``duration``,
         ``frames``, ``dataset``...), ``attrs`` per-item metadata (``duration``, ``start``...).
         Returns fields to add to the row (e.g. where the item sits in the shard); may be ``{}``."""
@@ -148,7 +155,7 @@ class Format:
         """Other files that belong to committed shard ``shard`` (moved with it to quarantine)."""
         return []
 
-    def check(self, path: str, rows: list[dict]) -> str | None:
+    def check(self, path: str, rows: list[StoredRow]) -> str | None:
         """``None`` when the committed shard at ``path`` holds exactly the items ``rows`` name with
         their frame counts; else what is wrong (the shard is then quarantined and redone).  Must
         not raise: an unreadable file is a reason, not an exception."""
@@ -162,7 +169,7 @@ class Format:
     def close_handle(self, handle) -> None:
         handle.close()
 
-    def load(self, path: str, row: dict, handle=None) -> np.ndarray:
+    def load(self, path: str, row: StoredRow, handle=None) -> np.ndarray:
         """The array of one ok row, time first (``[frames, dims]``), exactly as it was added.
         ``handle``: ``open(path)`` already done."""
         raise NotImplementedError
@@ -171,7 +178,7 @@ class Format:
         """The file-level settings stored in a shard (the ``file_attrs`` it was built with)."""
         raise NotImplementedError
 
-    def item_attrs(self, path: str, row: dict) -> dict:
+    def item_attrs(self, path: str, row: StoredRow) -> dict:
         """Per-item metadata stored with an item (``duration``, ``start``...); ``{}`` if none."""
         return {}
 
@@ -180,7 +187,7 @@ class Format:
         before encoding), or None."""
         return None
 
-    def lhotse_storage(self, path: str, row: dict) -> tuple[str, str] | None:
+    def lhotse_storage(self, path: str, row: StoredRow) -> tuple[str, str] | None:
         """(lhotse ``storage_type``, ``storage_key``) of an ok row's array in the shard at ``path``,
         for the cuts that point into OUT (``cuts.py``).  The storage type must be a lhotse
         ``FeaturesReader`` name (lhotse's own, or one ``cuts.register_lhotse_readers`` adds).

@@ -24,6 +24,7 @@ import os
 
 from ..common import remote
 from ..config.choices import FIDELITY_FIELDS
+from .records import StoredRow
 from .registry import format_of
 
 FIELDS = {"codes": "mimi_codes", "latent": "mimi_latent", "encoder": "mimi_encoder"}
@@ -34,16 +35,16 @@ SUPERVISION_FIELDS = {"text": ("text", "transcript", "transcription", "sentence"
                       "language": ("language", "lang", "locale"), "gender": ("gender",)}
 
 
-def cut_metadata(row: dict, recording_id: str, channel, duration: float) -> tuple[list[dict], dict]:
-    """(supervisions, custom fields) of an ok row's cut, from what its input said (``row["meta"]``).
+def cut_metadata(row: StoredRow, recording_id: str, channel, duration: float) -> tuple[list[dict], dict]:
+    """(supervisions, custom fields) of an ok row's cut, from what its input said (``row.meta``).
     A lhotse input's supervisions are its cut's (times already relative to the item: only the
     recording and channel become the output cut's); an item with a ``text`` (``speaker``,
     ``language``, ``gender``) but no supervisions (a sidecar, a list or Parquet row) gets one
     supervision over the whole item, so lhotse recipes find ``cut.supervisions[0].text``.  Every
     other kept field is a custom field, and so are ``--fidelity``'s ``si_sdr`` and ``mel_distance``."""
-    meta = row.get("meta") or {}
+    meta = row.meta or {}
     custom = {k: v for k, v in meta.items() if k != "supervisions"}
-    custom.update({k: row[k] for k in FIDELITY_FIELDS if row.get(k) is not None})  # --fidelity: lhotse filters
+    custom.update({k: getattr(row, k) for k in FIDELITY_FIELDS if getattr(row, k) is not None})  # --fidelity: lhotse filters
     if "supervisions" in meta:
         return [{**s, "recording_id": recording_id, "channel": channel} for s in meta["supervisions"]], custom
     fields = {}
@@ -53,39 +54,39 @@ def cut_metadata(row: dict, recording_id: str, channel, duration: float) -> tupl
             fields[name] = str(custom.pop(found))
     if not fields:
         return [], custom
-    return [{"id": row["key"], "recording_id": recording_id, "start": 0.0, "duration": duration, "channel": channel,
+    return [{"id": row.key, "recording_id": recording_id, "start": 0.0, "duration": duration, "channel": channel,
              **fields}], custom
 
 
-def cut_dict(row: dict, run_dir: str, field: str, frame_shift: float, array: dict | None = None) -> dict | None:
+def cut_dict(row: StoredRow, run_dir: str, field: str, frame_shift: float, array: dict | None = None) -> dict | None:
     """The cut of one ok row (None when its format gives lhotse no storage: ``Format.lhotse_storage``).
     ``array``: the field's storage given (Shar writes its own placeholder)."""
-    src = row["source"]
-    rate, start = row["sample_rate"], row.get("start") or 0.0
-    channels = list(range(src["channels"]))
-    shard = remote.absolute(remote.join(run_dir, row["shard"]))  # a URL on object storage: valid on any machine
-    frames = row["frames"]
-    dims = row.get("dims")
+    src = row.source
+    rate, start = row.sample_rate, row.start or 0.0
+    channels = list(range(src.channels))
+    shard = remote.absolute(remote.join(run_dir, row.shard))  # a URL on object storage: valid on any machine
+    frames = row.frames
+    dims = row.dims
     if array is None:
-        storage = format_of(row["shard"]).lhotse_storage(shard, row)
+        storage = format_of(row.shard).lhotse_storage(shard, row)
         if storage is None:
             return None
         storage_type, storage_key = storage
         array = {"storage_type": storage_type, "storage_path": shard, "storage_key": storage_key,
                  "shape": [frames] + ([dims] if dims else [])}
-    recording_id = row["path"]
-    if row.get("channel") is not None:
-        channel, kind = row["channel"], "MonoCut"
+    recording_id = row.path
+    if row.channel is not None:
+        channel, kind = row.channel, "MonoCut"
     elif len(channels) > 1:  # a mix of every channel
         channel, kind = channels, "MultiCut"
     else:
         channel, kind = 0, "MonoCut"
-    supervisions, custom = cut_metadata(row, recording_id, channel, row["duration"])
+    supervisions, custom = cut_metadata(row, recording_id, channel, row.duration)
     return {
-        "id": row["key"], "start": start, "duration": round(frames * frame_shift, 6),
+        "id": row.key, "start": start, "duration": round(frames * frame_shift, 6),
         "channel": channel, "supervisions": supervisions,
-        "recording": {"id": recording_id, "sources": [{"type": "file", "channels": channels, "source": src["path"]}],
-                      "sampling_rate": rate, "num_samples": src["frames"], "duration": src["frames"] / rate,
+        "recording": {"id": recording_id, "sources": [{"type": "file", "channels": channels, "source": src.path}],
+                      "sampling_rate": rate, "num_samples": src.frames, "duration": src.frames / rate,
                       "channel_ids": channels},
         "custom": {field: {"array": array, "temporal_dim": 0, "frame_shift": frame_shift, "start": start}, **custom},
         "type": kind,

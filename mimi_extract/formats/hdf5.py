@@ -16,6 +16,7 @@ import numpy as np
 
 from ..common import remote
 from .base import Format, ShardBuilder
+from .records import StoredRow
 from .registry import register
 
 LHOTSE_REMOTE_STORAGE = "mimi_extract_hdf5"  # lhotse's numpy_hdf5 for a shard on object storage (cuts.py)
@@ -77,10 +78,10 @@ class HDF5Shard(ShardBuilder):
                              libver=("v110", "v110"))
         write_attrs(self._h5.attrs, file_attrs)
 
-    def add(self, key: str, data: np.ndarray, row: dict, attrs: dict) -> dict:
+    def add(self, key: str, data: np.ndarray, row: StoredRow, attrs: dict) -> dict:
         # fletcher32: HDF5's own checksum of each chunk, verified by h5py (and lhotse) on every read;
         # it needs a chunked layout, which an empty array cannot have
-        ds = self._h5.create_dataset(row["dataset"], data=data, fletcher32=data.size > 0)
+        ds = self._h5.create_dataset(row.dataset, data=data, fletcher32=data.size > 0)
         write_attrs(ds.attrs, {**attrs, "key": key})
         return {}
 
@@ -107,18 +108,18 @@ class HDF5(Format):
     def builder(self, file_attrs: dict) -> ShardBuilder:
         return HDF5Shard(file_attrs)
 
-    def check(self, path: str, rows: list[dict]) -> str | None:
+    def check(self, path: str, rows: list[StoredRow]) -> str | None:
         try:
             f = open_hdf5(path)
             try:
                 names = set(f.keys())
-                wanted = {r.get("dataset") or r["key"]: r for r in rows}
+                wanted = {r.dataset or r.key: r for r in rows}
                 if names != set(wanted):
                     extra, missing = len(names - set(wanted)), len(set(wanted) - names)
                     return f"{missing} datasets missing, {extra} without a manifest row"
                 for name, row in wanted.items():
-                    if f[name].shape[0] != row.get("frames"):
-                        return f"{name}: {f[name].shape[0]} frames, manifest says {row.get('frames')}"
+                    if f[name].shape[0] != row.frames:
+                        return f"{name}: {f[name].shape[0]} frames, manifest says {row.frames}"
             finally:
                 close_hdf5(f)
         except Exception as e:  # truncated, zeroed or not HDF5 at all
@@ -131,17 +132,17 @@ class HDF5(Format):
     def close_handle(self, handle) -> None:
         close_hdf5(handle)
 
-    def load(self, path: str, row: dict, handle=None) -> np.ndarray:
+    def load(self, path: str, row: StoredRow, handle=None) -> np.ndarray:
         if handle is None:
             f = open_hdf5(path)
             try:
                 return self.load(path, row, f)
             finally:
                 close_hdf5(f)
-        data = handle[row.get("dataset") or row["key"]][()]
+        data = handle[row.dataset or row.key][()]
         # the file's layout read once per open handle, not per item (an attribute read is h5py's
         # slowest step here: 1.7x the CPU of a whole-OUT read, scripts/bench_report.py)
-        if row.get("shard_checksum"):  # written by a version that records it: time first, no attribute read
+        if row.shard_checksum:  # written by a version that records it: time first, no attribute read
             return data  # (an attribute read in a damaged attribute index can loop forever in HDF5: docs/object-storage.md)
         transposed = getattr(handle, "_mimi_transposed", None)
         if transposed is None:
@@ -157,14 +158,14 @@ class HDF5(Format):
         finally:
             close_hdf5(f)
 
-    def lhotse_storage(self, path: str, row: dict) -> tuple[str, str]:
+    def lhotse_storage(self, path: str, row: StoredRow) -> tuple[str, str]:
         """lhotse's own ``numpy_hdf5``; for a shard on object storage ``mimi_extract_hdf5`` (the same
         read, through a file object: ``cuts.register_lhotse_readers``)."""
-        return LHOTSE_REMOTE_STORAGE if remote.is_url(path) else "numpy_hdf5", row.get("dataset") or row["key"]
+        return LHOTSE_REMOTE_STORAGE if remote.is_url(path) else "numpy_hdf5", row.dataset or row.key
 
-    def item_attrs(self, path: str, row: dict) -> dict:
+    def item_attrs(self, path: str, row: StoredRow) -> dict:
         f = open_hdf5(path)
         try:
-            return read_attrs(f[row.get("dataset") or row["key"]].attrs)
+            return read_attrs(f[row.dataset or row.key].attrs)
         finally:
             close_hdf5(f)

@@ -59,6 +59,7 @@ import numpy as np
 from ..common import remote
 from ..config.choices import FIDELITY_FIELDS, MAX_TOKEN_ID, TOKEN_LAYOUTS
 from .base import Format, ShardBuilder, jsonable
+from .records import StoredRow
 from .registry import register
 
 LAYOUTS = TOKEN_LAYOUTS
@@ -297,12 +298,12 @@ class MegatronShard(ShardBuilder):
         self._builder = indexed_dataset().IndexedDatasetBuilder(self._files.path("bin"), dtype=self.dtype.type)
         self._docs: list[dict] = []
 
-    def add(self, key: str, data: np.ndarray, row: dict, attrs: dict) -> dict:
+    def add(self, key: str, data: np.ndarray, row: StoredRow, attrs: dict) -> dict:
         tokens, lengths = self.tokens.encode(data)
         # megatron-core's builder: one document of the item's sequences (a flat item is one sequence)
         self._builder.add_document(tokens, lengths)
         self._docs.append({"key": key, "frames": int(data.shape[0]), **attrs,
-                           **{k: row[k] for k in FIDELITY_FIELDS if row.get(k) is not None}})
+                           **{k: getattr(row, k) for k in FIDELITY_FIELDS if getattr(row, k) is not None}})
         return {"document": len(self._docs) - 1}
 
     def files(self, shard_name: str) -> dict[str, bytes]:
@@ -362,9 +363,9 @@ class Megatron(Format):
         prefix = prefix_of(shard)
         return [prefix + ".bin", prefix + ".json"]
 
-    def check(self, path: str, rows: list[dict]) -> str | None:
+    def check(self, path: str, rows: list[StoredRow]) -> str | None:
         """The index, the ``.json`` and the ``.bin`` agree (documents, dtype, size), and document
-        ``row["document"]`` holds each row's key with its frames in the layout's sequences."""
+        ``row.document`` holds each row's key with its frames in the layout's sequences."""
         try:
             handle = MegatronHandle(path)
             handle.close()
@@ -375,12 +376,12 @@ class Megatron(Format):
             if len(docs) != len(rows):
                 return f"{len(docs)} documents, {len(rows)} manifest rows"
             for row in rows:
-                d = row.get("document")
-                if not isinstance(d, int) or not 0 <= d < len(docs) or docs[d]["key"] != row["key"]:
-                    return f"{row['key']}: not document {d}"
+                d = row.document
+                if not isinstance(d, int) or not 0 <= d < len(docs) or docs[d]["key"] != row.key:
+                    return f"{row.key}: not document {d}"
                 lengths = [int(index.lengths[s]) for s in index.sequences(d)]
-                if lengths != handle.tokens.lengths(row.get("frames") or 0) or docs[d].get("frames") != row.get("frames"):
-                    return f"{row['key']}: sequences of {lengths} tokens, manifest says {row.get('frames')} frames"
+                if lengths != handle.tokens.lengths(row.frames or 0) or docs[d].get("frames") != row.frames:
+                    return f"{row.key}: sequences of {lengths} tokens, manifest says {row.frames} frames"
         except Exception as e:  # truncated, zeroed, a companion missing: a reason, not an exception
             return f"unreadable ({type(e).__name__}: {e})"
         return None
@@ -388,26 +389,26 @@ class Megatron(Format):
     def open(self, path: str):
         return MegatronHandle(path)
 
-    def load(self, path: str, row: dict, handle=None) -> np.ndarray:
+    def load(self, path: str, row: StoredRow, handle=None) -> np.ndarray:
         if handle is None:
             handle = MegatronHandle(path)
             try:
-                return handle.item(row["document"], row["key"])
+                return handle.item(row.document, row.key)
             finally:
                 handle.close()
-        return handle.item(row["document"], row["key"])
+        return handle.item(row.document, row.key)
 
     def attrs(self, path: str) -> dict:
         return _side(path)["attrs"]
 
-    def item_attrs(self, path: str, row: dict) -> dict:
-        doc = _side(path)["documents"][row["document"]]
+    def item_attrs(self, path: str, row: StoredRow) -> dict:
+        doc = _side(path)["documents"][row.document]
         return {k: v for k, v in doc.items() if k != "frames"}
 
-    def lhotse_storage(self, path: str, row: dict) -> tuple[str, str]:
+    def lhotse_storage(self, path: str, row: StoredRow) -> tuple[str, str]:
         """``mimi_extract_megatron``: a lhotse ``FeaturesReader`` that ``cuts.register_lhotse_readers``
         adds (``read_cuts`` calls it); the key is ``DOCUMENT/KEY`` (checked against the shard's)."""
-        return LHOTSE_STORAGE, f"{row['document']}/{row['key']}"
+        return LHOTSE_STORAGE, f"{row.document}/{row.key}"
 
     def out_files(self, out_dir: str, info: dict, parts: bool, rows) -> dict[str, str]:
         return {DATA_ARGS: data_args(shard_tokens(rows(), int(info.get("num_quantizers") or 0)))}
@@ -418,9 +419,9 @@ def shard_tokens(rows, per_frame: int) -> dict[str, int]:
     name (every part's: ``shard`` relative to OUT); ``per_frame``: tokens a frame makes (the codebooks)."""
     found: dict[str, int] = {}
     for row in rows:
-        if row.get("status") == "ok" and Megatron.shard_re.fullmatch(posixpath.basename(row.get("shard") or "")):
-            prefix = prefix_of(row["shard"])
-            found[prefix] = found.get(prefix, 0) + int(row.get("frames") or 0) * per_frame
+        if row.ok and Megatron.shard_re.fullmatch(posixpath.basename(row.shard or "")):
+            prefix = prefix_of(row.shard)
+            found[prefix] = found.get(prefix, 0) + int(row.frames or 0) * per_frame
     return dict(sorted(found.items()))
 
 

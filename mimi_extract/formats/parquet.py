@@ -31,6 +31,7 @@ from ..config.choices import FIDELITY_FIELDS
 from ..config.taps import frame_rate
 from ..common.optional import pyarrow
 from .base import Format, ShardBuilder, jsonable
+from .records import StoredRow
 from .registry import register
 
 METADATA_KEY = b"mimi_extract"
@@ -60,7 +61,7 @@ class ParquetShard(ShardBuilder):
         if file_attrs.get("fidelity"):  # --fidelity: float64 columns (si_sdr null for a silent input)
             self.cols.update({k: [] for k in FIDELITY_FIELDS})
 
-    def add(self, key: str, data: np.ndarray, row: dict, attrs: dict) -> dict:
+    def add(self, key: str, data: np.ndarray, row: StoredRow, attrs: dict) -> dict:
         if data.ndim != 2:
             raise ValueError(f"{key}: Parquet shards store [frames, dims] arrays, got shape {data.shape}")
         index = len(self.arrays)
@@ -69,16 +70,16 @@ class ParquetShard(ShardBuilder):
         c["key"].append(key)
         c["frames"].append(int(data.shape[0]))
         c["dims"].append(int(data.shape[1]))
-        c["duration"].append(float(attrs.get("duration", row.get("duration", 0.0))))
-        c["sample_rate"].append(row.get("sample_rate"))
-        c["path"].append(row.get("path"))
+        c["duration"].append(float(attrs.get("duration", row.duration)))
+        c["sample_rate"].append(row.sample_rate)
+        c["path"].append(row.path)
         c["start"].append(attrs.get("start"))
         c["end"].append(attrs.get("end"))
-        c["channel"].append(row.get("channel"))
+        c["channel"].append(row.channel)
         for k in FIDELITY_FIELDS:
             if k in c:
-                c[k].append(row.get(k))
-        meta = row.get("meta") or {}
+                c[k].append(getattr(row, k))
+        meta = row.meta or {}
         for name, kind in self.meta_types.items():
             value = meta.get(name)
             self.meta[name].append(json.dumps(value, ensure_ascii=False) if kind == "json" and value is not None
@@ -220,7 +221,7 @@ class Parquet(Format):
     def require(self) -> None:
         pyarrow(NEEDS)
 
-    def check(self, path: str, rows: list[dict]) -> str | None:
+    def check(self, path: str, rows: list[StoredRow]) -> str | None:
         try:
             f, source = open_parquet(path)
             try:
@@ -232,28 +233,28 @@ class Parquet(Format):
                     source.close()
         except Exception as e:  # truncated, zeroed or not Parquet at all; a footer naming other columns
             return f"unreadable ({type(e).__name__}: {e})"
-        if len(keys) != len(rows) or set(keys) != {r["key"] for r in rows}:
-            missing = len({r["key"] for r in rows} - set(keys))
+        if len(keys) != len(rows) or set(keys) != {r.key for r in rows}:
+            missing = len({r.key for r in rows} - set(keys))
             return f"{missing} items missing, {max(0, len(keys) - len(rows) + missing)} without a manifest row"
         for row in rows:
-            i = row.get("index")
-            if not isinstance(i, int) or not 0 <= i < len(keys) or keys[i] != row["key"]:
-                return f"{row['key']}: not at row {i}"
-            if frames[i] != row.get("frames"):
-                return f"{row['key']}: {frames[i]} frames, manifest says {row.get('frames')}"
+            i = row.index
+            if not isinstance(i, int) or not 0 <= i < len(keys) or keys[i] != row.key:
+                return f"{row.key}: not at row {i}"
+            if frames[i] != row.frames:
+                return f"{row.key}: {frames[i]} frames, manifest says {row.frames}"
         return None
 
     def open(self, path: str):
         return ParquetHandle(path)
 
-    def load(self, path: str, row: dict, handle=None) -> np.ndarray:
+    def load(self, path: str, row: StoredRow, handle=None) -> np.ndarray:
         if handle is None:
             handle = ParquetHandle(path)
             try:
-                return handle.item(row["index"], row["key"], row.get("dims"))
+                return handle.item(row.index, row.key, row.dims)
             finally:
                 handle.close()
-        return handle.item(row["index"], row["key"], row.get("dims"))
+        return handle.item(row.index, row.key, row.dims)
 
     def attrs(self, path: str) -> dict:
         handle = ParquetHandle(path)
@@ -262,10 +263,10 @@ class Parquet(Format):
         finally:
             handle.close()
 
-    def lhotse_storage(self, path: str, row: dict) -> tuple[str, str]:
+    def lhotse_storage(self, path: str, row: StoredRow) -> tuple[str, str]:
         """lhotse has no Parquet array storage: ``mimi_extract_parquet`` is a lhotse ``FeaturesReader``
         that ``cuts.register_lhotse_readers`` adds to lhotse's registry (``read_cuts`` calls it); the key is ``INDEX/KEY`` (the row, checked against the key stored there)."""
-        return LHOTSE_STORAGE, f"{row['index']}/{row['key']}"
+        return LHOTSE_STORAGE, f"{row.index}/{row.key}"
 
     def out_files(self, out_dir: str, info: dict, parts: bool, rows) -> dict[str, str]:
         """OUT's dataset card (``README.md``), unless the user wrote their own (one without our marker)."""
@@ -276,12 +277,12 @@ class Parquet(Format):
                     return {}
         return {"README.md": dataset_card(out_dir, info, parts)}
 
-    def item_attrs(self, path: str, row: dict) -> dict:
+    def item_attrs(self, path: str, row: StoredRow) -> dict:
         handle = ParquetHandle(path)
         try:
             f, starts = handle.file, handle.starts
-            g = int(np.searchsorted(starts, row["index"], side="right") - 1)
-            t = f.read_row_group(g, columns=["key", "duration", "start", "end"]).slice(row["index"] - int(starts[g]), 1)
+            g = int(np.searchsorted(starts, row.index, side="right") - 1)
+            t = f.read_row_group(g, columns=["key", "duration", "start", "end"]).slice(row.index - int(starts[g]), 1)
             return {k: v for k, v in t.to_pylist()[0].items() if v is not None}
         finally:
             handle.close()

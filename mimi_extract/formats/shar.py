@@ -33,6 +33,7 @@ import json
 import os
 import re
 import tarfile
+from dataclasses import replace
 from pathlib import PurePosixPath
 
 import numpy as np
@@ -40,6 +41,7 @@ import numpy as np
 from ..common import remote
 from ..config.taps import frame_shift
 from .base import Format, ShardBuilder, bytes_checksum
+from .records import StoredRow
 from .registry import register
 
 FOLDER = "shar"
@@ -101,13 +103,13 @@ def _placeholder(data_shape: tuple, frame_shift: float, start: float) -> dict:
             "temporal_dim": 0, "frame_shift": frame_shift, "start": start}
 
 
-def cut_for(row: dict, field: str, frame_shift: float, shape: tuple) -> dict:
-    """The Shar cut of one ok row: the HDF5 output's cut (``cuts.cut_dict``) with Shar storage."""
+def cut_for(row: StoredRow, field: str, frame_shift: float, shape: tuple) -> dict:
+    """The Shar cut of one ok row (as ``ShardBuilder.add`` is handed it): the HDF5 output's cut
+    (``cuts.cut_dict``) with Shar storage."""
     from .cuts import cut_dict
 
-    start = row.get("start") or 0.0
-    return cut_dict({**row, "shard": "", "frames": shape[0]}, "", field, frame_shift,
-                    array=_placeholder(shape, frame_shift, start)["array"])
+    return cut_dict(replace(row, shard="", frames=shape[0]), "", field, frame_shift,
+                    array=_placeholder(shape, frame_shift, row.start or 0.0)["array"])
 
 
 class SharShard(ShardBuilder):
@@ -122,7 +124,7 @@ class SharShard(ShardBuilder):
         self._tar = _memory_tar_writer({PAX_KEY: json.dumps(file_attrs, sort_keys=True, default=_plain)})
         self._cuts: list[str] = []
 
-    def add(self, key: str, data: np.ndarray, row: dict, attrs: dict) -> dict:
+    def add(self, key: str, data: np.ndarray, row: StoredRow, attrs: dict) -> dict:
         problem = key_problem(key)
         if problem:
             raise ValueError(problem)
@@ -204,7 +206,7 @@ class Shar(Format):
     def companions(self, shard: str) -> list[str]:
         return [cuts_name(shard)]
 
-    def check(self, path: str, rows: list[dict]) -> str | None:
+    def check(self, path: str, rows: list[StoredRow]) -> str | None:
         """The tar holds exactly ``KEY.npy`` + ``KEY.json`` per row, in row order, each array where
         its row says with its frame count; the cuts file names the same keys in the same order.
         Every byte lhotse reads besides the arrays (each ``.json`` member, each line of the cuts
@@ -215,27 +217,27 @@ class Shar(Format):
                 members = tar.getmembers()
                 extend = bool(json.loads(tar.pax_headers.get(PAX_KEY, "{}")).get("shar_extend"))
                 names = [m.name for m in members]
-                want = [n for r in rows for n in ((f"{r['key']}.npy", f"{r['key']}.json") if r.get("status") == "ok"
-                                                  else (f"{r['key']}.nodata", f"{r['key']}.nometa"))]
+                want = [n for r in rows for n in ((f"{r.key}.npy", f"{r.key}.json") if r.ok
+                                                  else (f"{r.key}.nodata", f"{r.key}.nometa"))]
                 if names != want:
                     have = {n.rsplit(".", 1)[0] for n in names}
-                    keys = {r["key"] for r in rows}
+                    keys = {r.key for r in rows}
                     return (f"{len(keys - have)} items missing, {len(have - keys)} without a manifest row"
                             if have != keys else "members out of order, or an array where a placeholder belongs")
                 for m, row in zip(members[::2], rows):
-                    if row.get("status") != "ok":
+                    if not row.ok:
                         continue
-                    if (m.offset_data, m.size) != (row.get("offset"), row.get("nbytes")):
-                        return f"{row['key']}: array at byte {m.offset_data}, manifest says {row.get('offset')}"
+                    if (m.offset_data, m.size) != (row.offset, row.nbytes):
+                        return f"{row.key}: array at byte {m.offset_data}, manifest says {row.offset}"
                     frames = _npy_shape(tar.extractfile(m))[0]
-                    if frames != row.get("frames"):
-                        return f"{row['key']}: {frames} frames, manifest says {row.get('frames')}"
+                    if frames != row.frames:
+                        return f"{row.key}: {frames} frames, manifest says {row.frames}"
                 for m, row in zip(members[1::2], rows):
-                    if row.get("status") == "ok" and row.get("meta_checksum") is not None and (
-                            bytes_checksum(tar.extractfile(m).read()) != row["meta_checksum"]):
-                        return f"{row['key']}: its {m.name} member fails its checksum"
-                    if row.get("status") != "ok" and m.size:
-                        return f"{row['key']}: its placeholder {m.name} is not empty"
+                    if row.ok and row.meta_checksum is not None and (
+                            bytes_checksum(tar.extractfile(m).read()) != row.meta_checksum):
+                        return f"{row.key}: its {m.name} member fails its checksum"
+                    if not row.ok and m.size:
+                        return f"{row.key}: its placeholder {m.name} is not empty"
                 end = max(m.offset_data + m.size for m in members)
                 raw.seek(0, os.SEEK_END)
                 if raw.tell() < end + 2 * tarfile.BLOCKSIZE:
@@ -245,11 +247,11 @@ class Shar(Format):
             cuts = remote.join(remote.dirname(path), os.path.basename(cuts_name(remote.basename(path))))
             with remote.open_object(cuts) as raw, gzip.GzipFile(fileobj=raw) as f:  # to the end: gzip checks its crc32
                 lines = f.read().splitlines(keepends=True)
-            if [json.loads(line)["id"] for line in lines] != [r["key"] for r in rows]:
+            if [json.loads(line)["id"] for line in lines] != [r.key for r in rows]:
                 return f"{os.path.basename(cuts)} names other cuts than the manifest"
             for line, row in zip(lines, rows):
-                if row.get("cut_checksum") is not None and bytes_checksum(line) != row["cut_checksum"]:
-                    return f"{row['key']}: its cut in {os.path.basename(cuts)} fails its checksum"
+                if row.cut_checksum is not None and bytes_checksum(line) != row.cut_checksum:
+                    return f"{row.key}: its cut in {os.path.basename(cuts)} fails its checksum"
         except Exception as e:  # truncated, zeroed, not a tar, companion missing or damaged
             return f"unreadable ({type(e).__name__}: {e})"
         return None
@@ -257,13 +259,13 @@ class Shar(Format):
     def open(self, path: str):
         return io.open(path, "rb", buffering=0) if not remote.is_url(path) else remote.open_object(path)
 
-    def load(self, path: str, row: dict, handle=None) -> np.ndarray:
+    def load(self, path: str, row: StoredRow, handle=None) -> np.ndarray:
         if handle is None:
             with self.open(path) as f:
                 return self.load(path, row, f)
-        data = remote.pread(handle, row["offset"], row["nbytes"])
-        if len(data) != row["nbytes"]:
-            raise OSError(f"{path}: {row['key']!r} ends past the end of the file (truncated?)")
+        data = remote.pread(handle, row.offset, row.nbytes)
+        if len(data) != row.nbytes:
+            raise OSError(f"{path}: {row.key!r} ends past the end of the file (truncated?)")
         return np.load(io.BytesIO(data), allow_pickle=False)
 
     def attrs(self, path: str) -> dict:

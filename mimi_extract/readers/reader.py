@@ -32,7 +32,8 @@ import numpy as np
 from ..common import remote
 from ..config.taps import frame_shift
 from ..store.files import MANIFEST, RUN_INFO
-from ..store.identity import read_run_info
+from ..formats.records import StoredRow
+from ..store.identity import read_run
 from ..store.manifest import committed_rows, iter_committed, out_exists, out_files, out_rows
 from ..store.read import close_shard, load_row, open_shard, unreadable_error
 
@@ -89,22 +90,19 @@ class Reader:
             raise FileNotFoundError(f"{out_dir} does not exist")
         self.dirs = [f.path for f in files]
         self.signature = _signature(self.out_dir, self.dirs)  # before reading: a change while we read shows
-        self._rows: list[dict] = []
+        self._rows: list[StoredRow] = []
         for f in files:
-            d = f.path
-            prefix = remote.relpath(d, self.out_dir)
-            for row in committed_rows(d, f):
-                if row.get("shard") and prefix != ".":
-                    row["shard"] = f"{prefix}/{row['shard']}"
-                self._rows.append(row)
-        index: dict[str, dict] = {}
+            prefix = remote.relpath(f.path, self.out_dir)
+            rows = committed_rows(f.path, f)
+            self._rows += rows if prefix == "." else [row.under(prefix) for row in rows]
+        index: dict[str, StoredRow] = {}
         for row in self._rows:
-            if row.get("status") == "ok" and row.get("shard"):
-                index.pop(row["key"], None)  # a later row moves the key to its own shard's place
-                index[row["key"]] = row
+            if row.ok and row.shard:
+                index.pop(row.key, None)  # a later row moves the key to its own shard's place
+                index[row.key] = row
         # shard order: by shard path, then the order the rows were written (= datasets in the shard)
-        order = {s: i for i, s in enumerate(sorted({r["shard"] for r in index.values()}))}
-        self._index = dict(sorted(index.items(), key=lambda kv: order[kv[1]["shard"]]))
+        order = {s: i for i, s in enumerate(sorted({r.shard for r in index.values()}))}
+        self._index = dict(sorted(index.items(), key=lambda kv: order[kv[1].shard]))
         self._open: OrderedDict[str, object] = OrderedDict()  # shard -> its format's handle
         self._pid = os.getpid()
         self._lock = threading.Lock()
@@ -123,22 +121,26 @@ class Reader:
         OUT was made without ``--fidelity``."""
         if min_si_sdr is None and max_mel_distance is None:
             return list(self._index)
-        if not any(r.get("mel_distance") is not None for r in self._index.values()):
+        if not any(r.mel_distance is not None for r in self._index.values()):
             raise ValueError(f"{self.out_dir} has no fidelity numbers: it was made without codes --fidelity")
         return [k for k, r in self._index.items()
-                if (min_si_sdr is None or (r.get("si_sdr") is not None and r["si_sdr"] >= min_si_sdr))
-                and (max_mel_distance is None or (r.get("mel_distance") is not None
-                                                  and r["mel_distance"] <= max_mel_distance))]
+                if (min_si_sdr is None or (r.si_sdr is not None and r.si_sdr >= min_si_sdr))
+                and (max_mel_distance is None or (r.mel_distance is not None and r.mel_distance <= max_mel_distance))]
 
-    def row(self, key: str) -> dict:
+    def stored_row(self, key: str) -> StoredRow:
+        """The ok row of ``key`` (typed: what the package reads)."""
         try:
             return self._index[key]
         except KeyError:
             raise KeyError(f"{key!r} has no ok row in the manifest of {self.out_dir}") from None
 
+    def row(self, key: str) -> dict:
+        """The ok row of ``key``, as JSON (a plain dict, ``shard`` relative to OUT)."""
+        return self.stored_row(key).to_dict()
+
     def rows(self, status: str | None = None) -> list[dict]:
-        """Committed manifest rows in manifest order (``status``: only "ok" or "error" rows)."""
-        return [r for r in self._rows if status is None or r.get("status") == status]
+        """Committed manifest rows in manifest order (``status``: only "ok" or "error" rows), as JSON."""
+        return [r.to_dict() for r in self._rows if status is None or r.status == status]
 
     # -- arrays ----------------------------------------------------------------------------
     def _shard(self, shard: str):
@@ -156,10 +158,10 @@ class Reader:
         return f
 
     def __getitem__(self, key: str) -> np.ndarray:
-        row = self.row(key)
+        row = self.stored_row(key)
         with self._lock:  # h5py serialises anyway; the lock keeps the handle cache consistent
             try:
-                handle = self._shard(row["shard"])
+                handle = self._shard(row.shard)
             except Exception as e:  # a damaged footer / superblock: the library's error names no item
                 raise unreadable_error(self.out_dir, row, e) from e
             return load_row(self.out_dir, row, handle)
@@ -217,7 +219,7 @@ class OutDataset:
 
         key = self.keys[i]
         return {"key": key, "data": torch.from_numpy(np.ascontiguousarray(self.reader[key])),
-                "frames": self.reader.row(key)["frames"]}
+                "frames": self.reader.stored_row(key).frames}
 
 
 def open(out_dir: str) -> Reader:  # noqa: A001 - mimi_extract.open(OUT), like h5py.File / lhotse
@@ -271,10 +273,10 @@ class ManifestCuts:
         from ..formats.cuts import FIELDS, cut_dict
 
         for d in self.dirs:
-            info = read_run_info(d)
+            tap = read_run(d).tap
             for row in iter_committed(d):
-                if row.get("status") == "ok" and row.get("source"):
-                    cut = cut_dict(row, d, FIELDS[info["tap"]], frame_shift(info["tap"]))
+                if row.ok and row.source:
+                    cut = cut_dict(row, d, FIELDS[tap], frame_shift(tap))
                     if cut is not None:  # None: a format with no lhotse storage (Format.lhotse_storage)
                         yield cut
 
@@ -292,8 +294,7 @@ class ManifestCuts:
             from ..formats.registry import format_of
 
             self._len = sum(1 for d in self.dirs for r in iter_committed(d)
-                            if r.get("status") == "ok" and r.get("source")
-                            and format_of(r["shard"]).lhotse_storage(r["shard"], r) is not None)
+                            if r.ok and r.source and format_of(r.shard).lhotse_storage(r.shard, r) is not None)
         return self._len
 
 
@@ -305,7 +306,7 @@ def read_cuts(out_dir: str):
     from ..common.optional import lhotse as _lhotse
 
     dirs = _cut_run_dirs(remote.absolute(out_dir))
-    if read_run_info(dirs[0]).get("format", "hdf5") == "shar":
+    if read_run(dirs[0]).format == "shar":
         from ..store.read import shar_fields
 
         return _lhotse().CutSet.from_shar(fields=shar_fields(dirs))
@@ -317,7 +318,7 @@ def write_merged_cuts(out_dir: str, path: str, storages: set | None = None) -> i
     number of cuts.  Written to ``path.tmp`` and renamed, so a reader never sees half a file.
     ``storages``: a set that gets the lhotse storage types the cuts name (ours need
     ``formats.cuts.register_lhotse_readers()`` before lhotse loads them)."""
-    if read_run_info(_cut_run_dirs(out_dir)[0]).get("format") == "shar":
+    if read_run(_cut_run_dirs(out_dir)[0]).format == "shar":
         raise ValueError(f"{out_dir} is a Shar OUT: its cuts are shar/cuts.*.jsonl.gz beside the tars they need; "
                          "read them with mimi_extract.read_cuts(OUT) or lhotse's CutSet.from_shar")
     n = 0
@@ -344,8 +345,8 @@ def megatron_blend(out_dir: str) -> tuple[list[str], list[float]]:
     from ..formats.megatron import shard_tokens
 
     dirs = out_files(out_dir)
-    info = read_run_info(dirs[0].path) or {} if dirs else {}
-    tokens = shard_tokens(out_rows(out_dir, dirs), int(info.get("num_quantizers") or 0))
+    info = read_run(dirs[0].path) if dirs else None
+    tokens = shard_tokens(out_rows(out_dir, dirs), (info.num_quantizers or 0) if info is not None else 0)
     found = {p: t for p, t in tokens.items() if t}
     base = out_dir.rstrip("/") if remote.is_url(out_dir) else os.path.abspath(out_dir)
     return [remote.join(base, p) if remote.is_url(base) else os.path.join(base, p) for p in found], \

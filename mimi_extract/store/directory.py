@@ -14,6 +14,7 @@ from ..config.request import RunRequest
 from ..config.settings import Part
 from ..formats import get_format
 from ..formats.base import Format
+from ..formats.records import StoredRow
 from ..sources import Discovered, Item
 from . import run_info
 from .cuts import write_cuts
@@ -33,7 +34,7 @@ class Begun:
     """What a run begins with on its run directory (:meth:`RunDirectory.begin`)."""
 
     attrs: dict  # what every shard this run writes stores about how it was made (run_info.file_attrs)
-    done: dict[str, dict]  # the committed ok rows, by key: their items are not encoded again
+    done: dict[str, StoredRow]  # the committed ok rows, by key: their items are not encoded again
     notes: list[str]  # what was repaired: quarantined shards, rewritten input shards encoded again
 
 
@@ -112,9 +113,9 @@ class RunDirectory:
             check_run_info(self.path, info, self.siblings(), attrs)
             return []
         check_run_info(self.path, {**info, "input_identity": self.info()["input_identity"]}, self.siblings(), attrs)
-        stale = {row["shard"]: f"holds items of the rewritten input shard {os.path.basename(row['source']['path'])}"
-                 for row in committed_rows(self.path) if row.get("status") == "ok" and row.get("shard")
-                 and (row.get("source") or {}).get("path") in rewritten}
+        stale = {row.shard: f"holds items of the rewritten input shard {os.path.basename(row.source.path)}"
+                 for row in committed_rows(self.path) if row.ok and row.shard
+                 and row.source is not None and row.source.path in rewritten}
         _, notes = recover(self.path, attrs, stale, fmt=fmt)
         write_run_info(self.path, {**self.info(), "input_identity": info["input_identity"]})
         return [f"--reencode-changed: {len(rewritten)} rewritten input shard(s) ("
@@ -129,7 +130,8 @@ class RunDirectory:
         return {shard: f"{len(keys)} items fail their checksums: {keys[0]!r}" + (", ..." if len(keys) > 1 else "")
                 for shard, keys in found.items()}
 
-    def recover(self, attrs: dict, fmt: Format, damaged: dict[str, str] | None = None) -> tuple[dict[str, dict], list[str]]:
+    def recover(self, attrs: dict, fmt: Format, damaged: dict[str, str] | None = None
+                ) -> tuple[dict[str, StoredRow], list[str]]:
         """(committed ok rows by key, notes): see ``recover.recover``."""
         return recover(self.path, attrs, damaged, fmt=fmt)
 

@@ -11,6 +11,7 @@ import shlex
 import numpy as np
 
 from ..common import remote
+from ..formats.records import RunInfo
 from .files import RUN_INFO, LayoutError, MalformedError, OutputError, read_json, write_atomic
 from .manifest import committed_rows, shard_attrs
 
@@ -21,9 +22,17 @@ SCHEMA_KEY = "schema_version"
 SCHEMA_VERSION = 1
 
 
+def read_run(run_dir: str, read=None) -> RunInfo | None:
+    """A run directory's ``run.json`` as a typed :class:`RunInfo` (None when it has none): what
+    the package's readers take; checked as :func:`read_run_info` checks it."""
+    info = read_run_info(run_dir, read)
+    return None if info is None else RunInfo.from_dict(info)
+
+
 def read_run_info(run_dir: str, read=None) -> dict | None:
-    """A run directory's ``run.json`` (None when it has none), in a layout this version reads;
-    ``read``: see ``files.read_json``."""
+    """A run directory's ``run.json`` as its JSON (None when it has none), in a layout this version
+    reads; ``read``: see ``files.read_json``.  The JSON itself is what a resume compares key by key
+    (:func:`check_run_info`) and rewrites; readers take :func:`read_run`'s record."""
     path = remote.join(run_dir, RUN_INFO)
     info = read_json(path, read)
     if info is None:
@@ -187,7 +196,7 @@ def check_run_info(run_dir: str, info: dict, siblings: list[str] = (), expected_
         return
     if old is None:  # run.json deleted (or never written): the shards still say what made them
         if expected_attrs is not None:
-            for shard in sorted({r["shard"] for r in committed_rows(run_dir) if r.get("shard")}):
+            for shard in sorted({r.shard for r in committed_rows(run_dir) if r.shard}):
                 try:
                     attrs = shard_attrs(run_dir, shard)
                 except Exception:  # noqa: BLE001 -- damaged: recover() quarantines it

@@ -17,6 +17,7 @@ from ..common import remote
 from ..common.messages import bounded
 from ..formats import registry
 from ..formats.base import Format, array_checksum, bytes_checksum
+from ..formats.records import StoredRow
 from ..formats.registry import format_of
 from . import files as store_files  # (write_all, sync: the one byte writer and fsync, as they are when called)
 from .files import MANIFEST, PART_RE, RUN_INFO, SEGMENT_RE, SEGMENTS, TMP_RE, MalformedError, OutputError, write_error
@@ -111,8 +112,9 @@ def format_files(run_dir: str):
 class ManifestRow:
     """One row of ``manifest.jsonl`` as a writer makes it: the input item (``path``, ``key``...), then,
     once it is stored, its shape and where it is (``shard``, ``status``, ``checksum``, and the
-    format's ``stored`` fields), or why it is not (``error``).  Rows read back stay the plain dicts
-    of their JSON (:func:`read_rows`): readers take what an OUT holds, an older version's included."""
+    format's ``stored`` fields), or why it is not (``error``).  Rows read back are
+    :class:`~mimi_extract.formats.records.StoredRow` (:func:`read_rows`: checked, then typed), an
+    older version's included; the public ``read_manifest()`` gives users each row's own JSON."""
 
     key: str
     path: str | None = None
@@ -165,6 +167,10 @@ class ManifestRow:
     def failed(self, message: str, shard: str | None = None) -> ManifestRow:
         """An error row; ``shard``: the shard holding its placeholder (``--shar-extend``)."""
         return replace(self, shard=shard, status="error", error=bounded(message))
+
+    def as_stored(self) -> StoredRow:
+        """The row so far as the read side's record (what a format's ``ShardBuilder.add`` is handed)."""
+        return StoredRow.from_dict(self.as_dict())
 
     def as_dict(self) -> dict:
         """Its JSON: the input's fields always (``null`` when unknown), the others when they apply."""
@@ -354,6 +360,9 @@ def _typed(value, kinds: tuple) -> bool:
 # each field's kinds as isinstance takes them, made once (a row is checked each time a manifest is read:
 # at a run's end, by every reader)
 _CLASSES = {kinds: tuple(k for k in kinds if k is not None) for kinds in (*_ROW_TYPES.values(), *_SOURCE_TYPES.values())}
+# the same rule for the exact types ``json.loads`` makes (no bool where an int is meant): a row whose
+# fields all have one passes at a set lookup each; any other value goes through _typed, which names it
+_EXACT = {field: frozenset(type(None) if k is None else k for k in kinds) for field, kinds in _ROW_TYPES.items()}
 
 
 def _type_name(value) -> str:
@@ -370,9 +379,19 @@ def row_problem(row) -> str | None:
         return f"is {_type_name(row)}, not an object"
     if "key" not in row:
         return "has no key"
+    for field, value in row.items():  # JSON's own types, exactly: one set lookup a field (the loop below says why not)
+        if field in _EXACT and type(value) not in _EXACT[field]:
+            break
+    else:
+        return _row_rules(row)
     for field, kinds in _ROW_TYPES.items():
         if field in row and not _typed(row[field], kinds):
             return f"has {field} {_type_name(row[field])} ({_shown(row[field])})"
+    return _row_rules(row)
+
+
+def _row_rules(row: dict) -> str | None:
+    """:func:`row_problem` past its fields' types."""
     status = row.get("status")
     if status not in (None, "ok", "error"):
         return f"has status {_shown(status)} (neither 'ok' nor 'error')"
@@ -387,8 +406,9 @@ def row_problem(row) -> str | None:
     supervisions = (row.get("meta") or {}).get("supervisions")
     if supervisions is not None and not (isinstance(supervisions, list) and all(isinstance(s, dict) for s in supervisions)):
         return "has meta.supervisions that are not a list of objects"
-    if any(isinstance(row.get(f), int) and row[f] < 0 for f in ("frames", "dims", "index", "offset", "nbytes")):
-        return "has a negative count or offset"
+    for f in ("frames", "dims", "index", "offset", "nbytes"):  # (a loop, not any(): a generator a row cost 10% of a read)
+        if isinstance(value := row.get(f), int) and value < 0:
+            return "has a negative count or offset"
     if row.get("shard") is not None and not valid_shard_name(row["shard"]):
         return (f"names {row['shard']!r} as its shard, which is not a shard name this tool writes")
     return None
@@ -432,25 +452,28 @@ def _refuse(path: str, n: int, row, problem: str | None) -> None:
                              "remove or fix that row")
 
 
-def iter_rows(run_dir: str, files: RunFiles | None = None) -> Iterator[dict]:
+def iter_rows(run_dir: str, files: RunFiles | None = None) -> Iterator[StoredRow]:
     """Every row of one run directory's manifest, streamed; a torn line (a run killed mid-write:
     not JSON) is ignored.  A line that is JSON but not a row this tool writes (:func:`row_problem`)
     is a :class:`MalformedError` naming the file, the line and the key: the manifest was edited or
     damaged, and no reader guesses what it meant."""
-    for _, _, row in _numbered_rows(files or RunFiles(run_dir)):
-        yield row
+    return map(StoredRow.from_dict, (row for _, _, row in _numbered_rows(files or RunFiles(run_dir))))
 
 
-def read_rows(run_dir: str) -> list[dict]:
+def read_rows(run_dir: str) -> list[StoredRow]:
     """All rows of one run directory's manifest (:func:`iter_rows`)."""
     return list(iter_rows(run_dir))
 
 
-def iter_committed(run_dir: str, files: RunFiles | None = None) -> Iterator[dict]:
+def iter_committed(run_dir: str, files: RunFiles | None = None) -> Iterator[StoredRow]:
     """The committed rows of one run directory, streamed: rows whose shard was never renamed into
     place (a run killed, or a disk filled, between the manifest append and the rename) are left
     out: they are not committed, and resume drops them."""
-    files = files or RunFiles(run_dir)
+    return map(StoredRow.from_dict, _committed_json(files or RunFiles(run_dir)))
+
+
+def _committed_json(files: RunFiles) -> Iterator[dict]:
+    """:func:`iter_committed`'s rows as their checked JSON (what ``read_manifest`` gives users)."""
     for path, n, row in _numbered_rows(files):
         shard = row.get("shard")
         if shard and not files.exists(shard):
@@ -459,30 +482,28 @@ def iter_committed(run_dir: str, files: RunFiles | None = None) -> Iterator[dict
         yield row
 
 
-def committed_rows(run_dir: str, files: RunFiles | None = None) -> list[dict]:
+def committed_rows(run_dir: str, files: RunFiles | None = None) -> list[StoredRow]:
     """:func:`iter_committed` as a list."""
     return list(iter_committed(run_dir, files))
 
 
-def out_rows(out_dir: str, files: list[RunFiles] | None = None) -> list[dict]:
+def out_rows(out_dir: str, files: list[RunFiles] | None = None) -> list[StoredRow]:
     """The committed rows of every run directory of OUT (every part of a job array), each row's
     ``shard`` relative to OUT (``part-I-of-N/shard-...``); ``files``: OUT's listing when in hand."""
     rows = []
     for f in files if files is not None else out_files(out_dir):
         prefix = remote.relpath(f.path, out_dir)
-        for row in committed_rows(f.path, f):
-            if row.get("shard") and prefix != ".":
-                row["shard"] = f"{prefix}/{row['shard']}"
-            rows.append(row)
+        rows += (row.under(prefix) for row in iter_committed(f.path, f))
     return rows
 
 
 def read_manifest(out_dir: str) -> list[dict]:
-    """Committed rows of every run directory of OUT (all parts), ``shard`` relative to OUT."""
+    """Committed rows of every run directory of OUT (all parts), ``shard`` relative to OUT: each
+    row's own JSON, a plain dict (for users; the package reads :class:`StoredRow`)."""
     rows = []
     for d in run_dirs(out_dir):
         prefix = remote.relpath(d, out_dir)
-        for row in committed_rows(d):
+        for row in _committed_json(RunFiles(d)):
             if row.get("shard") and prefix != ".":
                 row["shard"] = f"{prefix}/{row['shard']}"
             rows.append(row)
@@ -494,9 +515,9 @@ def next_shard_index(run_dir: str) -> int:
     used = [int(m.group(1)) for name, fmt in format_files(run_dir)
             if (m := fmt.shard_re.fullmatch(name.removesuffix(".tmp")))]
     for r in read_rows(run_dir):
-        fmt = format_of(r.get("shard") or "")
+        fmt = format_of(r.shard or "")
         if fmt is not None:
-            used.append(int(fmt.shard_re.fullmatch(r["shard"]).group(1)))
+            used.append(int(fmt.shard_re.fullmatch(r.shard).group(1)))
     return max(used, default=-1) + 1
 
 def shard_attrs(out_dir: str, shard: str) -> dict:

@@ -46,6 +46,7 @@ from ..formats import get_format
 from . import files as store_files
 from .files import CUTS, LOCK, MANIFEST, SEGMENT_RE, SEGMENTS, LockedError, OutputError
 from .cuts import write_cuts
+from ..formats.records import RunInfo
 from .identity import read_run_info
 from .lock import holder_gone, process_identity
 from .manifest import manifest_segments, out_rows, run_dirs
@@ -379,7 +380,7 @@ def publish_out_files(url: str, staging: str, part_dirname: str, wait: float | N
     info = read_run_info(os.path.join(staging, part_dirname))
     if info is None:
         return []
-    fmt = get_format(info.get("format", "hdf5"))
+    fmt = get_format(RunInfo.from_dict(info).format)
     fs, root = remote.filesystem(url)
     root = root.rstrip("/")
     lock = RemoteLock(url)

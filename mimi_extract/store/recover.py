@@ -9,6 +9,7 @@ import json
 import os
 
 from ..formats.base import Format
+from ..formats.records import StoredRow
 from ..formats.registry import format_of
 from . import files as store_files
 from .files import MANIFEST, QUARANTINE, OutputError, fsync_dir, write_atomic
@@ -33,7 +34,7 @@ def _quarantine(run_dir: str, name: str) -> str:
 
 
 def recover(run_dir: str, expected_attrs: dict | None = None, damaged: dict[str, str] | None = None,
-            fmt: Format | None = None) -> tuple[dict[str, dict], list[str]]:
+            fmt: Format | None = None) -> tuple[dict[str, StoredRow], list[str]]:
     """Make a run directory consistent after any interruption; return (committed ok rows by key,
     messages about what was repaired).  Error rows are dropped so those inputs are retried (but for
     the error rows committed inside a shard, as --shar-extend placeholders: they are returned with it).
@@ -44,15 +45,15 @@ def recover(run_dir: str, expected_attrs: dict | None = None, damaged: dict[str,
     committed shard of another format is refused (``run.json`` deleted, then another ``--format``)."""
     notes = []
     remove_tmps(run_dir)  # (a device worker's too: its provisional shard names are tmp names)
-    by_shard: dict[str, list[dict]] = {}
+    by_shard: dict[str, list[StoredRow]] = {}
     seen: set[str] = set()
     rows = read_rows(run_dir)
     for row in rows:  # an error row with a shard is part of it (a --shar-extend placeholder): kept with it
-        if row.get("status") not in ("ok", "error") or not row.get("shard"):
+        if row.status not in ("ok", "error") or not row.shard:
             continue
-        if not os.path.exists(os.path.join(run_dir, row["shard"])):
+        if not os.path.exists(os.path.join(run_dir, row.shard)):
             continue  # killed between manifest append and rename: re-encode
-        by_shard.setdefault(row["shard"], []).append(row)
+        by_shard.setdefault(row.shard, []).append(row)
     if fmt is not None:
         other = sorted(s for s in by_shard if not fmt.is_shard(s))
         if other:
@@ -63,7 +64,7 @@ def recover(run_dir: str, expected_attrs: dict | None = None, damaged: dict[str,
     for shard, shard_rows in by_shard.items():
         if shard in bad_shards:
             continue
-        keys = [r["key"] for r in shard_rows]
+        keys = [r.key for r in shard_rows]
         problem = format_of(shard).check(os.path.join(run_dir, shard), shard_rows)
         if problem is None and (len(set(keys)) != len(keys) or seen & set(keys)):
             problem = "holds items that another shard also holds"
@@ -73,7 +74,7 @@ def recover(run_dir: str, expected_attrs: dict | None = None, damaged: dict[str,
         if expected_attrs is not None:
             check_shard_settings(run_dir, shard, shard_attrs(run_dir, shard), expected_attrs)
         seen.update(keys)
-        done.update({r["key"]: r for r in shard_rows})
+        done.update({r.key: r for r in shard_rows})
     companions = {c for s in by_shard if s not in bad_shards for c in format_of(s).companions(s)}
     for name, fmt in sorted(format_files(run_dir)):  # committed shards that no row names; stray companions
         if fmt.is_shard(name) and name not in by_shard:
@@ -96,6 +97,6 @@ def recover(run_dir: str, expected_attrs: dict | None = None, damaged: dict[str,
     if bad_shards:
         fsync_dir(run_dir)
     if os.path.exists(os.path.join(run_dir, MANIFEST)):
-        write_atomic(os.path.join(run_dir, MANIFEST), "".join(json.dumps(r) + "\n" for r in done.values()))
+        write_atomic(os.path.join(run_dir, MANIFEST), "".join(json.dumps(r.to_dict()) + "\n" for r in done.values()))
     return done, notes
 

@@ -22,9 +22,10 @@ from ..config.request import RunRequest
 from ..config.settings import Part, Settings
 from ..config.taps import frame_rate
 from ..formats import get_format
+from ..formats.records import StoredRow
 from ..sources import Discovered, Item, item_identity
 from .files import OutputError
-from .identity import ITEMS, check_run_info, read_run_info
+from .identity import ITEMS, check_run_info, read_run, read_run_info
 from .manifest import committed_rows, run_dirs
 
 
@@ -103,7 +104,7 @@ def divided_by_key(run_dir: str) -> bool:
     no ``part_shards``: an input with fewer shards than parts, not sharded at all, or an OUT begun
     before parts took whole shards): the other parts then divide by key too, so one OUT never mixes
     the two divisions (its union would lose or repeat items)."""
-    return any((info := read_run_info(d)) is not None and "part_shards" not in info
+    return any((info := read_run(d)) is not None and info.part_shards is None
                for d in run_dirs(os.path.dirname(run_dir)))
 
 
@@ -127,17 +128,17 @@ def rewritten_since(run_dir: str, info: dict, part: Part) -> list[str]:
     size or mtime) since the run directory's ``run.json``, when nothing else of the input changed
     (else none: ``check_run_info`` refuses as usual).  Parts divided by key each record every shard,
     so one part cannot move on alone: refused.  ``RunDirectory.check_identity`` re-encodes them."""
-    old = read_run_info(run_dir)
-    if old is None or old.get("input_identity") == info.get("input_identity"):
+    old = read_run(run_dir)
+    if old is None or old.input_identity == info.get("input_identity"):
         return []
-    rewritten = rewritten_shards(old.get("input_identity"), info.get("input_identity")) or []
+    rewritten = rewritten_shards(old.input_identity, info.get("input_identity")) or []
     if rewritten and not part.whole and "part_shards" not in info:
         raise OutputError("--reencode-changed: this job array's parts divide their items by key, and each records "
                           "every input shard; re-encode into a new OUT (or use parts of whole shards)")
     return rewritten
 
 
-def refuse_changed_inputs(items: list[Item], done: dict[str, dict]) -> None:
+def refuse_changed_inputs(items: list[Item], done: dict[str, StoredRow]) -> None:
     """Refuse to resume over inputs whose file changed since they were encoded (same key, another
     sample rate, length or channel count): their stored outputs would silently describe old audio."""
     def shape(rate, frames, channels) -> str:
@@ -146,10 +147,10 @@ def refuse_changed_inputs(items: list[Item], done: dict[str, dict]) -> None:
     changed = []
     for it in items:
         row = done.get(it.key)
-        src = row.get("source") if row else None
+        src = row.source if row else None
         if not src:
             continue
-        was = (row.get("sample_rate"), src.get("frames"), src.get("channels"))
+        was = (row.sample_rate, src.frames, src.channels)
         now = (it.sample_rate, it.file_frames, it.file_channels)
         if was != now:
             changed.append(f"{it.key}: {shape(*was)} when encoded, now {shape(*now)}")
@@ -191,13 +192,13 @@ def refuse_other_run(request: RunRequest, found: Discovered) -> None:
     siblings = [d for d in run_dirs(out_dir) if os.path.abspath(d) not in here] if not part.whole else []
     info = run_info(request, found)
     if request.reencode_changed and os.path.isdir(run_dir) and rewritten_since(run_dir, info, part):
-        info["input_identity"] = read_run_info(run_dir)["input_identity"]  # (moved on under the lock)
+        info["input_identity"] = read_run(run_dir).input_identity  # (moved on under the lock)
     del info["model"]  # the model (its path, config and weights) is compared as one, once it is loaded
     check_run_info(run_dir, info, siblings, write=False)
-    old = read_run_info(run_dir) if os.path.isdir(run_dir) else None
-    if old is None or ITEMS in old:
+    old = read_run(run_dir) if os.path.isdir(run_dir) else None
+    if old is None or old.items is not None:
         return
-    stored = [r["key"] for r in committed_rows(run_dir) if r.get("status") == "ok"]
+    stored = [r.key for r in committed_rows(run_dir) if r.ok]
     keys = {it.key for it in found.items} | {it.key for it in found.bad}
     if stored and keys and keys.isdisjoint(stored):
         raise OutputError(f"{run_dir} holds {len(stored)} items and none of them is among this run's {len(keys)} "

@@ -141,7 +141,7 @@ class SharExtendWriter(WriterBlock):
         for key in self.layout[n]:
             entry = held[key]
             if entry.error is None:
-                rows.append(entry.row.ok(entry.data, name, shard.add(key, entry.data, entry.row.as_dict(), {})))
+                rows.append(entry.row.ok(entry.data, name, shard.add(key, entry.data, entry.row.as_stored(), {})))
                 self.held_bytes -= entry.data.nbytes
             else:
                 shard.add_placeholder(key)

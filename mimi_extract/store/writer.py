@@ -180,7 +180,7 @@ class _Filling(WriterBlock):
         if self._shard is None:
             self._shard = self.format.builder(self.file_attrs)
         row = replace(row, key=key).shaped(data)
-        stored = self._shard.add(key, data, row.as_dict(), attrs or {})
+        stored = self._shard.add(key, data, row.as_stored(), attrs or {})
         self._rows.append(row.ok(data, "", stored))  # (the shard's name: once it has one, in _take)
         self._bytes += data.nbytes
         if len(self._rows) >= self.max_items or self._bytes >= self.max_bytes:

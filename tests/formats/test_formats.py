@@ -15,6 +15,7 @@ import mimi_extract
 from support import ONE_WORKER, OnDemand, cli
 from mimi_extract import read, read_manifest
 from mimi_extract.formats import get_format, names
+from mimi_extract.formats.records import StoredRow
 from support import extract
 from mimi_extract.config.settings import Settings
 from mimi_extract.store.files import DamagedError
@@ -285,7 +286,7 @@ def test_a_parquet_footer_naming_other_columns_is_a_damaged_shard_not_a_crash(ou
     footer = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
     with open(path, "wb") as f:
         f.write(data[:footer] + data[footer:].replace(b"\x03key", b"\x03kez"))  # (thrift: length, then the name)
-    problem = get_format("parquet").check(path, [r for r in rows if r["shard"] == shard])
+    problem = get_format("parquet").check(path, [StoredRow.from_dict(r) for r in rows if r["shard"] == shard])
     assert problem is not None and "kez" not in problem and "key" in problem
     damaged = scan_checksums(out)["damaged"]
     assert {d["key"] for d in damaged} == {r["key"] for r in rows if r["shard"] == shard}
@@ -324,7 +325,7 @@ def test_a_damaged_footer_or_superblock_is_a_damaged_error_naming_out_shard_and_
     path = os.path.join(out, victim["shard"])
     format_case(fmt).break_open(path)
     for reader in (lambda k: read(out, k), lambda k: mimi_extract.open(out)[k],
-                   lambda k: load_row(out, victim)):  # what report and verify read through
+                   lambda k: load_row(out, StoredRow.from_dict(victim))):  # what report and verify read through
         with pytest.raises(DamagedError) as e:
             reader(victim["key"])
         assert out in str(e.value) and repr(victim["key"]) in str(e.value) and victim["shard"] in str(e.value)

@@ -15,6 +15,7 @@ import pytest
 
 from support.waits import HANG_QUICK_S
 from mimi_extract.formats.hdf5 import HDF5, HDF5Shard
+from mimi_extract.formats.records import StoredRow
 from mimi_extract.sources.keys import dataset_name
 
 FILE_ATTRS = {"tap": "codes", "model": "/models/mimi-é", "weights": "da6b0984e74bde55afe6b912", "framing": "transformers",
@@ -24,15 +25,15 @@ FILE_ATTRS = {"tap": "codes", "model": "/models/mimi-é", "weights": "da6b0984e7
 
 
 def build_shard(path, n_items=12):
-    """A shard as the writer builds it; 12 datasets, more than HDF5 keeps in the root group's header
-    (8), so its links are in the fractal heap that a real shard of 1,000 items uses."""
+    """A shard as the writer builds it, and its rows' JSON; 12 datasets, more than HDF5 keeps in the
+    root group's header (8), so its links are in the fractal heap that a real shard of 1,000 items uses."""
     rng = np.random.default_rng(0)
     shard, rows = HDF5Shard(FILE_ATTRS), []
     for i in range(n_items):
         key = f"spk{i % 3}/utt-{i}.wav" if i else "spk/naïve ü.wav"
         row = {"key": key, "dataset": dataset_name(key), "frames": 3 + i % 4}
         data = rng.integers(0, 2048, (row["frames"], 8), dtype=np.int16)
-        shard.add(key, data, row, {"duration": row["frames"] / 12.5, "source_sample_rate": 16000})
+        shard.add(key, data, StoredRow.from_dict(row), {"duration": row["frames"] / 12.5, "source_sample_rate": 16000})
         rows.append(row)
     with open(path, "wb") as f:
         f.write(shard.files("shard-00000.h5")["shard-00000.h5"])
@@ -42,7 +43,7 @@ def build_shard(path, n_items=12):
 
 def test_string_attributes_are_fixed_length_and_read_back_as_written(tmp_path):
     path = str(tmp_path / "shard-00000.h5")
-    rows = build_shard(path)
+    rows = [StoredRow.from_dict(r) for r in build_shard(path)]
     fmt = HDF5()
     assert fmt.attrs(path) == {k: (v.item() if isinstance(v, np.generic) else v) for k, v in FILE_ATTRS.items()}
     assert fmt.item_attrs(path, rows[0]) == {"key": "spk/naïve ü.wav", "duration": 0.24, "source_sample_rate": 16000}
@@ -62,7 +63,8 @@ FLIP_LOOP = r"""
 import json
 import sys
 from mimi_extract.formats.hdf5 import HDF5
-path, rows = sys.argv[1], json.loads(sys.argv[2])
+from mimi_extract.formats.records import StoredRow
+path, rows = sys.argv[1], [StoredRow.from_dict(r) for r in json.loads(sys.argv[2])]
 fmt = HDF5()
 def everything(p):
     problem = fmt.check(p, rows)

@@ -22,6 +22,7 @@ from mimi_extract import read, read_cuts, read_manifest  # noqa: E402
 from mimi_extract.audio.reader import load  # noqa: E402
 from mimi_extract.codec.reference import reference_single  # noqa: E402
 from mimi_extract.formats import get_format  # noqa: E402
+from mimi_extract.formats.records import StoredRow  # noqa: E402
 from mimi_extract.store.manifest import committed_rows, run_dirs  # noqa: E402
 from mimi_extract.store.read import shar_fields  # noqa: E402
 from mimi_extract.audit.decode import decode_items  # noqa: E402
@@ -376,7 +377,7 @@ def test_shar_extend_adds_a_field_aligned_with_each_input_shard(shar_dataset, ti
     assert result.exit_code == 0, result.output
     for name in os.listdir(os.path.join(cli_out, "shar")):
         assert get_format("shar").check(os.path.join(cli_out, "shar", name), [
-            r for r in read_manifest(cli_out) if r["shard"] == f"shar/{name}"]) is None
+            StoredRow.from_dict(r) for r in read_manifest(cli_out) if r["shard"] == f"shar/{name}"]) is None
     assert all(np.array_equal(read(cli_out, k), read(out, k)) for k in rows if rows[k]["status"] == "ok")
     from mimi_extract.audit.verify import verify_outputs
 
@@ -425,14 +426,15 @@ def test_long_and_non_ascii_keys_round_trip_through_lhotse(tmp_path):
         arrays[key] = rng.integers(0, 2048, (5 + i, 8)).astype(np.int16)
         row = {"path": key, "key": key, "dataset": key, "channel": None, "sample_rate": 24_000, "duration": 0.5,
                "source": {"path": "/abs/x.wav", "frames": 48_000, "channels": 1}}
-        rows.append({**row, **shard.add(key, arrays[key], row, {}), "frames": 5 + i, "status": "ok",
+        rows.append({**row, **shard.add(key, arrays[key], StoredRow.from_dict(row), {}), "frames": 5 + i, "status": "ok",
                      "shard": fmt.shard_name(0)})
     for name, data in shard.files(fmt.shard_name(0)).items():
         os.makedirs(os.path.dirname(tmp_path / name), exist_ok=True)
         (tmp_path / name).write_bytes(data)
     path = str(tmp_path / fmt.shard_name(0))
+    rows = [StoredRow.from_dict(r) for r in rows]
     assert fmt.check(path, rows) is None and fmt.attrs(path) == attrs
-    assert all(np.array_equal(fmt.load(path, r), arrays[r["key"]]) for r in rows)
+    assert all(np.array_equal(fmt.load(path, r), arrays[r.key]) for r in rows)
     got = {c.id: c.load_custom("mimi_codes") for c in lhotse.CutSet.from_shar(in_dir=str(tmp_path / "shar"))}
     assert got.keys() == arrays.keys() and all(np.array_equal(got[k], arrays[k]) for k in keys)
 
@@ -495,12 +497,12 @@ def test_a_flipped_byte_anywhere_in_a_shar_shard_is_found_or_harmless_to_lhotse(
     out = str(tmp_path / "out")
     shutil.copytree(shar_reference[0], out)
     shard = "shar/mimi_codes.000003.tar"
-    rows = [r for r in committed_rows(out) if r.get("shard") == shard]
+    rows = [r for r in committed_rows(out) if r.shard == shard]
     for name in os.listdir(os.path.join(out, "shar")):  # an OUT of that one shard (a flip costs 9x less)
         if f"shar/{name}" not in (shard, SHAR.companions(shard)[0]):
             os.remove(os.path.join(out, "shar", name))
     with open(os.path.join(out, "manifest.jsonl"), "w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in rows)
+        f.writelines(json.dumps(r.to_dict()) + "\n" for r in rows)
     reference = _lhotse_view(out)
     assert len(reference) == 7
     found = harmless = 0
@@ -518,7 +520,7 @@ def test_a_flipped_byte_anywhere_in_a_shar_shard_is_found_or_harmless_to_lhotse(
             if damaged:
                 # an array's own bytes: that item; anything else: its shard fails the check, all its items
                 keys = {d["key"] for d in damaged}
-                assert keys == {r["key"] for r in rows} or (len(keys) == 1 and keys <= {r["key"] for r in rows}
+                assert keys == {r.key for r in rows} or (len(keys) == 1 and keys <= {r.key for r in rows}
                                                              and damaged[0]["problem"] == "checksum mismatch (crc32)"), (
                     name, offset, damaged)
                 found += 1

@@ -9,6 +9,7 @@ import mimi_extract
 from mimi_extract.readers.reader import Reader, cached_reader
 from mimi_extract.formats import get_format
 from mimi_extract.store.manifest import ManifestRow, read_manifest
+from mimi_extract.formats.records import StoredRow
 from mimi_extract.store.read import load_row
 from mimi_extract.store.writer import ShardWriter
 from support.outs import make_out
@@ -31,8 +32,8 @@ def test_reader_indexes_every_part_once(tmp_path):
         with pytest.raises(KeyError, match="no ok row"):
             reader["missing.wav"]
     # one loading function: what read_manifest's rows point to
-    row = next(r for r in read_manifest(out) if r["status"] == "ok")
-    assert (load_row(str(out), row) == arrays[row["key"]]).all()
+    row = StoredRow.from_dict(next(r for r in read_manifest(out) if r["status"] == "ok"))
+    assert (load_row(str(out), row) == arrays[row.key]).all()
 
 
 def test_read_reuses_its_index_until_the_manifest_changes(tmp_path):

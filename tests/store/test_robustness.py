@@ -39,7 +39,7 @@ def _record_io(monkeypatch, out: str) -> list[tuple]:
         return os.path.relpath(path, root) if path == root or path.startswith(root + os.sep) else None
 
     def manifest():
-        return Counter(r.get("shard") for r in read_rows(out))
+        return Counter(r.shard for r in read_rows(out))
 
     def fsync(fd):
         try:
@@ -76,7 +76,7 @@ def test_commit_protocol_order_of_fsyncs_and_renames(tmp_path, tiny_model_dir, m
     summary = extract(str(root), out, Settings(model=tiny_model_dir, tap="codes", num_workers=1), shard_size=3)
     monkeypatch.undo()
     assert summary.ok == 8 and summary.errors == 1
-    rows = Counter(r["shard"] for r in read_rows(out) if r["status"] == "ok")
+    rows = Counter(r.shard for r in read_rows(out) if r.ok)
     assert sorted(rows) == ["shard-00000.h5", "shard-00001.h5", "shard-00002.h5"]  # 3 + 3 + 2 items
     check_consistency(out)
 
@@ -166,9 +166,9 @@ def test_out_of_memory_in_streamed_steps(long_files, tiny_model_dir, tmp_path, m
         f"{LONG} must run out of memory alone exactly once, then never be encoded again: {counts()}")
     assert summary.ok == 6 and summary.errors == 1, summary
     rows = read_rows(out)
-    assert sorted(r["key"] for r in rows) == sorted(reference), "one row per input, nothing twice"
-    (bad,) = [r for r in rows if r["status"] == "error"]
-    assert bad["key"] == LONG and "out of memory" in bad["error"], bad
+    assert sorted(r.key for r in rows) == sorted(reference), "one row per input, nothing twice"
+    (bad,) = [r for r in rows if r.status == "error"]
+    assert bad.key == LONG and "out of memory" in bad.error, bad
     others = set(reference) - {LONG}
     arrays = check_consistency(out, others)
     for key in others:

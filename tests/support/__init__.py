@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+from dataclasses import replace
 from decimal import ROUND_HALF_UP, Decimal
 
 import numpy as np
@@ -86,18 +87,18 @@ def check_consistency(out_dir: str, expected_keys=None, killed: bool = False) ->
     With ``expected_keys``, exactly those keys have ok rows."""
     import glob
 
-    from mimi_extract.store.manifest import format_files, read_manifest, run_dirs
+    from mimi_extract.store.manifest import format_files, out_rows, run_dirs
     from mimi_extract.store.read import load_row
 
-    rows = [r for r in read_manifest(out_dir) if r.get("status") == "ok"]
-    keys = [r["key"] for r in rows]
+    rows = [r for r in out_rows(out_dir) if r.ok]
+    keys = [r.key for r in rows]
     assert len(keys) == len(set(keys)), f"duplicate ok rows: {sorted(k for k in set(keys) if keys.count(k) > 1)[:5]}"
     if expected_keys is not None:
         assert set(keys) == set(expected_keys), (
             f"missing {sorted(set(expected_keys) - set(keys))[:5]}, unexpected {sorted(set(keys) - set(expected_keys))[:5]}")
     by_shard: dict[str, list] = {}
     for r in rows:
-        by_shard.setdefault(r["shard"], []).append(r)
+        by_shard.setdefault(r.shard, []).append(r)
     for d in run_dirs(out_dir):
         for name, fmt in sorted(format_files(d)):
             if name.endswith(".tmp") or not fmt.is_shard(name):
@@ -110,8 +111,8 @@ def check_consistency(out_dir: str, expected_keys=None, killed: bool = False) ->
     arrays = {}
     for r in rows:
         data = load_row(out_dir, r)
-        assert data.shape[0] == r["frames"], r["key"]
-        arrays[r["key"]] = data
+        assert data.shape[0] == r.frames, r.key
+        arrays[r.key] = data
     return arrays
 
 
@@ -127,17 +128,15 @@ def restamp_checksum(out_dir: str, key: str) -> None:
 
     for d in run_dirs(out_dir):
         rows = read_rows(d)
-        hit = [r for r in rows if r.get("key") == key and r.get("status") == "ok"]
-        for r in hit:
-            r["checksum"] = array_checksum(format_of_path(r["shard"]).load(os.path.join(d, r["shard"]), r))
-        for shard in {r["shard"] for r in hit}:
+        hit = {r.shard for r in rows if r.key == key and r.ok}
+        rows = [replace(r, checksum=array_checksum(format_of_path(r.shard).load(os.path.join(d, r.shard), r)))
+                if r.key == key and r.ok else r for r in rows]
+        for shard in hit:
             with open(os.path.join(d, shard), "rb") as f:
                 whole = bytes_checksum(f.read())
-            for r in rows:
-                if r.get("shard") == shard and r.get("shard_checksum"):
-                    r["shard_checksum"] = whole
+            rows = [replace(r, shard_checksum=whole) if r.shard == shard and r.shard_checksum else r for r in rows]
         if hit:
-            write_atomic(os.path.join(d, "manifest.jsonl"), "".join(json.dumps(r) + "\n" for r in rows))
+            write_atomic(os.path.join(d, "manifest.jsonl"), "".join(json.dumps(r.to_dict()) + "\n" for r in rows))
 
 
 def interrupt_after_items(n: int):

@@ -109,12 +109,12 @@ def check_shar(out: str, killed: bool = False) -> dict[str, np.ndarray]:
     shar = get_format("shar")
     arrays = {}
     for d in run_dirs(out):
-        rows = [r for r in committed_rows(d) if r.get("status") == "ok"]
-        keys = [r["key"] for r in rows]
+        rows = [r for r in committed_rows(d) if r.ok]
+        keys = [r.key for r in rows]
         assert len(keys) == len(set(keys)), "a key committed twice"
         by_shard: dict[str, list] = {}
         for r in rows:
-            by_shard.setdefault(r["shard"], []).append(r)
+            by_shard.setdefault(r.shard, []).append(r)
         committed = {n for s in by_shard for n in (s, shar.companions(s)[0])}
         folder = os.path.join(d, "shar")
         files = {f"shar/{n}" for n in os.listdir(folder)} if os.path.isdir(folder) else set()
