@@ -4,10 +4,11 @@
 # --tests-only: pytest alone, in the environment already installed (.ci/run's second tier).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# the tests run in as many processes as there are cores, at most 4 (pytest-xdist; the tests that use Ray in
-# one of them: tests/conftest.py): most of the suite's time is spent waiting on its real subprocesses
-# (kill trials, CLI runs, Ray), which another process's tests use. MIMI_TEST_PROCS=1: one process.
-procs=${MIMI_TEST_PROCS:-$(nproc)}
+# the tests run in one process more than there are cores, at most 4 (pytest-xdist; the tests that use Ray
+# in one of them: tests/conftest.py): much of the suite's time is spent waiting on its real subprocesses
+# (kill trials, CLI runs, Ray), which another process's tests use: on 2 cores, 3 processes kept the cores
+# busier than 2 (docs/performance.md, "The test suite's time"). MIMI_TEST_PROCS=1: one process.
+procs=${MIMI_TEST_PROCS:-$(( $(nproc) + 1 ))}
 (( procs > 4 )) && procs=4
 xdist=()
 (( procs > 1 )) && xdist=(-n "$procs" --dist loadgroup)
