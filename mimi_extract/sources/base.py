@@ -1,5 +1,6 @@
 """The :class:`Source` interface and its registry, and what goes through an entry's kind: opening
-its bytes (:func:`open_source`), probing its header (:func:`probe`), reading its ``loc`` back.
+its bytes (:func:`open_source`), probing its header (:func:`probe`; :func:`safe_probe`: a surprise is
+the entry's error row), reading its ``loc`` back.
 
 A *source kind* (a directory, a list, a lhotse manifest, tar shards, Parquet...) is one class
 registered here under its name.  It says whether it recognises an INPUT (``detect``), lists its
@@ -138,3 +139,12 @@ def probe(entry: Entry, channel_mode: str = "mix", framing: Framing = Framing())
     finally:
         if handle is not None and not isinstance(handle, str):
             handle.close()
+
+
+def safe_probe(source: Source, entry: Entry, channel: str, framing: Framing) -> list[Item]:
+    """``source.probe``, and any surprise it raises is this entry's error row, never the run's end."""
+    try:
+        return source.probe(entry, channel, framing)
+    except Exception as e:
+        return probe_info(Entry(entry.path, entry.rel, entry.key, where=entry.where, kind=entry.kind, loc=entry.loc,
+                                error=f"cannot probe: {type(e).__name__}: {e}"), None, channel, framing)

@@ -12,11 +12,10 @@ from ..common import remote
 from ..audio.framing import Framing
 from ..config.choices import KEY_MODES, LIST_KEY_MODES, SIDECAR_DURATION_MODES
 from ..config.input_options import Options
-from .base import REGISTRY
+from .base import REGISTRY, safe_probe
 from .items import Discovered
 from .kept import metadata_columns
 from .keys import dedup, key_stem
-from .probing import safe_probe
 from .metadata import MetadataTable
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 from decimal import ROUND_HALF_UP, Decimal
-from typing import TYPE_CHECKING
 
 from ..audio.framing import Framing
 from .items import Entry, Item
@@ -14,9 +13,6 @@ from .keys import segment_key
 from .kept import supervisions_for_channel
 from .rows import DURATION_TOLERANCE, MAX_SECONDS
 from .text import shown_value
-
-if TYPE_CHECKING:
-    from .base import Source
 
 
 def seconds_to_samples(seconds: float, rate: int) -> int:
@@ -103,11 +99,3 @@ def probe_info(entry: Entry, info, channel_mode: str = "mix", framing: Framing =
         for c in channels
     ]
 
-
-def safe_probe(source: Source, entry: Entry, channel: str, framing: Framing) -> list[Item]:
-    """``source.probe``, and any surprise it raises is this entry's error row, never the run's end."""
-    try:
-        return source.probe(entry, channel, framing)
-    except Exception as e:
-        return probe_info(Entry(entry.path, entry.rel, entry.key, where=entry.where, kind=entry.kind, loc=entry.loc,
-                                error=f"cannot probe: {type(e).__name__}: {e}"), None, channel, framing)
