@@ -8,7 +8,7 @@ import functools
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -169,27 +169,20 @@ class ManifestRow:
         return replace(self, shard=shard, status="error", error=bounded(message))
 
     def as_stored(self) -> StoredRow:
-        """The row so far as the read side's record (what a format's ``ShardBuilder.add`` is handed)."""
-        return StoredRow.from_dict(self.as_dict())
+        """The row so far as the read side's record (what a format's ``ShardBuilder.add`` is handed,
+        and what :meth:`as_dict` lays out): its set fields, the format's ``stored`` ones among them."""
+        row = {name: getattr(self, name) for name in _ROW_FIELDS if getattr(self, name) is not None}
+        row.update(self.stored or {})
+        return StoredRow.from_dict(row)
 
     def as_dict(self) -> dict:
-        """Its JSON: the input's fields always (``null`` when unknown), the others when they apply."""
-        row = {"path": self.path, "key": self.key, "dataset": self.dataset, "channel": self.channel,
-               "sample_rate": self.sample_rate, "duration": self.duration}
-        if self.start is not None:
-            row["start"], row["end"] = self.start, self.end
-        optional = {"source": self.source, "meta": self.meta, "decoder_warnings": self.decoder_warnings,
-                    "frames": self.frames, "dims": self.dims, "si_sdr": self.si_sdr, "mel_distance": self.mel_distance}
-        row.update({k: v for k, v in optional.items() if v is not None})
-        row.update(self.stored or {})
-        if self.status is not None:
-            row.update(shard=self.shard, status=self.status, error=self.error)
-            if self.checksum is not None:
-                row["checksum"] = self.checksum
-            if self.shard_checksum is not None:
-                row["shard_checksum"] = self.shard_checksum
-        return row
+        """Its JSON, laid out by the one rule the read side writes rows back with
+        (:meth:`StoredRow.to_dict`): the input's fields always (``null`` when unknown), the others when
+        they apply."""
+        return self.as_stored().to_dict()
 
+
+_ROW_FIELDS = tuple(f.name for f in fields(ManifestRow) if f.name != "stored")
 
 def item_attrs(item: Item) -> dict:
     """What a shard stores about an item beside its array (its duration, source rate and segment):
