@@ -40,7 +40,7 @@ class PlanAsk:
     cores: int | None = None  # host cores (None: this machine's)
     gpus: int = 1
     gpu_rate: float | None = None  # x real time per GPU (None: the measured one, unmeasured so far)
-    output_format: str = "hdf5"  # the format whose single writer (the Ray driver's) caps a Ray run
+    output_format: str = "hdf5"  # the format whose single writer caps Ray actors that do not see OUT (the driver's)
     limit: int | None = None
     token_layout: str = "flat"  # --format megatron's ids (--token-layout, --token-offset): their width
     token_offset: int = 0
@@ -106,7 +106,9 @@ def plan_report(source: str, options: Options | None = None, channel: str = "mix
         feed = (cores / max(1, ask.gpus)) * 1e6 / us if us else math.inf  # what the host's cores feed a GPU
         per_gpu = min(x, feed)
         machine = ask.gpus * per_gpu  # every device worker writes its own shards: no single writer caps it
-        ray = min(machine, rates.WRITER_X.get(ask.output_format) or math.inf)  # (the Ray driver stores every item)
+        # Ray actors that see OUT's folder write their own shards too; on machines that do not, the driver stores
+        # their items: its one writer's cap
+        ray = min(machine, rates.WRITER_X.get(ask.output_format) or math.inf)
         estimates[name] = {"x_real_time": machine, "gpus": ask.gpus, "cores": cores,
                            "bound": "GPU" if per_gpu == x else "host cores", "measured": not ask.gpu_rate,
                            "ray_x_real_time": ray}

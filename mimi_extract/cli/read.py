@@ -83,7 +83,7 @@ def plan(
     input_path: InputArg,
     num_quantizers: Annotated[int, typer.Option("--num-quantizers", "-q", min=1, max=32, help="Codebooks the codes would keep (tokens, bytes).")] = 8,
     feature_dtype: Annotated[FeatureDType, typer.Option(help="Storage dtype of features (bytes).")] = FeatureDType["float32"],
-    output_format: Annotated[OutFormat, typer.Option("--format", help="The format whose single writer caps a Ray run's estimate (--engine ray: the driver stores every item; the local engine's workers write their own shards).")] = OutFormat["hdf5"],
+    output_format: Annotated[OutFormat, typer.Option("--format", help="The format whose single writer caps a Ray run whose actors do not see OUT's folder (other machines without a shared file system: the driver stores their items; the local engine's workers and Ray actors that see it write their own shards).")] = OutFormat["hdf5"],
     channel: ChannelOpt = Channel["mix"],
     resampler: ResamplerOpt = Resampler["torchaudio"],
     framing: FramingArg = FramingOpt["transformers"],
@@ -165,7 +165,8 @@ def _say_plan(report: dict, feature_dtype: str) -> None:
         what = f"{e['cores']} cores" if name == "cpu" else f"{e['gpus']} GPU(s), {e['cores']} cores, bound by {e['bound']}"
         say(f"time on {name} ({what}): {format_hours(e['hours'] * 3600)} at {e['x_real_time']:,.0f}x real time"
             + ("" if e["measured"] else " (given --gpu-rate)")
-            + (f"; with --engine ray its driver, the one writer, caps it at {e['ray_x_real_time']:,.0f}x"
+            + (f"; with --engine ray, Ray actors on machines that do not see OUT's folder hand their items to "
+               f"the driver, one writer, which caps them at {e['ray_x_real_time']:,.0f}x"
                if e.get("ray_x_real_time", math.inf) < e["x_real_time"] else ""), out=out)
     p = report["parts"]
     say(f"parts: --part I/{p['count']} (sbatch --array=0-{p['count'] - 1}) for ~{format_hours(p['hours_per_part'] * 3600)} "

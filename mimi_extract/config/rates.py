@@ -80,8 +80,9 @@ GPU_X: dict[str, float | None] = {"H100": None, "H200": None}
 # thread's host share, the Python around each decoded block), device resampling, FLAC 16 kHz codes
 # (bench_ceilings.py procs: 8,200-9,200x alone, 5,400-6,900x with 3-4 on the 2 cores)
 PROCESS_X = 7_000
-# one writer process stores at most this much, x real time: since 0.4.0 the cap of a Ray run only (its
-# driver writes every item; the local engine's workers write their own shards, docs/performance.md issue 40)
+# one writer process stores at most this much, x real time: since 0.4.0 the cap of Ray actors that do not see
+# OUT's folder only (the driver writes their items; the local engine's workers and Ray actors that see it write
+# their own shards, docs/performance.md issue 40), and of --single-writer
 # (the same runs, steady state from its first
 # chunk: receiving, stitching and storing 10-s-ish items of codes; the same with 1 to 4 feeding processes)
 # Megatron: not in those runs; measured after, side by side with the others (2026-12-06, a quiet machine, 4,800 s,

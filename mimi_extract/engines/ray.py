@@ -2,14 +2,21 @@
 
 The driver (this process) owns everything that matters for integrity: it hands units out
 dynamically (``ray.wait``: an actor that finishes takes the next unit, so fast and slow devices
-both stay busy), it alone writes OUT (with the usual crash-safe commit), and it retries the unit
-of an actor that died on another actor -- Ray's own restarts and task retries are off, because a
-retried task could deliver a unit twice.  The writer ignores an item it already stored anyway.
-Each actor decodes and encodes its unit with the same :class:`~mimi_extract.engines.device.DeviceRunner`
-as a local device (decoding inside the actor, next to its device).
+both stay busy), it alone commits to OUT (holding its lock: the usual crash-safe commit), and it
+retries the unit of an actor that died on another actor -- Ray's own restarts and task retries are
+off, because a retried task could deliver a unit twice.  The writer refuses an item it already
+stored anyway.  Each actor decodes and encodes its unit with the same
+:class:`~mimi_extract.engines.device.DeviceRunner` as a local device (decoding inside the actor,
+next to its device).
 
-A unit's frame chunks come back as one list per unit (each item whole); the outputs of a long file are held by its actor
-until the file is done (codes: 200 bytes per audio second; features: 25.6 KB).
+An actor that sees OUT's run directory (the same machine, or a shared file system: its
+:class:`~mimi_extract.store.writer.ShardSpec` probe) builds and writes the shards of its unit's
+items itself, as a local device worker does (:class:`~mimi_extract.store.writer.WorkerShards`),
+and returns their rows for the driver to commit: the bytes of a run no longer pass through the
+driver.  An actor on a machine that does not see it returns its unit's outputs, each item whole,
+and the driver writes them.  Pieces of a split recording (stitched from several actors) and error
+rows always go to the driver.  The outputs of a long file are held by its actor until the file is
+done (codes: 200 bytes per audio second; features: 25.6 KB).
 """
 
 from __future__ import annotations
@@ -17,11 +24,15 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import itertools
 import threading
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 from .plan import WorkUnit
 from ..config.settings import Settings
+from ..store.files import OutputError
+from ..store.manifest import ManifestRow, item_attrs
+from ..store.writer import PreparedShard, ShardSpec, WorkerShards
 from .assembly import Assembler
 from .base import Engine, FrameChunk, Stats
 from .device import DeviceRunner
@@ -34,21 +45,42 @@ os.environ.setdefault("RAY_SCHEDULER_EVENTS", "0")
 MAX_ATTEMPTS = 3
 
 
-class RayEncoder:
-    """A Ray actor: one device's model and runner; ``encode(unit)`` returns the unit's items, whole."""
+@dataclass
+class RayResult:
+    """What an actor returns for a unit: ``shards`` it wrote itself (rows and names only, for the
+    driver to commit), ``chunks`` for the driver to store (every whole item when the actor does not
+    write, else the pieces of split recordings and the errors), its ``stats``; ``output``: the
+    message of an :class:`OutputError` (a full disk) writing its shards; ``writes``: whether it
+    writes shards itself."""
 
-    def __init__(self, settings: Settings, device: str, threads: int | None):
+    chunks: list[FrameChunk]
+    stats: Stats
+    shards: list[PreparedShard] = field(default_factory=list)
+    output: str | None = None
+    writes: bool = False
+    held: list[str] = field(default_factory=list)  # uids in its open shard (written at a later unit or ``flush``)
+    pid: int = field(default_factory=os.getpid)  # the actor's process
+
+
+class RayEncoder:
+    """A Ray actor: one device's model and runner; ``encode(unit)`` returns a :class:`RayResult`.
+    ``spec``: where it writes its units' shards itself, if it sees the run directory (``worker``:
+    its number, unique in the run, which keeps its provisional shard names its own)."""
+
+    def __init__(self, settings: Settings, device: str, threads: int | None, spec: ShardSpec | None = None,
+                 worker: int = 0):
         import torch
 
         if threads:
             torch.set_num_threads(threads)
         self.settings = settings
         self.runner = DeviceRunner(self.settings, device)
+        self.shards = WorkerShards(spec, worker) if spec is not None and spec.reachable() else None
 
     def pid(self) -> int:
         return os.getpid()
 
-    def encode(self, unit: WorkUnit) -> tuple[list[FrameChunk], Stats]:
+    def encode(self, unit: WorkUnit) -> RayResult:
         assembler = Assembler(join_pieces=False)  # whole pieces back: a split recording's others are elsewhere
         wholes: list[FrameChunk] = []
         todo = iter([unit])
@@ -59,7 +91,35 @@ class RayEncoder:
                 wholes.append(whole)
 
         self.runner.run(lambda block=True: next(todo, None), collect, threading.Event())
-        return wholes, self.runner.stats
+        if self.shards is None:
+            return RayResult(wholes, self.runner.stats)
+        try:
+            return self._store(wholes)
+        except OutputError as e:
+            self.shards.abort()
+            return RayResult([], self.runner.stats, output=str(e), writes=True)
+
+    def flush(self) -> RayResult:
+        """Write the open shard (the driver asks an idle actor once no unit is left to hand out)."""
+        try:
+            return RayResult([], Stats(), self.shards.flush() if self.shards is not None else [], writes=True)
+        except OutputError as e:
+            self.shards.abort()
+            return RayResult([], Stats(), output=str(e), writes=True)
+
+    def _store(self, wholes: list[FrameChunk]) -> RayResult:
+        """The unit's whole items into this actor's shards; the shards they closed, written, and the
+        items its open shard holds (as a local device worker, its shards fill across units)."""
+        chunks, ready = [], []
+        for whole in wholes:
+            item = whole.item
+            if item.piece is not None or whole.error is not None:
+                chunks.append(whole)
+            else:
+                ready += self.shards.add(item.uid, item.key, whole.data,
+                                         ManifestRow.for_item(item, whole.warnings, whole.fidelity),
+                                         item_attrs(item), whole.seconds)
+        return RayResult(chunks, self.runner.stats, ready, writes=True, held=self.shards.held)
 
 
 class RayEngine(Engine):
@@ -105,6 +165,7 @@ class RayEngine(Engine):
             self.device = "cpu"
             self.options = dict(num_cpus=self.threads)
         self.plan_settings = replace(settings, devices=(self.device,) * self.actors)
+        self.driver_writes = False  # (noted once: an actor that cannot write OUT's shards itself)
 
     def long_group(self) -> int:
         """A step's rows of long items per unit: each actor streams a unit's items side by side."""
@@ -122,30 +183,35 @@ class RayEngine(Engine):
             _reaper.stop(self.reaper)
             self.reaper = None
 
-    def run(self, units: list[WorkUnit], stop: threading.Event, model=None, shards=None):  # (the caller writes)
+    def run(self, units: list[WorkUnit], stop: threading.Event, model=None, shards: ShardSpec | None = None):
+        """``shards``: actors that see the run directory write the shards of their items themselves
+        and this yields each as a :class:`~mimi_extract.store.writer.PreparedShard` for the caller to
+        commit; everything else as frame chunks (the caller writes)."""
         ray = self.ray
         from ray.exceptions import RayActorError, RayTaskError
 
         remote = ray.remote(max_restarts=0, max_task_retries=0, **self.options)(RayEncoder)
         settings = self.plan_settings
-        queue = collections.deque(units)
-        attempts: collections.Counter = collections.Counter()
-        pending: dict = {}  # ref -> (slot, generation, unit)
+        spec = shards.with_probe() if shards is not None else None
+        book = _Book(units)
+        pending: dict = {}  # ref -> (slot, generation, unit; None: a flush)
         actors: dict[int, object] = {}
         generation: collections.Counter = collections.Counter()
+        workers = itertools.count()  # each actor started its own number: its provisional shard names its own
         replacements = 0
 
         def submit(slot: int) -> None:
             busy = sum(1 for s, g, _ in pending.values() if s == slot and g == generation[slot])
-            while queue and slot in actors and busy < 2 and not stop.is_set():  # one running, one queued
-                unit = queue.popleft()
-                attempts[unit.index] += 1
+            while book.queue and slot in actors and busy < 2 and not stop.is_set():  # one running, one queued
+                unit = book.take()
                 pending[actors[slot].encode.remote(unit)] = (slot, generation[slot], unit)
                 busy += 1
+            if not book.queue and not busy and book.held.get(slot) and not stop.is_set():  # idle: write its shard
+                pending[actors[slot].flush.remote()] = (slot, generation[slot], None)
 
         def start(slot: int) -> None:
             generation[slot] += 1
-            actors[slot] = remote.remote(settings, self.device, self.threads)
+            actors[slot] = remote.remote(settings, self.device, self.threads, spec, next(workers))
             submit(slot)
 
         try:
@@ -157,34 +223,89 @@ class RayEngine(Engine):
                     continue
                 slot, gen, unit = pending.pop(ready[0])
                 try:
-                    wholes, stats = ray.get(ready[0])
+                    result = ray.get(ready[0])
                 except RayActorError as e:
                     if getattr(e, "actor_init_failed", False):
                         raise RuntimeError(f"a Ray actor failed to start: {str(e).splitlines()[0]}") from e
-                    if attempts[unit.index] >= MAX_ATTEMPTS:
-                        for item in unit.items:
-                            yield FrameChunk(item, None, True, True, item.samples / 24_000,
-                                        f"the Ray actor died {MAX_ATTEMPTS} times encoding this item's work unit")
-                    else:
-                        queue.appendleft(unit)  # the driver retries: nothing of it was written
                     if gen == generation[slot] and slot in actors:
                         ray.kill(actors.pop(slot), no_restart=True)
                         self.notes.append(f"Ray actor {slot} died ({type(e).__name__}); its work unit was handed "
                                           "to another actor")
+                        yield from book.again(book.held.pop(slot, ()), f"the Ray actor died {MAX_ATTEMPTS} times "
+                                              "encoding this item's work unit")  # (its open shard: never committed)
                         if replacements < 2 * self.actors:
                             replacements += 1
                             start(slot)
+                    if unit is not None:
+                        yield from book.again([it.uid for it in unit.items], f"the Ray actor died {MAX_ATTEMPTS} "
+                                              "times encoding this item's work unit")  # (nothing of it committed)
                     for s in list(actors):
                         submit(s)
-                    if not actors and queue:
+                    if not actors and book.queue:
                         raise RuntimeError("every Ray actor died and no more replacements are started")
                     continue
                 except RayTaskError as e:
                     raise RuntimeError(f"a Ray actor failed:\n{e}") from e
-                self.stats.add(stats)
-                yield from wholes
-                submit(slot)
+                book.held[slot] = set(result.held)
+                yield from self._delivered(result, spec, book)
+                for s in list(actors):
+                    submit(s)
         finally:  # killing the actors ends their tasks in flight (ray.cancel(force=True) refuses actor tasks)
             for actor in actors.values():
                 ray.kill(actor, no_restart=True)
             self.close()
+
+    def _delivered(self, result: RayResult, spec: ShardSpec | None, book: _Book):
+        """A result: its shards to commit (one the writer refuses, for an item stored already, has
+        its other items encoded again), then its chunks."""
+        self.stats.add(result.stats)
+        if result.output is not None:
+            raise OutputError(result.output)
+        if spec is not None and not result.writes and not self.driver_writes:
+            self.driver_writes = True
+            self.notes.append("a Ray actor does not see OUT's run directory (another machine, no shared file "
+                              "system): the driver writes its items")
+        for shard in result.shards:
+            yield shard  # (committed by the caller, or refused, by the time it returns)
+            if shard.committed:
+                book.stored.update(shard.uids)
+            else:  # (never seen: a unit is delivered once; as the local engine does, its items not stored again)
+                yield from book.again(shard.uids, f"the driver refused this item's shard {MAX_ATTEMPTS} times")
+        for chunk in result.chunks:
+            if chunk.error is None and chunk.item.piece is None:
+                book.stored.add(chunk.item.uid)
+            yield chunk
+
+
+class _Book:
+    """A Ray run's units: the queue, each unit's attempts, the items stored (delivered to the
+    caller), and the items each actor holds in its open shard (``held``, by slot: a dead actor's go
+    again)."""
+
+    def __init__(self, units: list[WorkUnit]):
+        self.units = units
+        self.queue: collections.deque[WorkUnit] = collections.deque(units)
+        self.attempts: collections.Counter = collections.Counter()
+        self.unit_of = {it.uid: u for u in units for it in u.items}
+        self.stored: set[str] = set()
+        self.held: dict[int, set[str]] = {}
+
+    def take(self) -> WorkUnit:
+        unit = self.queue.popleft()
+        self.attempts[unit.index] += 1
+        return unit
+
+    def again(self, uids, error: str):
+        """The items ``uids`` not stored yet, as their units (those items only) to the front of the
+        queue; a unit tried ``MAX_ATTEMPTS`` times gives its items as error rows instead."""
+        lost: dict[int, set[str]] = collections.defaultdict(set)
+        for uid in uids:
+            if uid not in self.stored and uid in self.unit_of:
+                lost[self.unit_of[uid].index].add(uid)
+        for unit in reversed([u for u in self.units if u.index in lost]):
+            items = [it for it in unit.items if it.uid in lost[unit.index]]
+            if self.attempts[unit.index] < MAX_ATTEMPTS:
+                self.queue.appendleft(replace(unit, items=items))
+                continue
+            for item in items:
+                yield FrameChunk(item, None, True, True, item.samples / 24_000, error)

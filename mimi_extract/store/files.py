@@ -25,8 +25,10 @@ PART_RE = re.compile(r"part-(\d+)-of-(\d+)$")
 SEGMENTS = "manifest.d"
 SEGMENT_RE = re.compile(r"g(\d+)-(\d+)\.jsonl")
 # the run directory's own temporary names (a format's are its file names + ".tmp"; a user's own *.tmp files are theirs)
-# (README.md: Parquet's dataset card; megatron-data-args.txt: the Megatron format's blend: Format.out_files)
-TMP_RE = re.compile(r"(manifest\.jsonl|run\.json|plan\.json|stats\.json|cuts\.jsonl\.gz|README\.md|megatron-data-args\.txt)"
+# (README.md: Parquet's dataset card; megatron-data-args.txt: the Megatron format's blend: Format.out_files;
+# seen.<hex>: a ShardSpec's probe, which tells a Ray actor whether it sees this directory)
+TMP_RE = re.compile(r"(manifest\.jsonl|run\.json|plan\.json|stats\.json|cuts\.jsonl\.gz|README\.md|megatron-data-args\.txt"
+                    r"|seen\.[0-9a-f]{32})"
                     r"\.tmp$")
 
 

@@ -12,6 +12,7 @@ and (3) leaves rows naming a missing shard: on resume both are dropped and re-en
 from __future__ import annotations
 
 import os
+import uuid
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -133,6 +134,21 @@ class ShardSpec:
     file_attrs: dict
     max_items: int
     max_bytes: int
+    probe: str | None = None  # a file only this run directory holds (:meth:`with_probe`)
+
+    def with_probe(self) -> ShardSpec:
+        """This spec with a probe: an empty file of a random temporary name written in the run
+        directory (removed with the run's other temporaries).  A worker on another machine (a Ray
+        actor) may see a folder of the same path on its own disk, or none; only one that sees the
+        probe writes shards here (:meth:`reachable`), the others hand their items to the lock holder."""
+        name = f"seen.{uuid.uuid4().hex}.tmp"
+        write_file(os.path.join(self.run_dir, name), b"")
+        return replace(self, probe=name)
+
+    def reachable(self) -> bool:
+        """Whether this process sees the run directory itself (its probe), not another machine's
+        folder of the same path."""
+        return self.probe is None or os.path.exists(os.path.join(self.run_dir, self.probe))
 
 
 @dataclass
@@ -245,6 +261,11 @@ class WorkerShards(_Filling):
         uids, seconds = self._uids, self._seconds
         self._uids, self._seconds = [], 0.0
         self._ready.append(PreparedShard(name, write_tmp_files(self.run_dir, files), rows, uids, seconds))
+
+    @property
+    def held(self) -> list[str]:
+        """The work items its open shard holds (not written yet)."""
+        return list(self._uids)
 
     def flush(self) -> list[PreparedShard]:
         """The open shard, written (a worker about to wait for work, or at its end)."""

@@ -74,10 +74,10 @@ def test_plan_costs_follow_the_codecs_and_the_machine(corpus):
     assert report["parts"]["count"] == math.ceil(report["hours"] / 0.001)
     fast = plan_json(corpus, "--cores", 400, "--gpus", 8, "--gpu-rate", 20_000)["estimates"]["gpu"]
     # every device worker writes its own shards: the machine is GPUs x the per-GPU rate, no writer's cap;
-    # a Ray run's driver still stores every item, and its cap is said beside
+    # Ray actors on machines that do not see OUT hand their items to the driver: its cap is said beside
     assert fast["bound"] == "GPU" and fast["x_real_time"] == 8 * 20_000
     assert fast["ray_x_real_time"] == rates.WRITER_X["hdf5"] < fast["x_real_time"]
-    assert "with --engine ray its driver" in cli("plan", corpus, "--cores", 400, "--gpus", 8, "--gpu-rate", 20_000).text
+    assert "Ray actors on machines that do not see OUT's folder" in cli("plan", corpus, "--cores", 400, "--gpus", 8, "--gpu-rate", 20_000).text
     assert plan_json(corpus)["estimates"]["H100"] == {"x_real_time": None, "measured": False, "hours": None}
     text = cli("plan", corpus).text
     assert "4 items, 1 unreadable" in text and "unmeasured" in text and "cores for this corpus" in text

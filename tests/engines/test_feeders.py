@@ -14,7 +14,7 @@ from mimi_extract.config.settings import feeders_per_gpu
 def test_feeders_per_gpu_from_cores_and_gpus(monkeypatch):
     monkeypatch.setattr(rates, "TARGET_X", 20_000)
     monkeypatch.setattr(rates, "PROCESS_X", 7_000)
-    monkeypatch.setattr(rates, "WRITER_X", {"hdf5": 12_000})  # the Ray driver's: no longer the local engine's cap
+    monkeypatch.setattr(rates, "WRITER_X", {"hdf5": 12_000})  # (a Ray driver's, for actors that do not see OUT): not the local engine's cap
     assert feeders_per_gpu(1, cores=16) == 3  # 20,000x / 7,000x per process
     assert feeders_per_gpu(1, cores=4) == 2  # half the cores at most: 2 each
     assert feeders_per_gpu(1, cores=2) == 1

@@ -3,8 +3,8 @@
 
 import os
 import signal
-import subprocess
 import threading
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -13,6 +13,8 @@ pytest.importorskip("ray")
 
 from support import extract  # noqa: E402
 from mimi_extract.config.settings import Settings  # noqa: E402
+from mimi_extract.engines.ray import RayEngine  # noqa: E402
+from mimi_extract.store.writer import ShardSpec, ShardWriter  # noqa: E402
 from support import check_consistency  # noqa: E402
 from support import write_noise  # noqa: E402
 from support.waits import wait_for  # noqa: E402
@@ -40,37 +42,77 @@ def ray_settings(model_dir):
     return Settings(model=model_dir, tap="codes", num_workers=1, chunk_seconds=2, engine="ray", ray_cpu_actors=2)
 
 
+def driver_writes(monkeypatch) -> dict[str, list]:
+    """What the driver's writer is given: whole items to store itself (``add``), shards the actors
+    wrote (``commit_prepared``)."""
+    seen: dict[str, list] = {"add": [], "prepared": []}
+    add, prepared = ShardWriter.add, ShardWriter.commit_prepared
+
+    def spy_add(self, key, *args, **kwargs):
+        seen["add"].append(key)
+        return add(self, key, *args, **kwargs)
+
+    def spy_prepared(self, shard):
+        seen["prepared"].append(shard.name)
+        return prepared(self, shard)
+
+    monkeypatch.setattr(ShardWriter, "add", spy_add)
+    monkeypatch.setattr(ShardWriter, "commit_prepared", spy_prepared)
+    return seen
+
+
 @pytest.mark.slow
-def test_ray_engine_equals_in_process(corpus60, tiny_model_dir, in_process, ray_cluster, tmp_path):
+def test_ray_engine_equals_in_process(corpus60, tiny_model_dir, in_process, ray_cluster, tmp_path, monkeypatch):
+    """The actors (on this machine: they see OUT) write their shards themselves; the driver commits
+    them (every item here whole: the driver stores only pieces of split recordings and error rows)."""
     out = str(tmp_path / "out")
+    seen = driver_writes(monkeypatch)
     summary = extract(corpus60, out, ray_settings(tiny_model_dir))
     # threads per actor: the cluster's CPUs (the session cluster's logical CPUs) / 2 actors
     threads = max(1, int(ray_cluster.cluster_resources()["CPU"]) // 2)
     assert summary.ok == 61 and summary.engine == f"2 Ray actors on CPU ({threads} threads each)"
+    assert seen["add"] == [] and seen["prepared"], seen
+    assert not any("driver writes" in n for n in summary.engine_notes), summary.engine_notes
     got = check_consistency(out, in_process.keys())
     assert all(np.array_equal(got[k], in_process[k]) for k in in_process)
 
 
 @pytest.mark.slow
-def test_ray_actor_killed_mid_run(corpus60, tiny_model_dir, in_process, ray_cluster, tmp_path):
+def test_ray_actors_that_do_not_see_out_hand_their_items_to_the_driver(corpus60, tiny_model_dir, in_process,
+                                                                      ray_cluster, tmp_path, monkeypatch):
+    """An actor on a machine without OUT's folder (here: a probe no actor can see, as on another
+    machine's disk) writes nothing there; the driver stores its items, with the same result."""
+    out = str(tmp_path / "out")
+    seen = driver_writes(monkeypatch)
+    monkeypatch.setattr(ShardSpec, "with_probe", lambda spec: replace(spec, probe=f"seen.{'0' * 32}.tmp"))
+    summary = extract(corpus60, out, ray_settings(tiny_model_dir))
+    assert summary.ok == 61 and sorted(seen["add"]) == sorted(in_process) and not seen["prepared"], seen
+    assert any("does not see OUT's run directory" in n for n in summary.engine_notes), summary.engine_notes
+    got = check_consistency(out, in_process.keys())
+    assert all(np.array_equal(got[k], in_process[k]) for k in in_process)
+
+
+@pytest.mark.slow
+def test_ray_actor_killed_mid_run(corpus60, tiny_model_dir, in_process, ray_cluster, tmp_path, monkeypatch):
+    """kill -9 of an actor right after it returned a unit whose items it still holds in its open shard
+    (not written: shards fill across units), while it has the next unit in hand: both are encoded
+    again by the others, nothing lost, nothing stored twice."""
     out = str(tmp_path / "out")
     done, killed = [], []
+    delivered = RayEngine._delivered
 
     def progress(items, seconds, errors):
         done.append(items)
 
-    def killer():
-        wait_for(lambda: sum(done) >= 10, "10 items done", poll=0.05)
-        pids = subprocess.run(["pgrep", "-f", "ray::RayEncoder"], capture_output=True, text=True).stdout.split()
-        if pids:
-            os.kill(int(pids[0]), signal.SIGKILL)
-            killed.append(int(pids[0]))
+    def kill_a_holder(self, result, spec, book):
+        if result.held and not killed:
+            os.kill(result.pid, signal.SIGKILL)
+            killed.append(len(result.held))
+        yield from delivered(self, result, spec, book)
 
-    thread = threading.Thread(target=killer)
-    thread.start()
+    monkeypatch.setattr(RayEngine, "_delivered", kill_a_holder)
     summary = extract(corpus60, out, ray_settings(tiny_model_dir), shard_size=5, on_progress=progress)
-    thread.join()
-    assert killed, "no actor to kill"
+    assert killed, "no actor held items"
     assert sum(done) == 61, done  # every item reported once, though one actor died mid-run
     assert any("died" in n for n in summary.engine_notes), summary.engine_notes
     got = check_consistency(out, in_process.keys())  # nothing lost, nothing twice
@@ -101,17 +143,19 @@ def test_ray_interrupted_then_resumed(corpus60, tiny_model_dir, in_process, ray_
 
 
 @pytest.mark.slow
-def test_ray_driver_killed_takes_its_private_cluster(corpus60, tiny_model_dir, tmp_path):
-    """kill -9 of a driver that started a private local cluster: every process of that cluster
-    (GCS, raylet, workers, and Ray's dashboard and runtime-env agents, which Ray itself leaves
-    running for good) is gone within seconds, killed by the reaper the driver started."""
+def test_ray_driver_killed_takes_its_private_cluster(corpus60, tiny_model_dir, in_process, ray_cluster, tmp_path):
+    """kill -9 of a driver that started a private local cluster, mid-run (shards committed, two
+    actors writing their own): every process of that cluster (GCS, raylet, workers, and Ray's
+    dashboard and runtime-env agents, which Ray itself leaves running for good) is gone within
+    seconds, killed by the reaper the driver started; a resume then completes OUT exactly."""
     import ray  # noqa: F401  (its bundled psutil)
     import psutil
 
     from support import cli_process
 
-    driver = cli_process("codes", corpus60, tmp_path / "out", "--model", tiny_model_dir, "--device", "cpu",
-                         "--engine", "ray", "--ray-cpu-actors", 1, "--chunk-seconds", 2, start_new_session=True)
+    out = tmp_path / "out"
+    driver = cli_process("codes", corpus60, out, "--model", tiny_model_dir, "--device", "cpu", "--engine", "ray",
+                         "--ray-cpu-actors", 2, "--chunk-seconds", 2, "--shard-size", 3, start_new_session=True)
     tree: dict[int, tuple[float, str]] = {}
 
     def look():
@@ -127,7 +171,11 @@ def test_ray_driver_killed_takes_its_private_cluster(corpus60, tiny_model_dir, t
         names = " ".join(cmd for _, cmd in tree.values())
         return all(n in names for n in ("RayEncoder", "DashboardAgent", "RuntimeEnvAgent"))
 
-    wait_for(started, "the private cluster's processes", poll=0.2)
+    def committed():
+        rows = out / "manifest.jsonl"
+        return rows.exists() and len(rows.read_bytes().splitlines()) >= 3
+
+    wait_for(lambda: started() and committed(), "the private cluster's processes and a committed shard", poll=0.2)
     names = " ".join(cmd for _, cmd in tree.values())
     assert "RayEncoder" in names and "DashboardAgent" in names and "RuntimeEnvAgent" in names, names
     os.kill(driver.pid, signal.SIGKILL)
@@ -157,3 +205,8 @@ def test_ray_driver_killed_takes_its_private_cluster(corpus60, tiny_model_dir, t
         except psutil.Error:
             pass
     assert not left, left
+    check_consistency(str(out), killed=True)  # OUT as the kill left it: readable, every row's array right
+    again = extract(corpus60, str(out), ray_settings(tiny_model_dir), shard_size=3)
+    assert again.skipped >= 3 and again.skipped + again.ok == 61, (again.skipped, again.ok)
+    got = check_consistency(str(out), in_process.keys())  # nothing lost, nothing twice, no .tmp left
+    assert all(np.array_equal(got[k], in_process[k]) for k in in_process)

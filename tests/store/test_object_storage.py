@@ -189,21 +189,26 @@ def test_s3_out_resumes_after_an_interruption_on_another_machine(fmt, s3, shards
     same_outputs(pulled(url, str(tmp_path / "final")), local)
 
 
-@pytest.mark.parametrize("fmt", ["hdf5", pytest.param("shar", marks=pytest.mark.slow)])
-def test_s3_out_written_by_several_workers_resumes_to_the_whole_result(fmt, s3, shards, tiny_model_dir, tmp_path,  # noqa: F811
-                                                                       monkeypatch):
-    """OUT on s3:// written by two device workers (each builds and writes its own shards in the
-    staging, the runner commits and mirrors them): interrupted part-way, the remote holds only
-    committed shards (no worker's temporary); resumed from another machine's empty staging, it
-    is, bit for bit, what a local one-process run writes."""
+@pytest.mark.parametrize("fmt,engine", [("hdf5", "processes"), pytest.param("shar", "processes", marks=pytest.mark.slow),
+                                        pytest.param("hdf5", "ray", marks=pytest.mark.slow)])
+def test_s3_out_written_by_several_workers_resumes_to_the_whole_result(fmt, engine, s3, shards, tiny_model_dir,  # noqa: F811
+                                                                       tmp_path, monkeypatch, request):
+    """OUT on s3:// written by two device workers, or two Ray actors (each builds and writes its own
+    shards in the staging, the runner commits and mirrors them): interrupted part-way, the remote
+    holds only committed shards (no worker's temporary); resumed from another machine's empty
+    staging, it is, bit for bit, what a local one-process run writes."""
     if fmt == "shar":
         pytest.importorskip("lhotse")
     monkeypatch.setenv("MIMI_EXTRACT_STAGING", str(tmp_path / "staging"))
     local = str(tmp_path / "local")
     options = Options(id_field="id")
     assert extract(shards, local, settings(tiny_model_dir, format=fmt), shard_size=1, options=options).ok == len(FILES)
-    two = settings(tiny_model_dir, format=fmt, devices=("cpu", "cpu"))
-    url = f"s3://{BUCKET}/out-two-{fmt}"
+    if engine == "ray":
+        request.getfixturevalue("ray_cluster")
+        two = settings(tiny_model_dir, format=fmt, engine="ray", ray_cpu_actors=2)
+    else:
+        two = settings(tiny_model_dir, format=fmt, devices=("cpu", "cpu"))
+    url = f"s3://{BUCKET}/out-two-{fmt}-{engine}"
     with pytest.raises(KeyboardInterrupt):
         extract(shards, url, two, shard_size=1, options=options, on_progress=interrupt_after_items(2))
     names = remote_names(s3, url)
