@@ -15,7 +15,7 @@ from support import extract  # noqa: E402
 from mimi_extract.config.settings import Settings  # noqa: E402
 from support import check_consistency  # noqa: E402
 from support import write_noise  # noqa: E402
-from support.waits import wait_for  # noqa: E402
+from support.waits import read_until, wait_for  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +104,9 @@ def test_ray_interrupted_then_resumed(corpus60, tiny_model_dir, in_process, ray_
 def test_ray_driver_killed_takes_its_private_cluster(corpus60, tiny_model_dir, tmp_path):
     """kill -9 of a driver that started a private local cluster: every process of that cluster
     (GCS, raylet, workers, and Ray's dashboard and runtime-env agents, which Ray itself leaves
-    running for good) is gone within seconds, killed by the reaper the driver started."""
+    running for good) is gone within seconds, killed by the reaper the driver started.  The private
+    cluster has every core of the machine, its one actor all of them (the plan line, printed
+    before the actors start)."""
     import ray  # noqa: F401  (its bundled psutil)
     import psutil
 
@@ -112,6 +114,7 @@ def test_ray_driver_killed_takes_its_private_cluster(corpus60, tiny_model_dir, t
 
     driver = cli_process("codes", corpus60, tmp_path / "out", "--model", tiny_model_dir, "--device", "cpu",
                          "--engine", "ray", "--ray-cpu-actors", 1, "--chunk-seconds", 2, start_new_session=True)
+    plan = read_until(driver.stdout, "to encode", "the driver's plan line")[-1]  # (one line: never wrapped)
     tree: dict[int, tuple[float, str]] = {}
 
     def look():
@@ -157,3 +160,6 @@ def test_ray_driver_killed_takes_its_private_cluster(corpus60, tiny_model_dir, t
         except psutil.Error:
             pass
     assert not left, left
+    from mimi_extract.config.settings import cpu_cores
+
+    assert f"1 Ray actors on CPU ({cpu_cores()} threads each)" in plan, plan
