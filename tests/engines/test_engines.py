@@ -102,9 +102,11 @@ def test_cpu_workers_are_forked_with_the_runners_model(tmp_path, tiny_model, tin
 def test_units_go_to_whichever_worker_is_free(tmp_path, tiny_model_dir):
     """Dynamic hand-out: worker 0 is frozen (SIGSTOP) from its start until 30 of 40 units are
     delivered, so worker 1 must have taken them; a static split would have left half of them
-    waiting for worker 0."""
+    waiting for worker 0.  The workers are forked with the model, as a CPU run's are (the hand-out
+    is the same for spawned ones; spawning is test_cpu_workers_are_forked_with_the_runners_model's)."""
     import signal
 
+    from mimi_extract.codec.model import load_model
     from mimi_extract.engines import ProcessEngine
 
     root = str(tmp_path / "in")
@@ -115,7 +117,8 @@ def test_units_go_to_whichever_worker_is_free(tmp_path, tiny_model_dir):
     units = plan_units(discover(root).items, settings.chunk_samples(), settings.step_seconds, settings.rows)
     assert len(units) == 40
     engine = ProcessEngine(settings)
-    engine.start()
+    engine.start(load_model(tiny_model_dir))
+    assert engine.start_method == "fork"
     frozen = engine.procs[0].pid
     os.kill(frozen, signal.SIGSTOP)
     thaw = threading.Timer(60, os.kill, (frozen, signal.SIGCONT))  # a static split would wait for it forever

@@ -17,7 +17,7 @@ from mimi_extract.engines.ray import RayEngine  # noqa: E402
 from mimi_extract.store.writer import ShardSpec, ShardWriter  # noqa: E402
 from support import check_consistency  # noqa: E402
 from support import write_noise  # noqa: E402
-from support.waits import wait_for  # noqa: E402
+from support.waits import read_until, wait_for  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -147,7 +147,9 @@ def test_ray_driver_killed_takes_its_private_cluster(corpus60, tiny_model_dir, i
     """kill -9 of a driver that started a private local cluster, mid-run (shards committed, two
     actors writing their own): every process of that cluster (GCS, raylet, workers, and Ray's
     dashboard and runtime-env agents, which Ray itself leaves running for good) is gone within
-    seconds, killed by the reaper the driver started; a resume then completes OUT exactly."""
+    seconds, killed by the reaper the driver started; a resume then completes OUT exactly.  The
+    private cluster has every core of the machine, shared by the two actors (the plan line, printed
+    before the actors start)."""
     import ray  # noqa: F401  (its bundled psutil)
     import psutil
 
@@ -156,6 +158,7 @@ def test_ray_driver_killed_takes_its_private_cluster(corpus60, tiny_model_dir, i
     out = tmp_path / "out"
     driver = cli_process("codes", corpus60, out, "--model", tiny_model_dir, "--device", "cpu", "--engine", "ray",
                          "--ray-cpu-actors", 2, "--chunk-seconds", 2, "--shard-size", 3, start_new_session=True)
+    plan = read_until(driver.stdout, "to encode", "the driver's plan line")[-1]  # (one line: never wrapped)
     tree: dict[int, tuple[float, str]] = {}
 
     def look():
@@ -205,6 +208,9 @@ def test_ray_driver_killed_takes_its_private_cluster(corpus60, tiny_model_dir, i
         except psutil.Error:
             pass
     assert not left, left
+    from mimi_extract.config.settings import cpu_cores
+
+    assert f"2 Ray actors on CPU ({max(1, cpu_cores() // 2)} threads each)" in plan, plan
     check_consistency(str(out), killed=True)  # OUT as the kill left it: readable, every row's array right
     again = extract(corpus60, str(out), ray_settings(tiny_model_dir), shard_size=3)
     assert again.skipped >= 3 and again.skipped + again.ok == 61, (again.skipped, again.ok)

@@ -45,22 +45,30 @@ def run(corpus, out, model_dir, *extra):
     return result.text
 
 
+@pytest.fixture(scope="module")
+def split_codes(corpus, tiny_model_dir, tmp_path_factory):
+    """The corpus's codes run split on 2 workers: its OUT and printed text (taken by the split test
+    and, as the uninterrupted result, by the kill -9 test)."""
+    out = tmp_path_factory.mktemp("split-codes") / "out"
+    return out, run(corpus, out, tiny_model_dir, "-q", 8)
+
+
 @pytest.mark.slow
-def test_split_codes_equal_the_single_item_reference(corpus, tiny_model, tiny_model_dir, tmp_path):
+def test_split_codes_equal_the_single_item_reference(corpus, tiny_model, tiny_model_dir, split_codes, tmp_path):
     """24, 16 (decoded from the start and dropped up to the piece) and 44.1 kHz (resampled the
     same way) recordings split on 2 workers: codes identical to transformers' encode of each file
     alone, and to an unsplit run; short files untouched.  With one full chunk per step (the CPU
     default) there are only 2 lanes and nothing here is longer than half the run: not split."""
-    text = run(corpus, tmp_path / "split", tiny_model_dir, "-q", 8)
+    split, text = split_codes
     assert "split 3 long recording(s) into" in text, text
     run(corpus, tmp_path / "whole", tiny_model_dir, "-q", 8, "--no-split")
-    check_consistency(str(tmp_path / "split"))
+    check_consistency(str(split))
     default = cli("codes", corpus, tmp_path / "default", "--model", tiny_model_dir, "-q", 8, "--device", "cpu",
                   "--cpu-workers", 2, "--num-workers", 1)
     assert default.exit_code == 0 and "long recording(s) into" not in default.text, default.text
     for name in [*RATES, "short0.wav"]:
         ref = reference_single(tiny_model, load(os.path.join(corpus, name)), 8)["codes"].numpy()
-        got = read(tmp_path / "split", name)
+        got = read(split, name)
         assert got.shape == ref.shape and np.array_equal(got, ref), name
         assert np.array_equal(read(tmp_path / "whole", name), got), name
 
@@ -103,12 +111,11 @@ def _framing(name):
 
 
 @pytest.mark.slow
-def test_kill_9_mid_split_item_then_resume(corpus, tiny_model_dir, tmp_path):
+def test_kill_9_mid_split_item_then_resume(corpus, tiny_model_dir, split_codes, tmp_path):
     """kill -9 while the split recordings' pieces are spread over the workers (a random few ms after
     the first commit, however fast the machine; the run must still be going): OUT is consistent, no
     recording is stored in part, and the resume equals an uninterrupted run exactly."""
-    reference = tmp_path / "reference"
-    run(corpus, reference, tiny_model_dir, "-q", 8)
+    reference, _ = split_codes
     expected = {r["key"]: read(reference, r["key"]) for r in read_manifest(reference)}
     out = str(tmp_path / "out")
     proc = cli_process("codes", corpus, out, "--model", tiny_model_dir, "-q", 8, "--device", "cpu", "--cpu-workers", 2,

@@ -41,8 +41,9 @@ def ray_cluster():
     Ray Data): the engine uses an initialised Ray and leaves it running, so the seconds of a cluster
     start are paid once per session, not once per test.  4 logical CPUs: Ray Data's two 1-CPU actors
     must leave room for its read and write tasks (else they wait forever).  The engine's own private
-    cluster (started, reaped, shut down by the run) stays tested through CLI subprocesses:
-    ``test_ray_driver_killed_takes_its_private_cluster`` and ``test_hangs``' ray engine."""
+    cluster (started, reaped, shut down by the run, every core of the machine) stays tested through a
+    CLI subprocess: ``test_ray_driver_killed_takes_its_private_cluster``; every other Ray test shares
+    this one (a cluster start costs seconds of CPU in Ray's own daemons, outside pytest's rusage)."""
     import logging
 
     ray = pytest.importorskip("ray")

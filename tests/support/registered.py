@@ -43,7 +43,6 @@ FORMAT_TESTS = {
                                "test_a_damaged_footer_or_superblock_is_a_damaged_error_naming_out_shard_and_key",
                                "break_open"),
     "kill_9": RegistryTest(_INTEGRITY_PY, "test_kill_9_at_random_points_then_resume", "kill_check"),
-    "kill_9_writers": RegistryTest(_INTEGRITY_PY, "test_kill_9_with_several_writers_mid_commit"),
     "worker_shards": RegistryTest(_WORKERS_PY, "test_two_workers_shards_and_the_runners_own_commit_into_one_out"),
     "worker_tmp_files": RegistryTest(_WORKERS_PY, "test_resume_removes_what_a_killed_worker_wrote"),
     "training_batches": RegistryTest(_TRAINING_PY, "test_out_dataset_and_pad_collate_in_workers"),
@@ -130,12 +129,8 @@ def _flip_megatron(out: str, row: dict) -> list[str]:
 
 FORMATS: dict[str, FormatCase] = {
     "hdf5": FormatCase(flip_item=_flip_hdf5, break_open=lambda path: flip_byte(path, 1)),  # the superblock's signature
-    "parquet": FormatCase(flip_item=_flip_parquet_page, break_open=lambda path: flip_byte(path, os.path.getsize(path) - 2),
-                          skip={  # (break_open: the footer's magic)
-        "kill_9_writers": Skip("its shard is one file with no companion, as HDF5's: the several writers' commit order "
-                               "is the same (the test takes HDF5: one file; Shar: a companion, in a sub-folder; "
-                               "Megatron: two companions)"),
-    }),
+    # (break_open: the footer's magic)
+    "parquet": FormatCase(flip_item=_flip_parquet_page, break_open=lambda path: flip_byte(path, os.path.getsize(path) - 2)),
     "shar": FormatCase(flip_item=_flip_shar, kill_check=check_shar, skip={
         "unopenable": Skip("an item is read at its row's offset in the tar, which is never opened as a whole: no "
                            "byte of it stops one item's read but not another's (every byte of a shard is found: "
