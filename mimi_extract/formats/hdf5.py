@@ -56,6 +56,7 @@ def write_attrs(oid, values: dict) -> None:
     guessing, shape checks, an existence check: the object is new), which was a third of a codes
     item's writing (issue 40).  Values: strings, bools, ints and floats (what a run's and an item's
     attributes are)."""
+    scalar = h5s.create_simple(())  # (one dataspace for all of them: HDF5 copies it into each attribute)
     for name, value in values.items():
         if isinstance(value, str):
             raw = value.encode("utf-8", "surrogateescape")
@@ -67,7 +68,7 @@ def write_attrs(oid, values: dict) -> None:
             if array.ndim or array.dtype.kind not in "biuf":
                 raise TypeError(f"attribute {name!r}: {value!r} is not a string or a number")
             stored, memory = _numeric_types(array.dtype)
-        attr = h5a.create(oid, name.encode("utf-8"), stored, h5s.create_simple(()))
+        attr = h5a.create(oid, name.encode("utf-8"), stored, scalar)
         try:
             attr.write(array, mtype=memory)
         finally:
