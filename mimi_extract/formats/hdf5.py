@@ -93,9 +93,9 @@ def _string_types(size: int):
 def _dataset_plist(shape: tuple[int, ...], itemsize: int, track_order: bool):
     """The dataset creation property list h5py's ``create_dataset(data=..., fletcher32=True)`` makes
     for an array of ``shape`` (its ``filters.fill_dcpl`` and ``make_new_dset``): chunked by h5py's own
-    ``guess_chunk`` with the fletcher32 filter (an empty array: contiguous, no filter), no times, no
-    attributes' creation order as ``h5py.get_config().track_order`` says (False unless set).  Made
-    once per shape: a property list is only read by ``h5d.create``."""
+    ``guess_chunk`` with the fletcher32 filter (an empty array: contiguous, no filter), no times, the
+    attributes' creation order tracked only where ``h5py.get_config().track_order`` says so (False
+    unless set).  Made once per shape: a property list is only read by ``h5d.create``."""
     plist = h5p.create(h5p.DATASET_CREATE)
     if math.prod(shape):
         plist.set_chunk(guess_chunk(shape, None, itemsize))
