@@ -11,6 +11,7 @@ import os
 import sys
 import time
 
+import h5py
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -22,7 +23,14 @@ from mimi_extract.sources.keys import dataset_name  # noqa: E402
 FILE_ATTRS = {"tap": "codes", "model": "kyutai/mimi", "weights": "da6b0984e74bde55afe6b912", "framing": "transformers",
               "config_hash": "290392974bf177a3", "tool_version": "0.3.1", "dtype": "fp32",
               "layout": "[frames, num_quantizers]", "num_quantizers": 8, "frame_rate": 12.5, "sample_rate": 24000}
-WAYS = {"0.3.0 variable-length": lambda attrs, values: attrs.update(values), "0.3.1 fixed-length": hdf5.write_attrs}
+
+
+def variable_length(oid, values: dict) -> None:
+    """0.3.0's attributes: h5py's defaults (variable-length strings), on the object ``oid`` names."""
+    (h5py.File(oid) if isinstance(oid, h5py.h5f.FileID) else h5py.Dataset(oid)).attrs.update(values)
+
+
+WAYS = {"0.3.0 variable-length": variable_length, "0.3.1 fixed-length": hdf5.write_attrs}
 
 
 def build(write_attrs, arrays) -> tuple[float, int]:

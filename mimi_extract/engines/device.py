@@ -27,7 +27,7 @@ from ..audio.decoders import AudioError, seek_is_exact
 from ..audio.reader import AudioReader, PieceReader
 from ..audio.device import NativeChunk, NativeGroup, NativeReader, device_resamplable, resample_rows
 from ..codec.decoder import PaddedMimiDecoder
-from ..codec.encoder import PaddedMimiEncoder, frames_of, stored_array
+from ..codec.encoder import EncoderOutput, PaddedMimiEncoder, frames_of, stored_array
 from ..codec.fidelity import Fidelity, FidelityMeter
 from ..codec.model import load_model, prepare
 from ..audio.framing import Framing
@@ -449,15 +449,18 @@ class DeviceRunner:
             return self._encode(step.rows(list(range(half)))) + self._encode(step.rows(list(range(half, len(step.items)))))
         s = self.settings
         fidelity = self._fidelity(step, out) if self.decoder is not None else {}
+        # the step's outputs on the host in one copy per tap (not one per row: each a device sync),
+        # the rows' flags as Python values once (not a tensor index per row and use)
+        host = EncoderOutput({t: out.tensors[t].to("cpu") for t in self.taps}, {t: out.lengths[t].to("cpu") for t in self.taps})
+        fresh, ends, lengths = step.fresh.tolist(), step.final.tolist(), step.lengths.tolist()
         chunks = []
         for r, item in enumerate(step.items):
             if self.multi:
-                data = {t: self._own(item, t, frames_of(out, t, r), bool(step.fresh[r])).to("cpu") for t in self.taps}
+                data = {t: self._own(item, t, frames_of(host, t, r), fresh[r]) for t in self.taps}
             else:
-                data = stored_array(self._own(item, s.tap, frames_of(out, s.tap, r), bool(step.fresh[r])), s.tap,
-                                    s.feature_dtype)
-            final = bool(step.final[r])
-            chunks.append(FrameChunk(item, data, bool(step.fresh[r]), final, int(step.lengths[r]) / SAMPLE_RATE,
+                data = stored_array(self._own(item, s.tap, frames_of(host, s.tap, r), fresh[r]), s.tap, s.feature_dtype)
+            final = ends[r]
+            chunks.append(FrameChunk(item, data, fresh[r], final, lengths[r] / SAMPLE_RATE,
                                 warnings=self.decoder_warnings.pop(item.uid, None) if final else None,
                                 fidelity=fidelity.get(r)))
         self.stats.steps += 1

@@ -8,11 +8,15 @@ to the shared commit protocol, so h5py never writes to OUT (it segfaults on a fu
 
 from __future__ import annotations
 
+import functools
+import math
 import re
 import uuid
 
 import h5py
 import numpy as np
+from h5py import h5a, h5d, h5p, h5s, h5t
+from h5py._hl.filters import guess_chunk  # (h5py's chunk rule: the bytes must be what create_dataset writes)
 
 from ..common import remote
 from .base import Format, ShardBuilder
@@ -38,20 +42,70 @@ def open_hdf5(path: str) -> h5py.File:
     return f
 
 
-def write_attrs(attrs: h5py.AttributeManager, values: dict) -> None:
-    """Attributes with every string as a fixed-length UTF-8 string, not h5py's default variable-length
-    one. A variable-length string lives in HDF5's global heap, which has no checksum: one flipped byte
-    there made HDF5 loop forever reading the attribute (7 of the 11,780 byte flips of the demo shard),
-    so a resume or ``verify`` hung on that shard. A fixed-length string lives in the object header,
-    whose checksum turns every flip into an error (0 hangs, 0 silent changes in all 7,622 flips of
-    the same shard: docs/integrity.md). h5py reads them back as bytes; :func:`read_attrs` decodes."""
+def write_attrs(oid, values: dict) -> None:
+    """A new object's attributes (``oid``: its h5py object id, ``File.id`` or a dataset's), every
+    string as a fixed-length UTF-8 string, not h5py's default variable-length one. A variable-length
+    string lives in HDF5's global heap, which has no checksum: one flipped byte there made HDF5 loop
+    forever reading the attribute (7 of the 11,780 byte flips of the demo shard), so a resume or
+    ``verify`` hung on that shard. A fixed-length string lives in the object header, whose checksum
+    turns every flip into an error (0 hangs, 0 silent changes in all 7,622 flips of the same shard:
+    docs/integrity.md). h5py reads them back as bytes; :func:`read_attrs` decodes.
+
+    Written with the low-level calls h5py's ``attrs.create`` makes (the same type, space and value:
+    the same bytes, ``tests/formats/test_hdf5_build.py``), without its per-call Python (type
+    guessing, shape checks, an existence check: the object is new), which was a third of a codes
+    item's writing (issue 40).  Values: strings, bools, ints and floats (what a run's and an item's
+    attributes are)."""
+    scalar = h5s.create_simple(())  # (one dataspace for all of them: HDF5 copies it into each attribute)
     for name, value in values.items():
         if isinstance(value, str):
             raw = value.encode("utf-8", "surrogateescape")
             size = max(len(raw), 1)  # HDF5 has no zero-length string type
-            attrs.create(name, np.array(raw, dtype=f"S{size}"), dtype=h5py.string_dtype("utf-8", size))
+            stored, memory = _string_types(size)
+            array = np.array(raw, dtype=f"S{size}")
         else:
-            attrs[name] = value
+            array = np.asarray(value)
+            if array.ndim or array.dtype.kind not in "biuf":
+                raise TypeError(f"attribute {name!r}: {value!r} is not a string or a number")
+            stored, memory = _numeric_types(array.dtype)
+        attr = h5a.create(oid, name.encode("utf-8"), stored, scalar)
+        try:
+            attr.write(array, mtype=memory)
+        finally:
+            attr.close()
+
+
+@functools.lru_cache(maxsize=None)
+def _numeric_types(dtype: np.dtype):
+    """h5py's (stored, in-memory) HDF5 types of a numpy dtype (``h5t.py_create``, logical and
+    bit for bit, as ``attrs.create`` and ``create_dataset`` make them), made once per dtype."""
+    return h5t.py_create(dtype, logical=True), h5t.py_create(dtype)
+
+
+@functools.lru_cache(maxsize=4096)
+def _string_types(size: int):
+    """:func:`_numeric_types` of ``h5py.string_dtype("utf-8", size)``: a fixed-length UTF-8 string."""
+    dtype = h5py.string_dtype("utf-8", size)
+    return h5t.py_create(dtype, logical=True), h5t.py_create(dtype)
+
+
+@functools.lru_cache(maxsize=4096)
+def _dataset_plist(shape: tuple[int, ...], itemsize: int, track_order: bool):
+    """The dataset creation property list h5py's ``create_dataset(data=..., fletcher32=True)`` makes
+    for an array of ``shape`` (its ``filters.fill_dcpl`` and ``make_new_dset``): chunked by h5py's own
+    ``guess_chunk`` with the fletcher32 filter (an empty array: contiguous, no filter), no times, the
+    attributes' creation order tracked only where ``h5py.get_config().track_order`` says so (False
+    unless set).  Made once per shape: a property list is only read by ``h5d.create``."""
+    plist = h5p.create(h5p.DATASET_CREATE)
+    if math.prod(shape):
+        plist.set_chunk(guess_chunk(shape, None, itemsize))
+        plist.set_fletcher32()
+    plist.set_obj_track_times(False)
+    if track_order:
+        plist.set_attr_creation_order(h5p.CRT_ORDER_TRACKED | h5p.CRT_ORDER_INDEXED)
+    else:
+        plist.set_attr_creation_order(0)
+    return plist
 
 
 def read_attrs(attrs: h5py.AttributeManager) -> dict:
@@ -76,13 +130,23 @@ class HDF5Shard(ShardBuilder):
         # of 2-20 s codes, against 1.16x here and 1.19x for 1.8 contiguous datasets without a checksum)
         self._h5 = h5py.File(f"mem-{uuid.uuid4().hex}.h5", "w", driver="core", backing_store=False,
                              libver=("v110", "v110"))
-        write_attrs(self._h5.attrs, file_attrs)
+        write_attrs(self._h5.id, file_attrs)
 
     def add(self, key: str, data: np.ndarray, row: StoredRow, attrs: dict) -> dict:
-        # fletcher32: HDF5's own checksum of each chunk, verified by h5py (and lhotse) on every read;
-        # it needs a chunked layout, which an empty array cannot have
-        ds = self._h5.create_dataset(row.dataset, data=data, fletcher32=data.size > 0)
-        write_attrs(ds.attrs, {**attrs, "key": key})
+        """The item's dataset, as ``create_dataset(row.dataset, data=data, fletcher32=data.size > 0)``
+        makes it, through the same low-level calls (:func:`_dataset_plist`): half of h5py's per-item
+        Python was its argument handling, not HDF5 (issue 40).  fletcher32: HDF5's own checksum of
+        each chunk, verified by h5py (and lhotse) on every read; it needs a chunked layout, which an
+        empty array cannot have."""
+        data = np.ascontiguousarray(data)
+        plist = _dataset_plist(data.shape, data.dtype.itemsize, bool(h5py.get_config().track_order))
+        ds = h5d.create(self._h5.id, row.dataset.encode("utf-8"), _numeric_types(data.dtype)[0],
+                        h5s.create_simple(data.shape), dcpl=plist)
+        try:
+            ds.write(h5s.ALL, h5s.ALL, data)
+            write_attrs(ds, {**attrs, "key": key})
+        finally:
+            ds.close()
         return {}
 
     def files(self, shard_name: str) -> dict[str, bytes]:

@@ -156,13 +156,14 @@ class ManifestRow:
                    si_sdr=fidelity.si_sdr if fidelity is not None else None,
                    mel_distance=fidelity.mel_distance if fidelity is not None else None)
 
-    def shaped(self, data: np.ndarray) -> ManifestRow:
-        """With the shape of its array (time first)."""
-        return replace(self, frames=int(data.shape[0]), dims=int(data.shape[1]) if data.ndim > 1 else None)
+    def shaped(self, data: np.ndarray, **changes) -> ManifestRow:
+        """With the shape of its array (time first), and ``changes`` (one copy of the row: a writer
+        makes a few per item)."""
+        return replace(self, frames=int(data.shape[0]), dims=int(data.shape[1]) if data.ndim > 1 else None, **changes)
 
     def ok(self, data: np.ndarray, shard: str, stored: dict) -> ManifestRow:
-        return replace(self.shaped(data), stored=stored or None, shard=shard, status="ok", error=None,
-                       checksum=array_checksum(data))
+        return self.shaped(data, stored=stored or None, shard=shard, status="ok", error=None,
+                           checksum=array_checksum(data))
 
     def failed(self, message: str, shard: str | None = None) -> ManifestRow:
         """An error row; ``shard``: the shard holding its placeholder (``--shar-extend``)."""
@@ -198,6 +199,13 @@ def with_shard_checksum(rows: list[ManifestRow], files: dict, shard: str) -> lis
     is found, not only one inside an array."""
     checksum = bytes_checksum(files[shard])
     return [replace(r, shard_checksum=checksum) if r.shard == shard else r for r in rows]
+
+
+def in_shard(rows: list[ManifestRow], files: dict, shard: str) -> list[ManifestRow]:
+    """Rows of one shard about to be committed, each naming ``shard`` with its checksum
+    (:func:`with_shard_checksum`'s), in one copy of each row."""
+    checksum = bytes_checksum(files[shard])
+    return [replace(r, shard=shard, shard_checksum=checksum) for r in rows]
 
 
 class ManifestAppender:

@@ -20,7 +20,7 @@ import numpy as np
 from ..formats.base import Format
 from . import files as store_files  # (store_files.rename: the one rename, as it is when called)
 from .files import OutputError, fsync_dir, write_error, write_file
-from .manifest import ManifestAppender, ManifestRow, next_shard_index, remove_tmps, with_shard_checksum
+from .manifest import ManifestAppender, ManifestRow, in_shard, next_shard_index, remove_tmps
 
 
 def tmp_path(run_dir: str, name: str) -> str:
@@ -195,7 +195,7 @@ class _Filling(WriterBlock):
             self.commit()
         if self._shard is None:
             self._shard = self.format.builder(self.file_attrs)
-        row = replace(row, key=key).shaped(data)
+        row = row.shaped(data, key=key)
         stored = self._shard.add(key, data, row.as_stored(), attrs or {})
         self._rows.append(row.ok(data, "", stored))  # (the shard's name: once it has one, in _take)
         self._bytes += data.nbytes
@@ -210,7 +210,7 @@ class _Filling(WriterBlock):
             files = shard.files(name)
         finally:
             shard.close()
-        rows = with_shard_checksum([replace(r, shard=name) for r in self._rows], files, name)
+        rows = in_shard(self._rows, files, name)
         self._rows, self._bytes = [], 0
         return files, rows
 
