@@ -74,13 +74,13 @@ def exact(args) -> dict:
     from mimi_extract.codec.demo import random_model, tiny_config
     from mimi_extract.audit.verify import classify_codes
 
-    folder = os.path.join(args.workdir, "exact")
+    folder = os.path.join(args.workdir, "exact" if args.exact_scale == 1 else f"exact-x{args.exact_scale:g}")
     os.makedirs(folder, exist_ok=True)
     rng = np.random.default_rng(0)
     for name, rate, seconds, subtype, channels in FILES:
         path = os.path.join(folder, name)
         if not os.path.exists(path):
-            sf.write(path, speech(int(rate * seconds), rate, rng, channels), rate, subtype=subtype)
+            sf.write(path, speech(int(rate * seconds * args.exact_scale), rate, rng, channels), rate, subtype=subtype)
     model = (random_model(MimiConfig() if args.model == "random-default" else tiny_config(), seed=0)
              if args.model.startswith("random-") else MimiModel.from_pretrained(args.model)).to(args.device).eval()
     found = discover(folder)
@@ -188,6 +188,8 @@ def main() -> None:
     p.add_argument("--step-seconds", type=float, default=16.0)
     p.add_argument("--chunk-seconds", type=float, default=4.0)
     p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--exact-scale", type=float, default=1.0, help="exact's files at this share of their "
+                   "length (scripts/gpu_check.sh's CPU dry run: 0.25, the long one still chunked)")
     p.add_argument("--speed-shapes", default="64x4.6,10x30", type=lambda v: [
         (int(r), float(s)) for r, s in (spec.lower().split("x") for spec in v.split(","))],
         help="speed's steps as ROWSxSECONDS (the GPU's; scripts/gpu_check.sh's CPU dry run: small ones)")

@@ -57,9 +57,10 @@ export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCT
 SCALE_VARIANTS=("--feeders-per-gpu 1" "--feeders-per-gpu 4 --single-writer" "--feeders-per-gpu 4"
                 "--feeders-per-gpu 4 --resample-on host")
 if [ "$DEVICE" = cpu ]; then  # dry run: the same phases on the tiny model, sized for two CPU cores
-  # (the smallest sizes that run every path: a 256 sgemm, resampling's speed on small steps, one rep)
-  MODEL=random-tiny; BENCH_ARGS="--files 12 --min-seconds 0.5 --max-seconds 4 --sgemm-size 256"; SHAPES="4x2"
-  CSHAPES="4x2"; REPS=3; RESAMPLE_ARGS="--model random-tiny --q 8 --reps 1 --speed-shapes 4x1,2x2"
+  # (the smallest sizes that run every path: a 256 sgemm, resampling's files a quarter as long, its speed
+  # and precision's on small steps, one rep)
+  MODEL=random-tiny; BENCH_ARGS="--files 12 --min-seconds 0.5 --max-seconds 4 --sgemm-size 256"; SHAPES="2x1"
+  CSHAPES="2x1"; REPS=1; RESAMPLE_ARGS="--model random-tiny --q 8 --reps 1 --exact-scale 0.25 --speed-shapes 4x1,2x2"
   # no phase limits: they protect the GPU's 15-minute budget, and on a CPU they would only measure the
   # machine's load (a busy CI machine ran bench and precision past 240 s / 120 s, every number right)
   T_INSTALL=0; T_ENV=0; T_TESTS=0; T_BENCH=0; T_RESAMPLE=0; T_PREC=0; T_COMPILE=0; T_SUMMARY=0

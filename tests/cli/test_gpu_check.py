@@ -43,7 +43,7 @@ def test_gpu_check_dry_run(tmp_path):
     assert len(results["resample"]["speed"]["shapes"]) == 6
     modes = results["precision"]["modes"]
     assert set(modes) == {"fp32", "tf32", "bf16"} and not any("error" in m for m in modes.values())
-    assert modes["tf32"]["4x2s"]["agreement"] == 1.0  # TF32 is a no-op on CPU: identical codes
-    assert {"agreement_per_codebook", "tie_flips", "real"} <= set(modes["bf16"]["4x2s"])
+    assert modes["tf32"]["2x1s"]["agreement"] == 1.0  # TF32 is a no-op on CPU: identical codes
+    assert {"agreement_per_codebook", "tie_flips", "real"} <= set(modes["bf16"]["2x1s"])
     summary = (out / "summary.md").read_text()
-    assert "| bf16 | 4x2s |" in summary and "## resampling on the device" in summary and run.stdout.rstrip().endswith(summary.rstrip().split("\n")[-1])
+    assert "| bf16 | 2x1s |" in summary and "## resampling on the device" in summary and run.stdout.rstrip().endswith(summary.rstrip().split("\n")[-1])
