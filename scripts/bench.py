@@ -55,6 +55,10 @@ p.add_argument("--tool-args", action="append", default=[],
                help="extra arguments for a further mimi-extract codes row, e.g. '--cpu-workers 1' (repeatable)")
 p.add_argument("--baseline", help="another checkout of mimi-extract to run end to end as well (e.g. the last release)")
 p.add_argument("--json", help="also write the results here")
+p.add_argument("--no-loop-script", dest="loop_script", action="store_false",
+               help="leave out the loop as a script (gpu_check.sh's CPU dry run, in scale: bench has just run it)")
+p.add_argument("--sgemm-size", type=int, default=2048, help="the matrices the machine's GFLOPS are measured on "
+               "(scripts/gpu_check.sh's CPU dry run: small, it only shows the path runs)")
 args = p.parse_args()
 print(host_facts.header(), flush=True)
 cuda = args.device.startswith("cuda")
@@ -114,7 +118,7 @@ total = float(sum(int(s * 24_000) for s in lengths)) / 24_000
 
 # -- machine and model ----------------------------------------------------------------------------
 with torch.no_grad():
-    a = torch.randn(2048, 2048, device=args.device)
+    a = torch.randn(args.sgemm_size, args.sgemm_size, device=args.device)
     best = float("inf")
     for _ in range(5):
         sync()
@@ -123,7 +127,7 @@ with torch.no_grad():
             a @ a
         sync()
         best = min(best, (time.perf_counter() - t) / 4)
-    gflops = 2 * 2048**3 / best / 1e9
+    gflops = 2 * args.sgemm_size**3 / best / 1e9
     from torch.utils.flop_counter import FlopCounterMode
 
     probe = torch.zeros(1, 24_000 * 4, device=args.device)
@@ -163,12 +167,14 @@ with torch.no_grad():
         model.encode(x, num_quantizers=int(sys.argv[4])).audio_codes.cpu()
 """
 env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-t = time.perf_counter()
-looped = subprocess.run([sys.executable, "-c", LOOP_SCRIPT, model_dir, corpus, args.device, str(args.num_quantizers)],
-                        capture_output=True, text=True, env={**env, "PYTHONPATH": pythonpath(HERE)})
-t_loop_script = time.perf_counter() - t
-if looped.returncode:
-    sys.exit(f"the loop script failed:\n{looped.stderr}")
+t_loop_script = None
+if args.loop_script:
+    t = time.perf_counter()
+    looped = subprocess.run([sys.executable, "-c", LOOP_SCRIPT, model_dir, corpus, args.device, str(args.num_quantizers)],
+                            capture_output=True, text=True, env={**env, "PYTHONPATH": pythonpath(HERE)})
+    t_loop_script = time.perf_counter() - t
+    if looped.returncode:
+        sys.exit(f"the loop script failed:\n{looped.stderr}")
 
 
 # -- the tool, end to end ----------------------------------------------------------------------------
@@ -202,7 +208,7 @@ if args.baseline:
 name = f"{args.model} on {args.device}" + (f" ({threads} cores)" if not cuda else "")
 rows = {
     "per-item MimiModel.encode loop": total / t_loop,
-    "the loop as a script, end to end": total / t_loop_script,
+    **({"the loop as a script, end to end": total / t_loop_script} if t_loop_script else {}),
     "mimi-extract codes, end to end": total / t_tool,
     "mimi-extract, encoding phase": total / stats["elapsed"],
 }

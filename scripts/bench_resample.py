@@ -71,18 +71,18 @@ def engine_outputs(settings: Settings, device: str, model, items) -> dict:
 def exact(args) -> dict:
     from transformers import MimiConfig, MimiModel
 
-    from mimi_extract.codec.demo import random_model
+    from mimi_extract.codec.demo import random_model, tiny_config
     from mimi_extract.audit.verify import classify_codes
 
-    folder = os.path.join(args.workdir, "exact")
+    folder = os.path.join(args.workdir, "exact" if args.exact_scale == 1 else f"exact-x{args.exact_scale:g}")
     os.makedirs(folder, exist_ok=True)
     rng = np.random.default_rng(0)
     for name, rate, seconds, subtype, channels in FILES:
         path = os.path.join(folder, name)
         if not os.path.exists(path):
-            sf.write(path, speech(int(rate * seconds), rate, rng, channels), rate, subtype=subtype)
-    model = (random_model(MimiConfig(), seed=0) if args.model == "random-default"
-             else MimiModel.from_pretrained(args.model)).to(args.device).eval()
+            sf.write(path, speech(int(rate * seconds * args.exact_scale), rate, rng, channels), rate, subtype=subtype)
+    model = (random_model(MimiConfig() if args.model == "random-default" else tiny_config(), seed=0)
+             if args.model.startswith("random-") else MimiModel.from_pretrained(args.model)).to(args.device).eval()
     found = discover(folder)
     result = {"device": args.device, "q": args.q, "files": {}}
     # the 24 kHz input itself, every file, chunk by chunk as a run reads it
@@ -132,7 +132,7 @@ def speed(args) -> dict:
     result = {"device": args.device, "shapes": {}}
     rng = np.random.default_rng(1)
     for rate, dtype in ((16_000, "int16"), (48_000, "int16"), (44_100, "float32")):
-        for rows, seconds in ((64, 4.6), (10, 30.0)):
+        for rows, seconds in args.speed_shapes:
             n = int(rate * seconds)
             samples = [(rng.standard_normal(n) * 3000).astype(np.int16) if dtype == "int16"
                        else (0.1 * rng.standard_normal(n)).astype(np.float32) for _ in range(rows)]
@@ -158,13 +158,13 @@ def speed(args) -> dict:
             torch.set_num_threads(1)
             for _ in range(2):  # (the second pass is timed: the first builds the kernel and oneDNN's primitives)
                 t = time.process_time()
-                for x in samples[:4]:
+                for x in samples[:4]:  # (4 rows, or fewer in a dry run's small step)
                     r2 = SincResampler(rate, SAMPLE_RATE)
                     xf = torch.from_numpy(x.astype(np.float32) / (32768 if dtype == "int16" else 1))
                     for i in range(0, len(xf), 1 << 16):
                         r2.push(xf[i: i + (1 << 16)])
                     r2.finish()
-                host_us = (time.process_time() - t) / (4 * seconds) * 1e6
+                host_us = (time.process_time() - t) / (len(samples[:4]) * seconds) * 1e6
             label = f"{rate // 1000}k {dtype} {rows}x{seconds:g}s"
             result["shapes"][label] = {"x_real_time_device": rows * seconds / device_s, "device_ms_per_step": 1e3 * device_s,
                                        "host_us_per_audio_s": host_us,
@@ -181,13 +181,18 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--model", default="random-default", help="random-default (kyutai/mimi's architecture, seeded "
-                   "random weights) or a model directory")
+                   "random weights), random-tiny (the tests' tiny one) or a model directory")
     p.add_argument("--sections", default="exact,speed")
     p.add_argument("--q", type=int, default=32, help="codebooks compared")
     p.add_argument("--rows", type=int, default=4)
     p.add_argument("--step-seconds", type=float, default=16.0)
     p.add_argument("--chunk-seconds", type=float, default=4.0)
     p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--exact-scale", type=float, default=1.0, help="exact's files at this share of their "
+                   "length (scripts/gpu_check.sh's CPU dry run: 0.25, the long one still chunked)")
+    p.add_argument("--speed-shapes", default="64x4.6,10x30", type=lambda v: [
+        (int(r), float(s)) for r, s in (spec.lower().split("x") for spec in v.split(","))],
+        help="speed's steps as ROWSxSECONDS (the GPU's; scripts/gpu_check.sh's CPU dry run: small ones)")
     p.add_argument("--workdir", default="/tmp/mimi-bench-resample")
     p.add_argument("--json")
     args = p.parse_args()

@@ -53,19 +53,25 @@ SITE=${SITE:-/tmp/mimi-site}
 LOG=$OUT/log.txt
 : >"$OUT/phases.txt"
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/inductor-cache}
+# scale's rows: the default run, then these (each a `mimi-extract codes` of its own)
+SCALE_VARIANTS=("--feeders-per-gpu 1" "--feeders-per-gpu 4 --single-writer" "--feeders-per-gpu 4"
+                "--feeders-per-gpu 4 --resample-on host")
 if [ "$DEVICE" = cpu ]; then  # dry run: the same phases on the tiny model, sized for two CPU cores
-  MODEL=random-tiny; BENCH_ARGS="--files 12 --min-seconds 0.5 --max-seconds 4"; SHAPES="4x2"; CSHAPES="4x2"; REPS=3
-  TINY=$(mktemp -d /tmp/gpu-check-tiny-XXXX); RESAMPLE_ARGS="--model $TINY --q 8 --reps 2"
+  # (the smallest sizes that run every path: a 256 sgemm, resampling's files a quarter as long, its speed
+  # and precision's on small steps, one rep)
+  MODEL=random-tiny; BENCH_ARGS="--files 12 --min-seconds 0.5 --max-seconds 4 --sgemm-size 256"; SHAPES="2x1"
+  CSHAPES="2x1"; REPS=1; RESAMPLE_ARGS="--model random-tiny --q 8 --reps 1 --exact-scale 0.25 --speed-shapes 4x1,2x2"
   # no phase limits: they protect the GPU's 15-minute budget, and on a CPU they would only measure the
   # machine's load (a busy CI machine ran bench and precision past 240 s / 120 s, every number right)
-  T_TESTS=0; T_BENCH=0; T_RESAMPLE=0; T_PREC=0; T_COMPILE=0
+  T_INSTALL=0; T_ENV=0; T_TESTS=0; T_BENCH=0; T_RESAMPLE=0; T_PREC=0; T_COMPILE=0; T_SUMMARY=0
   TESTS_K="cpu and padded_batch"  # the phase's command, run once: the suite runs every one of these on the CPU itself
-  SCALE_ARGS="--files 4 --min-seconds 0.5 --max-seconds 1"; T_SCALE=0
+  SCALE_ARGS="--files 4 --min-seconds 0.5 --max-seconds 1 --sgemm-size 256 --no-loop-script"; T_SCALE=0
+  SCALE_VARIANTS=("${SCALE_VARIANTS[@]:1}")  # (--feeders-per-gpu 1 and the loop script: bench has just run them)
 else
   MODEL=random-default; BENCH_ARGS="--files 384 --min-seconds 1 --max-seconds 20"; SHAPES="64x4.6,128x10"
   CSHAPES="64x4.6"; REPS=10; RESAMPLE_ARGS="--model random-default --q 32 --rows 16 --step-seconds 120 --chunk-seconds 30"
   # with install 40, env 30 and summary 20: 560 s in all (the scale phase took bench's share above 600)
-  T_TESTS=90; T_BENCH=150; T_RESAMPLE=50; T_PREC=60; T_COMPILE=45
+  T_INSTALL=40; T_ENV=30; T_TESTS=90; T_BENCH=150; T_RESAMPLE=50; T_PREC=60; T_COMPILE=45; T_SUMMARY=20
   TESTS_K=$DEVICE
   SCALE_ARGS="--files 1200 --min-seconds 1 --max-seconds 6"; T_SCALE=120
 fi
@@ -82,12 +88,12 @@ phase() {  # phase NAME SECONDS COMMAND...: run under timeout (0: none), log eve
 
 # -- install: carried wheels only, nothing from a registry ------------------------------------------
 if ls .whl/*.whl >/dev/null 2>&1 && ! "$PY" -c "import soundfile, av" 2>/dev/null; then
-  phase install 40 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  phase install "$T_INSTALL" "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target "$SITE" .whl/*.whl
 fi
 export PYTHONPATH="$REPO:$SITE${PYTHONPATH:+:$PYTHONPATH}"
 
-phase env 30 bash -c "nvidia-smi 2>/dev/null | head -15; uname -a; nproc; \"$PY\" -c '
+phase env "$T_ENV" bash -c "nvidia-smi 2>/dev/null | head -15; uname -a; nproc; \"$PY\" -c '
 import sys, torch, transformers, torchaudio, h5py, numpy, soundfile, av, typer, rich, tqdm
 import mimi_extract.cli, mimi_extract.engines
 print(\"python\", sys.version.split()[0], \"| torch\", torch.__version__, \"| cuda\", torch.version.cuda,
@@ -99,18 +105,16 @@ phase tests "$T_TESTS" "$PY" -m pytest tests/engines/test_device.py tests/audio/
   -k "$TESTS_K" -p no:cacheprovider
 phase bench "$T_BENCH" "$PY" scripts/bench.py --device "$DEVICE" --model "$MODEL" $BENCH_ARGS --tool-args "--feeders-per-gpu 1" \
   --json "$OUT/bench.json"
-if [ "$DEVICE" = cpu ]; then  # (the dry run's tiny model, saved where bench_resample.py loads it from)
-  "$PY" -c "from mimi_extract.codec.demo import random_model; random_model(seed=0).save_pretrained('$TINY')" >>"$LOG" 2>&1
-fi
 phase resample "$T_RESAMPLE" "$PY" scripts/bench_resample.py --device "$DEVICE" $RESAMPLE_ARGS \
   --workdir "${TMPDIR:-/tmp}/gpu-check-resample" --json "$OUT/resample.json"
 phase precision "$T_PREC" "$PY" scripts/bench_precision.py --device "$DEVICE" --model "$MODEL" --shapes "$SHAPES" \
   --reps "$REPS" --json "$OUT/precision.json"
 SCALE_JSON=${TMPDIR:-/tmp}/gpu-check-scale.json
 rm -f "$SCALE_JSON"
-phase scale "$T_SCALE" "$PY" scripts/bench.py --device "$DEVICE" --model "$MODEL" $SCALE_ARGS \
-  --tool-args "--feeders-per-gpu 1" --tool-args "--feeders-per-gpu 4 --single-writer" \
-  --tool-args "--feeders-per-gpu 4" --tool-args "--feeders-per-gpu 4 --resample-on host" --json "$SCALE_JSON"
+TOOL_ARGS=()
+for v in "${SCALE_VARIANTS[@]}"; do TOOL_ARGS+=(--tool-args "$v"); done
+phase scale "$T_SCALE" "$PY" scripts/bench.py --device "$DEVICE" --model "$MODEL" $SCALE_ARGS "${TOOL_ARGS[@]}" \
+  --json "$SCALE_JSON"
 if [ "$COMPILE" = 1 ]; then
   phase compile "$T_COMPILE" "$PY" scripts/bench_precision.py --device "$DEVICE" --model "$MODEL" --shapes "$CSHAPES" \
     --reps "$REPS" --modes fp32 --compile --json "$OUT/compile.json"
@@ -120,8 +124,7 @@ if [ "${FIDELITY:-0}" = 1 ]; then  # (docs/fidelity.md; not in the default ~9 mi
   phase fidelity 60 "$PY" scripts/bench_fidelity.py --device "$DEVICE" --model "$ARCH" --files 64 --rounds 1
   phase decode 40 "$PY" scripts/bench_decode.py --device "$DEVICE" --model "$ARCH" --items 64 --max-seconds 20 --rounds 2
 fi
-phase summary 20 "$PY" scripts/gpu_summary.py "$OUT" "$SCALE_JSON"
+phase summary "$T_SUMMARY" "$PY" scripts/gpu_summary.py "$OUT" "$SCALE_JSON"
 cat "$OUT/summary.md" 2>/dev/null || cat "$OUT/phases.txt"
-[ "$DEVICE" = cpu ] && rm -rf "$TINY"
 grep -q "^tests rc=0 " "$OUT/phases.txt" && grep -q "^bench rc=0 " "$OUT/phases.txt" \
   && grep -q "^resample rc=0 " "$OUT/phases.txt" && grep -q "^precision rc=0 " "$OUT/phases.txt"
