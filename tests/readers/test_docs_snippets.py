@@ -38,13 +38,17 @@ def run_script(folder, source: str, name: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_the_dataloader_script_runs_with_spawned_workers(corpus, tiny_model_dir, tmp_path):
-    """docs/outputs.md's DataLoader script (OutDataset, then lhotse's sampler with CutsDataset, 4
-    workers each) over a codes OUT, its workers spawned: every worker imports the script again,
-    which the ``__main__`` guard keeps from starting workers of its own."""
+    """docs/outputs.md's DataLoader script (OutDataset, then lhotse's sampler with CutsDataset)
+    over a codes OUT, its workers spawned: every worker imports the script again, which the
+    ``__main__`` guard keeps from starting workers of its own.  One worker per loader where the page
+    says 4: each spawned worker costs seconds of imports, and one proves the spawn, the pickling and
+    the guard (several workers sharing an OUT: tests/readers/test_training.py)."""
     pytest.importorskip("lhotse")
     root, _ = corpus
     assert extract(root, str(tmp_path / "out"), Settings(model=tiny_model_dir, tap="codes", num_workers=0)).ok == 7
-    done = run_script(tmp_path, SPAWN + snippet("outputs.md", "DataLoader(OutDataset(\"out\")")
+    script = snippet("outputs.md", "DataLoader(OutDataset(\"out\")")
+    assert script.count("num_workers=4") == 2, script
+    done = run_script(tmp_path, SPAWN + script.replace("num_workers=4", "num_workers=1")
                       + "\nprint('read every batch')\n", "train.py")
     assert done.returncode == 0 and "read every batch" in done.stdout, done.stderr[-3000:]
 
