@@ -24,6 +24,7 @@ from ..codec.fidelity import Fidelity
 from ..config.choices import SAMPLE_RATE
 from ..config.settings import Settings
 from ..sources import Item, plan_group
+from ..store.manifest import ManifestRow
 from .plan import Split, WorkUnit, plan_units, split_items
 
 
@@ -41,6 +42,11 @@ class FrameChunk:
     error: str | None = None
     warnings: str | None = None  # final chunk: what the decoder library printed (the row's decoder_warnings)
     fidelity: Fidelity | None = None  # final chunk, --fidelity: how well the item's codes decode (codec.fidelity)
+
+    def row(self) -> ManifestRow:
+        """A whole item's manifest row before it is stored (its decoder warnings and fidelity): the
+        one rule for the runner's writer and a worker's or an actor's own shards."""
+        return ManifestRow.for_item(self.item, self.warnings, self.fidelity)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from .._boot import die_with_parent, ignore_stop_signals, worker_main
 from .plan import WorkUnit
 from ..config.settings import Settings, threads_per_worker
 from ..store.files import OutputError
-from ..store.manifest import ManifestRow, item_attrs
+from ..store.manifest import item_attrs
 from ..store.writer import ShardSpec, WorkerShards
 from .assembly import Assembler
 from .base import Engine, FrameChunk, Progress, Stats
@@ -149,9 +149,7 @@ class _OwnShards:
             self.out_q.put(("chunk", self.wid, whole))
         elif whole is not None:
             item = whole.item
-            self._send(self.shards.add(item.uid, item.key, whole.data,
-                                       ManifestRow.for_item(item, whole.warnings, whole.fidelity),
-                                       item_attrs(item), chunk.seconds))
+            self._send(self.shards.add(item.uid, item.key, whole.data, whole.row(), item_attrs(item), chunk.seconds))
         else:
             self.seconds += chunk.seconds
             if time.monotonic() - self.sent > 0.5:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 from .plan import WorkUnit
 from ..config.settings import Settings
 from ..store.files import OutputError
-from ..store.manifest import ManifestRow, item_attrs
+from ..store.manifest import item_attrs
 from ..store.writer import PreparedShard, ShardSpec, WorkerShards
 from .assembly import Assembler
 from .base import Engine, FrameChunk, Stats
@@ -117,8 +117,7 @@ class RayEncoder:
                 chunks.append(whole)
             else:
                 ready += self.shards.add(item.uid, item.key, whole.data,
-                                         ManifestRow.for_item(item, whole.warnings, whole.fidelity),
-                                         item_attrs(item), whole.seconds)
+                                         whole.row(), item_attrs(item), whole.seconds)
         return RayResult(chunks, self.runner.stats, ready, writes=True, held=self.shards.held)
 
 

@@ -235,8 +235,7 @@ def _encode(found: Discovered, request: RunRequest, mode, run: RunDirectory, eng
                     writer.add_error(ManifestRow.for_item(item), whole.error)
                     summary.errors += 1
                 else:
-                    writer.add(item.key, whole.data, ManifestRow.for_item(item, whole.warnings, whole.fidelity),
-                               item_attrs(item))
+                    writer.add(item.key, whole.data, whole.row(), item_attrs(item))
                     summary.ok += 1
                 if on_progress:
                     on_progress(1, chunk.seconds, int(whole.error is not None))
