@@ -77,9 +77,6 @@ class RayEncoder:
         self.runner = DeviceRunner(self.settings, device)
         self.shards = WorkerShards(spec, worker) if spec is not None and spec.reachable() else None
 
-    def pid(self) -> int:
-        return os.getpid()
-
     def encode(self, unit: WorkUnit) -> RayResult:
         assembler = Assembler(join_pieces=False)  # whole pieces back: a split recording's others are elsewhere
         wholes: list[FrameChunk] = []
