@@ -3,26 +3,25 @@
 A process that feeds an encoder (:class:`~mimi_extract.engines.device.DeviceRunner`, wherever it
 runs: the run's own process, a forked or spawned device worker, a Ray actor) allocates and frees the
 same few large blocks over and over: each decoded block (65,536 samples), each chunk, each step's
-buffer (up to tens of MB).  glibc maps a block above its mmap threshold afresh and unmaps it when
-freed, and returns the free top of a heap to the kernel above its trim threshold (its dynamic
-threshold rises with the blocks freed, to 32 MiB at most, the trim threshold to twice that): so the
-next block of that size is fresh memory whose every page is faulted in by the first write, while
-the other threads decode, and every unmap flushes each core's TLB.  Measured in the feed benchmark
-(``scripts/bench_ceilings.py --sections feed``, docs/performance.md, 2026-12-07): the feeder
-thread's copy of each row into its step buffer cost 21 µs per audio second into fresh pages and 3-5
-into touched ones; Opus at 48 kHz fed at 0.75x the CPU with these settings in the environment.
+buffers (tens of MB; on the CPU device also the step's 24 kHz samples and the resampling's
+tensors).  glibc maps a block above its mmap threshold afresh and unmaps it when freed, and returns
+the free top of a heap to the kernel above its trim threshold (its dynamic threshold rises with the
+blocks freed, to 32 MiB at most, the trim threshold to twice that): the next block of that size is
+fresh memory, each page faulted in by its first write, and each unmap costs the freeing thread.
 
 So a feeding process keeps blocks up to :data:`MMAP_THRESHOLD` in its heaps, at most
 :data:`TRIM_THRESHOLD` free at a heap's top, and asks the kernel for :data:`TOP_PAD` more than a
 request (:func:`keep_large_blocks`, ``mallopt``).  The pad matters for the threads' arenas: glibc
-deletes a thread's 64 MiB heap once it is all free unless the pad would be left, so without it
-each step's buffer, allocated by the feeder thread, came from a heap mapped afresh (measured: the
-thresholds alone left the encoder thread's host share and the page faults as they were, half the
-time).  Memory stays bounded: what is kept is what the process used at its peak and will use
-again (a heap keeps only its free *top*; a thread's arena grows in heaps of 64 MiB at most);
-blocks above the mmap threshold (a 300 MB Parquet cell) are still mapped and unmapped as before.
-The pad is address space, not memory, until touched: 64 MiB more of it for the main heap under
-``ulimit -v`` (``cli/limits.py`` counts 72 MiB a thread for the threads' own).
+deletes a thread's 64 MiB heap once it is all free unless the pad would be left.  Measured in the
+feed benchmark (docs/performance.md, "Large blocks kept in the heap", 2026-12-07): page faults a
+quarter to a third fewer, the encoder thread's host share 10-40 µs per audio second less (on the
+CPU device: its own step tensors); without the pad, that half the time; the decode pool, the
+feeder and the writer within the noise.  Memory stays bounded (peak RSS measured the same): what
+is kept is what the process used at its peak and will use again (a heap keeps only its free
+*top*; a thread's arena grows in heaps of 64 MiB at most); blocks above the mmap threshold (a
+300 MB Parquet cell) are still mapped and unmapped as before.  The pad is address space, not
+memory, until touched: 64 MiB more of it for the main heap under ``ulimit -v``
+(``cli/limits.py`` counts 72 MiB a thread for the threads' own).
 
 A user's own choice is kept: any of glibc's malloc variables in the environment (``MALLOC_*_``,
 ``GLIBC_TUNABLES`` naming ``glibc.malloc``) and nothing is changed.  Elsewhere than glibc (musl,
