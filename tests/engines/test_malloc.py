@@ -1,17 +1,22 @@
 """A process that feeds keeps glibc's large blocks in its heaps (mimi_extract.common.malloc): after a
 run through the console entry point, in that process, a 48 MiB block comes from the heap and its
 memory stays there once freed -- read back from glibc itself (``mallinfo2``), in a fresh interpreter,
-where by default glibc maps every block over 32 MiB afresh; a user's own malloc setting is kept."""
+where by default glibc maps every block over 32 MiB afresh; the same in a spawned device worker once
+it has built its runner (a forked one inherits it with its memory; a Ray actor builds the same
+``DeviceRunner``); a user's own malloc setting is kept."""
 
 import ctypes
 import json
+import multiprocessing
 import os
 import subprocess
 import sys
 
 import pytest
 
+from mimi_extract import _boot
 from mimi_extract.common.malloc import MMAP_THRESHOLD, users_own
+from mimi_extract.config.settings import Settings
 from support import ONE_WORKER, ROOT, write_noise
 
 glibc = pytest.mark.skipif(not sys.platform.startswith("linux") or not hasattr(ctypes.CDLL(None), "mallinfo2"),
@@ -72,6 +77,24 @@ def test_a_feeding_process_keeps_large_blocks_in_its_heap(tmp_path, tiny_model_d
     report = _around_a_run(tmp_path, tiny_model_dir, {})
     assert report["before"] == {"mapped": True, "kept_free": False}  # glibc's default: mapped, then unmapped
     assert report["after"] == {"mapped": False, "kept_free": True}
+
+
+@glibc
+def test_a_spawned_device_worker_keeps_large_blocks_in_its_heap(tiny_model_dir, monkeypatch):
+    """A spawned worker is a fresh interpreter (nothing inherited from this process's malloc): it
+    started through the boot code every device worker runs, and built its runner."""
+    for name in [n for n in os.environ if n.startswith("MALLOC_")] + ["GLIBC_TUNABLES"]:
+        monkeypatch.delenv(name, raising=False)
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    settings = Settings(model=tiny_model_dir, tap="codes", devices=("cpu",), threads=1)
+    proc = ctx.Process(target=_boot.worker_main, args=(os.getpid(), settings, "support.probes:report_malloc", queue))
+    proc.start()
+    try:
+        seen = queue.get(timeout=120)  # (a spawned interpreter's start and torch's imports; generous under load)
+    finally:
+        proc.join(60)
+    assert seen == {"before": True, "after": False, "applied": True}
 
 
 @glibc
