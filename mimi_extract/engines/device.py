@@ -30,6 +30,7 @@ from ..codec.decoder import PaddedMimiDecoder
 from ..codec.encoder import EncoderOutput, PaddedMimiEncoder, frames_of, stored_array
 from ..codec.fidelity import Fidelity, FidelityMeter
 from ..codec.model import load_model, prepare
+from ..common.malloc import keep_large_blocks
 from ..audio.framing import Framing
 from ..config.settings import Settings, default_cpu_workers, feeders_per_gpu
 from ..sources import Item, bytes_name, open_audio
@@ -327,6 +328,9 @@ class DeviceRunner:
     """Continuous-batching encode on one device; see the module docstring."""
 
     def __init__(self, settings: Settings, device: str, model=None, taps: tuple[str, ...] | None = None):
+        # every process that feeds runs one of these (the run's own, a device worker, a Ray actor):
+        # its large blocks stay in its heaps, not mapped afresh and faulted in for each step
+        self.malloc = keep_large_blocks()
         self.settings = settings
         self.taps = taps or (settings.tap,)
         self.multi = taps is not None  # chunks carry {tap: frames} (verify) instead of one array

@@ -1,0 +1,109 @@
+"""A process that feeds keeps glibc's large blocks in its heaps (mimi_extract.common.malloc): after a
+run through the console entry point, in that process, a 48 MiB block comes from the heap and its
+memory stays there once freed -- read back from glibc itself (``mallinfo2``), in a fresh interpreter,
+where by default glibc maps every block over 32 MiB afresh; the same in a spawned device worker once
+it has built its runner (a forked one inherits it with its memory; a Ray actor builds the same
+``DeviceRunner``); a user's own malloc setting is kept."""
+
+import ctypes
+import json
+import multiprocessing
+import os
+import subprocess
+import sys
+
+import pytest
+
+from mimi_extract import _boot
+from mimi_extract.common.malloc import MMAP_THRESHOLD, users_own
+from mimi_extract.config.settings import Settings
+from support import ONE_WORKER, ROOT, write_noise
+
+glibc = pytest.mark.skipif(not sys.platform.startswith("linux") or not hasattr(ctypes.CDLL(None), "mallinfo2"),
+                           reason="glibc's malloc (mallinfo2: glibc 2.33 and later)")
+
+# a 48 MiB block malloc'ed and freed, before and after a run of the console entry point in this
+# process: whether glibc mapped it (mallinfo2's hblks, its count of mapped blocks, rose) and how
+# much of it the heaps still hold once freed (fordblks: their free bytes)
+AROUND_A_RUN = r"""
+import ctypes, json, sys
+
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in
+                "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+
+libc = ctypes.CDLL(None)
+libc.mallinfo2.restype = MallInfo2
+libc.malloc.restype = ctypes.c_void_p
+SIZE = 48 << 20
+
+def block():
+    mapped = libc.mallinfo2().hblks
+    p = libc.malloc(SIZE)
+    ctypes.memset(p, 1, SIZE)
+    mapped = libc.mallinfo2().hblks > mapped
+    libc.free(ctypes.c_void_p(p))
+    return {"mapped": mapped, "kept_free": libc.mallinfo2().fordblks >= SIZE}
+
+report = {"before": block()}
+sys.argv = ["mimi-extract", *sys.argv[1:]]
+from mimi_extract import _entry
+try:
+    code = _entry.run()
+except SystemExit as e:
+    code = e.code
+report.update(after=block(), exit=code)
+print(json.dumps(report))
+"""
+
+
+def _around_a_run(tmp_path, tiny_model_dir, user_env):
+    src = tmp_path / "in"
+    src.mkdir()
+    write_noise(src / "a.wav", 24_000 * 2)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
+    env.update(PYTHONPATH=ROOT, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", **user_env)
+    run = subprocess.run([sys.executable, "-c", AROUND_A_RUN, "codes", str(src), str(tmp_path / "out"),
+                          "--model", tiny_model_dir, *ONE_WORKER], env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    report = json.loads(run.stdout.strip().split("\n")[-1])
+    assert report["exit"] in (0, None), run.stdout[-2000:]
+    return report
+
+
+@glibc
+def test_a_feeding_process_keeps_large_blocks_in_its_heap(tmp_path, tiny_model_dir):
+    assert 48 << 20 <= MMAP_THRESHOLD
+    report = _around_a_run(tmp_path, tiny_model_dir, {})
+    assert report["before"] == {"mapped": True, "kept_free": False}  # glibc's default: mapped, then unmapped
+    assert report["after"] == {"mapped": False, "kept_free": True}
+
+
+@glibc
+def test_a_spawned_device_worker_keeps_large_blocks_in_its_heap(tiny_model_dir, monkeypatch):
+    """A spawned worker is a fresh interpreter (nothing inherited from this process's malloc): it
+    started through the boot code every device worker runs, and built its runner."""
+    for name in [n for n in os.environ if n.startswith("MALLOC_")] + ["GLIBC_TUNABLES"]:
+        monkeypatch.delenv(name, raising=False)
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    settings = Settings(model=tiny_model_dir, tap="codes", devices=("cpu",), threads=1)
+    proc = ctx.Process(target=_boot.worker_main, args=(os.getpid(), settings, "support.probes:report_malloc", queue))
+    proc.start()
+    try:
+        seen = queue.get(timeout=120)  # (a spawned interpreter's start and torch's imports; generous under load)
+    finally:
+        proc.join(60)
+    assert seen == {"before": True, "after": False, "applied": True}
+
+
+@glibc
+def test_a_users_own_malloc_setting_is_kept(tmp_path, tiny_model_dir):
+    report = _around_a_run(tmp_path, tiny_model_dir, {"MALLOC_MMAP_THRESHOLD_": str(1 << 20)})
+    assert report["before"]["mapped"] and report["after"]["mapped"]
+
+
+def test_which_settings_are_the_users():
+    assert users_own({}) is None and users_own({"MALLOC_TOP_PAD_": "0"}) == "MALLOC_TOP_PAD_"
+    assert users_own({"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=0"}) == "GLIBC_TUNABLES"
+    assert users_own({"GLIBC_TUNABLES": "glibc.rtld.nns=2"}) is None
