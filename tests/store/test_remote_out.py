@@ -26,6 +26,9 @@ from support.corpora import FILES, assert_equal_arrays, settings
 
 
 s3 = s3_fixture()
+# the module's tests in one pytest-xdist process: its S3 server and OUTs (each format's, local and in the
+# bucket) are then made once, not once in each process that runs one of them (scripts/test.sh: --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("remote_out")
 SHARD_RE = re.compile(r"shard-\d+\.(h5|parquet|idx|bin)$|\.tar$")  # a shard object's name (HDF5, Parquet, Megatron, Shar)
 FORMATS = ["hdf5", pytest.param("parquet", marks=pytest.mark.slow), pytest.param("shar", marks=pytest.mark.slow),
            pytest.param("megatron", marks=pytest.mark.slow)]
