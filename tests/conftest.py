@@ -37,3 +37,19 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "ray_cluster" in item.fixturenames or re.search(r"(^|[^a-z])ray([^a-z]|$)", item.name):
             item.add_marker(pytest.mark.xdist_group("ray"))
+    if getattr(config.option, "loadgroup", False):  # (set in pytest-xdist's worker processes under --dist loadgroup)
+        _name_groups(items)
+
+
+def _name_groups(items):
+    """pytest-xdist sends the tests whose node ids end in ``@group`` to one process; its own hook
+    writes that suffix to ``item._nodeid``, which pytest 9 no longer reads (a node's id is ``_id``):
+    without this, every ``xdist_group`` was spread over all the processes (each started its own Ray
+    cluster, and built each module's fixtures once per process)."""
+    from _pytest.nodeid import coerce_node_id
+
+    for item in items:
+        names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                        for m in item.iter_markers("xdist_group")})
+        if names and not item.nodeid.endswith("@" + "_".join(names)):
+            item._id = coerce_node_id(f"{item.nodeid}@{'_'.join(names)}")

@@ -314,23 +314,28 @@ def ffmpeg_decode_tolerant(path) -> np.ndarray:
 @pytest.mark.slow
 def test_decoder_warnings_go_into_the_manifest_row(tmp_path, tiny_model_dir):
     """A real run (its own process, stdout and stderr read): what the decoder said is in the damaged
-    item's row, ``decoder_warnings``, and nowhere in the run's output; the clean item has none."""
-    from support import cli_process
+    item's row, ``decoder_warnings``, and in the row of a file it cannot read at all (random bytes
+    with MPEG sync words: its error, test_daily_use.py's test_failing_items_named_with_true_decoder_errors),
+    and nowhere in the run's output; the clean item has none."""
+    from support import cli_process, garbage_mp3
 
     from mimi_extract import read_manifest
 
     (tmp_path / "in").mkdir()
     damaged_mp3(tmp_path / "in" / "damaged.mp3")
     write_mp3(tmp_path / "in" / "clean.mp3", 44_100, "cbr32", True, n=50_000)
+    garbage_mp3(tmp_path / "in" / "broken.mp3")
     out = tmp_path / "out"
     proc = cli_process("codes", tmp_path / "in", out, "--model", tiny_model_dir, "--device", "cpu",
                        "--cpu-workers", "1", "--num-workers", "2")
     output, _ = proc.communicate(timeout=HANG_S)
     assert proc.returncode == 0, output
-    assert "Invalid data" not in output and "undecodable" not in output and "mpg123" not in output, output
+    assert ("Invalid data" not in output and "undecodable" not in output and "mpg123" not in output
+            and "mp3float" not in output), output  # the decoder's words are not in the log
     rows = {r["key"]: r for r in read_manifest(out)}
     assert rows["damaged.mp3"]["status"] == "ok" and "5 undecodable packet(s)" in rows["damaged.mp3"]["decoder_warnings"]
     assert rows["clean.mp3"]["status"] == "ok" and "decoder_warnings" not in rows["clean.mp3"]
+    assert rows["broken.mp3"]["error"].startswith("unreadable or corrupt audio header: "), rows["broken.mp3"]
 
 
 @pytest.mark.slow

@@ -24,6 +24,10 @@ from support.shapes import ffmpeg_decode, reference_file, shapes
 from mimi_extract.audio.decoders import seek_exact, open_decoder
 from mimi_extract.audio.reader import load
 
+# the module's tests in one pytest-xdist process: its corpus (every shape written, ~5 CPU s) is then
+# built once, not once in each process that runs one of them (scripts/test.sh: --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("real_shapes")
+
 SHAPES = {s.name: s for s in shapes()}
 BOUND = {".ogg": 3e-7}  # libsndfile vs FFmpeg (Vorbis); every other shape: 0
 

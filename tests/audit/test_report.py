@@ -21,6 +21,10 @@ from mimi_extract.audit.report import (CARD_BEGIN, CARD_END, DURATION_EDGES, PNG
                                        SCHEMA, corpus_report, error_panel, write_png)
 from mimi_extract.codec.demo import tiny_config
 
+# the module's tests in one pytest-xdist process: its OUTs (five CLI runs) are then made once, not once
+# in each process that runs one of them (scripts/test.sh: --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("report")
+
 CODEBOOK = tiny_config().codebook_size  # the tiny model's codebooks (64), read back from its config.json
 
 

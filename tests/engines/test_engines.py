@@ -1,5 +1,6 @@
 """The device engine: continuous batching of streams, exact against the single-item reference."""
 
+from dataclasses import replace
 import os
 import pytest
 import threading
@@ -77,7 +78,10 @@ def test_mixed_directory_streams_long_files(tmp_path, tiny_model, tiny_model_dir
 def test_cpu_workers_are_forked_with_the_runners_model(tmp_path, tiny_model, tiny_model_dir):
     """CPU workers are forked from the process holding the model (no second import of torch, no
     second weight load) and give the single-item reference; without a model (or on GPU) they are
-    spawned and load the weights themselves, with the same result."""
+    spawned and load the weights themselves, with the same result.  Two forked workers, one spawned:
+    each spawned worker imports torch and transformers anew (seconds of CPU), and one shows the
+    spawn, the weights loaded there and the result (the hand-out between workers is the same
+    whichever way they start: test_units_go_to_whichever_worker_is_free)."""
     from mimi_extract.engines import ProcessEngine
     from mimi_extract.codec.model import load_model
 
@@ -85,9 +89,9 @@ def test_cpu_workers_are_forked_with_the_runners_model(tmp_path, tiny_model, tin
     settings = Settings(model=tiny_model_dir, tap="codes", devices=("cpu", "cpu"), num_workers=1, batch_size=2)
     found = discover(str(tmp_path))
     got = {}
-    for model in (load_model(tiny_model_dir), None):
+    for model, devices in ((load_model(tiny_model_dir), ("cpu", "cpu")), (None, ("cpu",))):
         units = plan_units(found.items, settings.chunk_samples(), settings.step_seconds, settings.rows)
-        engine = ProcessEngine(settings)
+        engine = ProcessEngine(replace(settings, devices=devices))
         chunks = list(engine.run(units, threading.Event(), model))
         got[engine.start_method] = {p.item.key: p.data for p in chunks}
         assert all(p.first and p.final and p.error is None for p in chunks)

@@ -18,6 +18,9 @@ from support.registered import format_cases  # noqa: E402
 from mimi_extract.config.settings import Settings  # noqa: E402
 
 WORKERS = {"spawn": 1, "fork": 2}  # a spawned worker imports torch and lhotse anew (seconds each on 2 cores)
+# the module's tests in one pytest-xdist process: each format's OUT is then made once, not once in each
+# process that runs one of them (scripts/test.sh: --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("training")
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,11 @@ from mimi_extract.store.identity import read_run_info
 from support import cli
 from support.corpora import FILES, add_bytes, assert_equal_arrays, settings, write_tar
 
+# the module's tests in one pytest-xdist process: its packaged corpora (tar shards, a datasets Parquet
+# and folder, a lhotse Shar) and the loose files' run are then made once, not once in each process that
+# runs one of them (scripts/test.sh: --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("packed_sources")
+
 
 def test_tar_equals_loose_files_and_single_item_reference(shards, loose_run, tiny_model_dir, tmp_path):
     out = str(tmp_path / "out")

@@ -26,6 +26,9 @@ from support.corpora import FILES, assert_equal_arrays, settings
 
 
 s3 = s3_fixture()
+# the module's tests in one pytest-xdist process: its S3 server and OUTs (each format's, local and in the
+# bucket) are then made once, not once in each process that runs one of them (scripts/test.sh: --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("remote_out")
 SHARD_RE = re.compile(r"shard-\d+\.(h5|parquet|idx|bin)$|\.tar$")  # a shard object's name (HDF5, Parquet, Megatron, Shar)
 FORMATS = ["hdf5", pytest.param("parquet", marks=pytest.mark.slow), pytest.param("shar", marks=pytest.mark.slow),
            pytest.param("megatron", marks=pytest.mark.slow)]
@@ -139,8 +142,11 @@ def test_the_documented_dataloader_over_a_bucket_spawns_and_drops_cleanly(made, 
     its first batch, whose batch is the local copy's.  The script ends with status 0 and no worker
     crashes (issue 41: each spawned worker of the dropped loader ended with "Unexpected
     segmentation fault encountered in worker", its HDF5 shards open through fsspec's file objects
-    left to the interpreter's teardown; readers now close them at exit).  The dropped loader has
-    one worker: the crash was each worker's own (a worker more is seconds of imports)."""
+    left to the interpreter's teardown; readers now close them at exit).  One spawned worker per
+    loader where the page says 4 (as tests/readers/test_docs_snippets.py runs outputs.md's): each is
+    seconds of imports, the crash was each worker's own, and one shows the spawn, the pickling and
+    the ``__main__`` guard (several workers reading a bucket at once:
+    test_training_reads_the_bucket_in_dataloader_workers)."""
     import subprocess
     import sys
 
@@ -150,7 +156,8 @@ def test_the_documented_dataloader_over_a_bucket_spawns_and_drops_cleanly(made, 
     want = check_consistency(local)
     text = open(os.path.join(ROOT, "docs", "object-storage.md")).read()
     block = next(b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "multiprocessing_context" in b)
-    script = block.replace("s3://features/en-codes", url) + """
+    assert block.count("num_workers=4") == 1, block
+    script = block.replace("s3://features/en-codes", url).replace("num_workers=4", "num_workers=1") + """
 if __name__ == "__main__":  # (the test's) a loader dropped after its first batch
     import json
     first = next(iter(DataLoader(reader.dataset(), batch_size=2, num_workers=1, collate_fn=pad_collate,

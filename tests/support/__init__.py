@@ -39,6 +39,15 @@ def write_noise(path, samples: int, rate: int = 24_000, rng=None, level: float =
     sf.write(str(path), data, rate, **({"subtype": subtype} if subtype else {}))
 
 
+def garbage_mp3(path):
+    """Random bytes with MPEG frame sync words (libsndfile's libmpg123 printed warnings on stderr and
+    then said the file "does not exist or is not a regular file"; FFmpeg finds no audio in it)."""
+    data = bytearray(np.random.default_rng(0).integers(0, 256, 30000, dtype=np.uint8).tobytes())
+    for i in range(0, len(data), 400):
+        data[i:i + 4] = b"\xff\xfb\x90\x64"
+    path.write_bytes(bytes(data))
+
+
 def ragged(lengths, seed=0, garbage=None):
     """Items and their right-padded batch; the padding holds ``garbage`` to prove it is ignored."""
     g = torch.Generator().manual_seed(seed)
