@@ -14,24 +14,11 @@ def report_malloc(settings, queue) -> None:
     """Build a device runner (the tiny model of ``settings``, on the CPU) as a device worker does,
     then put whether glibc maps a 48 MiB block afresh (``mallinfo2``'s count of mapped blocks rises)
     and what the runner's malloc setting says."""
-    import ctypes
-
     from mimi_extract.engines.device import DeviceRunner
-
-    class MallInfo2(ctypes.Structure):
-        _fields_ = [(n, ctypes.c_size_t) for n in
-                    "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
-
-    libc = ctypes.CDLL(None)
-    libc.mallinfo2.restype = MallInfo2
-    libc.malloc.restype = ctypes.c_void_p
+    from support.glibc_malloc import large_block
 
     def mapped() -> bool:
-        before = libc.mallinfo2().hblks
-        p = libc.malloc(48 << 20)
-        after = libc.mallinfo2().hblks
-        libc.free(ctypes.c_void_p(p))
-        return after > before
+        return large_block()["mapped"]
 
     seen = {"before": mapped()}
     runner = DeviceRunner(settings, "cpu")
