@@ -46,10 +46,14 @@ def _name_groups(items):
     writes that suffix to ``item._nodeid``, which pytest 9 no longer reads (a node's id is ``_id``):
     without this, every ``xdist_group`` was spread over all the processes (each started its own Ray
     cluster, and built each module's fixtures once per process)."""
-    from _pytest.nodeid import coerce_node_id
-
+    try:
+        from _pytest.nodeid import coerce_node_id
+    except ImportError:  # (pytest 8: xdist's own suffix is read, nothing to do)
+        return
     for item in items:
         names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
                         for m in item.iter_markers("xdist_group")})
+        if "ray" in names:  # a Ray test in a grouped module stays with the other Ray tests (one cluster)
+            names = ["ray"]
         if names and not item.nodeid.endswith("@" + "_".join(names)):
             item._id = coerce_node_id(f"{item.nodeid}@{'_'.join(names)}")

@@ -13,18 +13,27 @@ So a feeding process keeps blocks up to :data:`MMAP_THRESHOLD` in its heaps, at 
 :data:`TRIM_THRESHOLD` free at a heap's top, and asks the kernel for :data:`TOP_PAD` more than a
 request (:func:`keep_large_blocks`, ``mallopt``).  The pad matters for the threads' arenas: glibc
 deletes a thread's 64 MiB heap once it is all free unless the pad would be left.  Measured in the
-feed benchmark (docs/performance.md, "Large blocks kept in the heap", 2026-12-07): page faults a
-quarter to a third fewer, the encoder thread's host share 10-40 µs per audio second less (on the
-CPU device: its own step tensors); without the pad, that half the time; the decode pool, the
+feed benchmark (docs/performance.md, "Large blocks kept in the heap", 2026-12-07): page faults
+11-32 % fewer, the encoder thread's host share 3-35 µs per audio second less (on the CPU device:
+its own step tensors); without the pad, that half the time; the decode pool, the
 feeder and the writer within the noise.  Memory stays bounded (peak RSS measured the same): what
 is kept is what the process used at its peak and will use again (a heap keeps only its free
 *top*; a thread's arena grows in heaps of 64 MiB at most); blocks above the mmap threshold (a
 300 MB Parquet cell) are still mapped and unmapped as before.  The pad is address space, not
 memory, until touched: 64 MiB more of it for the main heap under ``ulimit -v``
-(``cli/limits.py`` counts 72 MiB a thread for the threads' own).
+(``cli/limits.py`` counts 72 MiB a thread for the threads' own).  What is kept is kept for the
+process's life: with a trim threshold above a thread heap's size, a thread's arena holds its peak
+(a run's threads keep the same work, so their peak recurs); and a thread heap is committed whole,
+which counts against a host's commit limit under strict overcommit (``vm.overcommit_memory=2``: not
+measured here).
 
-A user's own choice is kept: any of glibc's malloc variables in the environment (``MALLOC_*_``,
-``GLIBC_TUNABLES`` naming ``glibc.malloc``) and nothing is changed.  Elsewhere than glibc (musl,
+The mmap threshold is set first: every ``mallopt`` of these three turns glibc's dynamic threshold
+off, so a trim or pad setting accepted and the threshold then refused would leave every block over
+128 KiB mapped afresh, worse than glibc's default.  glibc up to 2.34 refuses a threshold above half
+its largest thread heap (32 MiB); then 32 MiB is set, and if that too is refused nothing is changed.
+
+A user's own choice is kept: with one of glibc's malloc tunables in the environment
+(:data:`USER_ENV`, or ``GLIBC_TUNABLES`` naming ``glibc.malloc``) nothing is changed.  Elsewhere than glibc (musl,
 macOS) nothing is changed either: :func:`keep_large_blocks` says why.  Standard library only.
 """
 
@@ -39,6 +48,7 @@ MIB = 1 << 20
 MMAP_THRESHOLD = 64 * MIB  # blocks up to this size come from the heap (a step's buffer: up to ~60 MB of int16)
 TRIM_THRESHOLD = 256 * MIB  # a heap's free top kept up to this much
 TOP_PAD = 64 * MIB  # asked of the kernel beyond a request; a thread's free heap is kept
+OLD_GLIBC_MMAP_MAX = 32 * MIB  # the largest threshold glibc <= 2.34 accepts (half its largest thread heap)
 M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3  # malloc.h
 USER_ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_",
             "MALLOC_ARENA_MAX", "MALLOC_ARENA_TEST")
@@ -82,20 +92,24 @@ def keep_large_blocks() -> MallocSetting:
     global _done
     with _lock:
         if _done is None:
-            _done = _apply()
+            _done = apply_to()
         return _done
 
 
-def _apply() -> MallocSetting:
+def apply_to(libc=None) -> MallocSetting:
+    """The settings, through ``libc`` (glibc's, found when not given); what was done, or why not."""
     own = users_own()
     if own is not None:
         return MallocSetting(False, f"{own} is set: the user's malloc settings are kept")
-    libc = _glibc()
+    libc = libc or _glibc()
     if libc is None:
         return MallocSetting(False, "not glibc: its allocator is left as it is")
-    # the trim threshold first: setting either turns glibc's dynamic thresholds off
-    if not all(libc.mallopt(param, value) for param, value in
-               ((M_TRIM_THRESHOLD, TRIM_THRESHOLD), (M_TOP_PAD, TOP_PAD), (M_MMAP_THRESHOLD, MMAP_THRESHOLD))):
-        return MallocSetting(False, "glibc refused a mallopt setting")
-    return MallocSetting(True, f"blocks up to {MMAP_THRESHOLD // MIB} MiB from the heap, up to "
-                               f"{TRIM_THRESHOLD // MIB} MiB of a heap's free top kept, {TOP_PAD // MIB} MiB pad")
+    # the threshold first (see the module docstring): refused twice, nothing has changed
+    threshold = next((t for t in (MMAP_THRESHOLD, OLD_GLIBC_MMAP_MAX) if libc.mallopt(M_MMAP_THRESHOLD, t)), None)
+    if threshold is None:
+        return MallocSetting(False, "glibc refused the mmap threshold: its allocator is left as it is")
+    refused = [name for name, param, value in (("trim threshold", M_TRIM_THRESHOLD, TRIM_THRESHOLD),
+                                               ("top pad", M_TOP_PAD, TOP_PAD)) if not libc.mallopt(param, value)]
+    return MallocSetting(True, f"blocks up to {threshold // MIB} MiB from the heap, up to "
+                               f"{TRIM_THRESHOLD // MIB} MiB of a heap's free top kept, {TOP_PAD // MIB} MiB pad"
+                               + (f" (glibc refused the {' and the '.join(refused)})" if refused else ""))

@@ -9,13 +9,15 @@ import ctypes
 import json
 import multiprocessing
 import os
+import queue as queue_mod
 import subprocess
 import sys
 
 import pytest
 
 from mimi_extract import _boot
-from mimi_extract.common.malloc import MMAP_THRESHOLD, users_own
+from mimi_extract.common.malloc import (M_MMAP_THRESHOLD, M_TOP_PAD, M_TRIM_THRESHOLD, MMAP_THRESHOLD, TOP_PAD,
+                                         TRIM_THRESHOLD, apply_to, users_own)
 from mimi_extract.config.settings import Settings
 from support import ONE_WORKER, ROOT, write_noise
 
@@ -64,6 +66,20 @@ def test_a_feeding_process_keeps_large_blocks_in_its_heap(tmp_path, tiny_model_d
     assert report["after"] == {"mapped": False, "kept_free": True}
 
 
+def _report_of(proc, reports):
+    """The worker's report, once it has put it; a worker that ends without one fails the test at
+    once (``_boot.worker_main`` does not hand exceptions back), however long its start takes."""
+    while True:
+        try:
+            return reports.get(timeout=5)  # (a state is waited for: the report, or the worker's end)
+        except queue_mod.Empty:
+            if not proc.is_alive():
+                try:
+                    return reports.get(timeout=5)  # (put just before it ended)
+                except queue_mod.Empty:
+                    pytest.fail(f"the spawned worker ended (exit code {proc.exitcode}) without a report")
+
+
 @glibc
 def test_a_spawned_device_worker_keeps_large_blocks_in_its_heap(tiny_model_dir, monkeypatch):
     """A spawned worker is a fresh interpreter (nothing inherited from this process's malloc): it
@@ -76,9 +92,11 @@ def test_a_spawned_device_worker_keeps_large_blocks_in_its_heap(tiny_model_dir, 
     proc = ctx.Process(target=_boot.worker_main, args=(os.getpid(), settings, "support.probes:report_malloc", queue))
     proc.start()
     try:
-        seen = queue.get(timeout=900)  # (a spawned interpreter's start and torch's imports: ~5 CPU s, far below under any load)
+        seen = _report_of(proc, queue)
     finally:
         proc.join(60)
+        if proc.is_alive():
+            proc.kill()
     assert seen == {"before": True, "after": False, "applied": True}
 
 
@@ -92,3 +110,33 @@ def test_which_settings_are_the_users():
     assert users_own({}) is None and users_own({"MALLOC_TOP_PAD_": "0"}) == "MALLOC_TOP_PAD_"
     assert users_own({"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=0"}) == "GLIBC_TUNABLES"
     assert users_own({"GLIBC_TUNABLES": "glibc.rtld.nns=2"}) is None
+
+
+class _Mallopt:
+    """``mallopt``'s answers as an older glibc gives them (a threshold above ``largest`` refused: glibc
+    up to 2.34 refuses one above 32 MiB), the calls it took, in order."""
+
+    def __init__(self, largest: int):
+        self.largest, self.calls = largest, []
+
+    def mallopt(self, param: int, value: int) -> int:
+        if param == M_MMAP_THRESHOLD and value > self.largest:
+            return 0
+        self.calls.append((param, value))
+        return 1
+
+
+def test_the_threshold_is_set_first_and_an_older_glibcs_limit_kept(monkeypatch):
+    """Any accepted setting turns glibc's dynamic threshold off: one accepted before a refused
+    threshold would leave blocks over 128 KiB mapped afresh. So the threshold goes first; an older
+    glibc's 32 MiB is taken instead of 64; refused outright, nothing else is set."""
+    for name in [n for n in os.environ if n.startswith("MALLOC_")] + ["GLIBC_TUNABLES"]:
+        monkeypatch.delenv(name, raising=False)
+    new = _Mallopt(largest=1 << 40)
+    assert apply_to(new).applied and new.calls[0] == (M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+    old = _Mallopt(largest=32 << 20)
+    setting = apply_to(old)
+    assert setting.applied and "32 MiB" in setting.reason
+    assert old.calls == [(M_MMAP_THRESHOLD, 32 << 20), (M_TRIM_THRESHOLD, TRIM_THRESHOLD), (M_TOP_PAD, TOP_PAD)]
+    none = _Mallopt(largest=0)
+    assert not apply_to(none).applied and none.calls == []
