@@ -22,6 +22,11 @@ pytest_plugins = ("support.fixtures", "support.corpora")
 # 2 threads, or a fair share of the cores when pytest-xdist runs the suite in several processes (-n)
 torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Ray's workers (the engine's actors) at the tests' own niceness, not Ray's default 15: on a busy
+# machine (CI beside other jobs) nice-15 actors get almost no CPU, and the Ray tests, one after
+# another in one process, became the whole suite's tail (measured: a fresh clone's slow tier beside
+# two spinning processes); the cluster's own and a CLI subprocess's private one read it at start
+os.environ.setdefault("RAY_worker_niceness", "0")
 
 # property-based fuzzing (the parsers the tool owns): a small budget per test in the suite; a longer
 # run with HYPOTHESIS_PROFILE=long (docs/inputs.md says how long it ran and what it found)
