@@ -6,11 +6,9 @@ it has built its runner (a forked one inherits it with its memory; a Ray actor b
 ``DeviceRunner``); a user's own malloc setting is kept."""
 
 import ctypes
-import json
 import multiprocessing
 import os
 import queue as queue_mod
-import subprocess
 import sys
 
 import pytest
@@ -19,7 +17,7 @@ from mimi_extract import _boot
 from mimi_extract.common.malloc import (M_MMAP_THRESHOLD, M_TOP_PAD, M_TRIM_THRESHOLD, MMAP_THRESHOLD, TOP_PAD,
                                          TRIM_THRESHOLD, apply_to, users_own)
 from mimi_extract.config.settings import Settings
-from support import ONE_WORKER, ROOT, write_noise
+from support import ROOT, entry_point_report
 
 glibc = pytest.mark.skipif(not sys.platform.startswith("linux") or not hasattr(ctypes.CDLL(None), "mallinfo2"),
                            reason="glibc's malloc (mallinfo2: glibc 2.33 and later)")
@@ -45,16 +43,10 @@ print(json.dumps(report))
 
 
 def _around_a_run(tmp_path, tiny_model_dir, user_env):
-    src = tmp_path / "in"
-    src.mkdir()
-    write_noise(src / "a.wav", 24_000 * 2)
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
-    env.update(PYTHONPATH=ROOT, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", **user_env)
-    run = subprocess.run([sys.executable, "-c", AROUND_A_RUN, os.path.join(ROOT, "tests", "support"), "codes", str(src), str(tmp_path / "out"),
-                          "--model", tiny_model_dir, *ONE_WORKER], env=env, capture_output=True, text=True)
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-    report = json.loads(run.stdout.strip().split("\n")[-1])
-    assert report["exit"] in (0, None), run.stdout[-2000:]
+    report = entry_point_report(AROUND_A_RUN, tmp_path, tiny_model_dir, {**env, **user_env},
+                                os.path.join(ROOT, "tests", "support"))
+    assert "exit" in report, report  # (the run returned: its exit code is in the report, 0)
     return report
 
 

@@ -3,17 +3,14 @@
 is imported, in the console entry point's process and in a spawned worker, and a user's own
 setting is kept."""
 
-import json
 import multiprocessing
 import os
-import subprocess
-import sys
 
 import pytest
 
 from mimi_extract import _boot
 from mimi_extract.common.threads import passive_openmp
-from support import ONE_WORKER, ROOT, write_noise
+from support import entry_point_report
 
 # runs the console entry point as `mimi-extract` would, and reports the policy in the environment at
 # the moment torch is first imported (an audit hook sees every import), then ends the process there:
@@ -37,19 +34,10 @@ print(json.dumps({"policy_at_torch_import": "torch never imported", "exit": code
 
 
 def _entry_run(tmp_path, tiny_model_dir, env_policy):
-    src = tmp_path / "in"
-    src.mkdir()
-    write_noise(src / "a.wav", 24_000 * 2)
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    env.update(PYTHONPATH=ROOT, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
     if env_policy is not None:
         env["OMP_WAIT_POLICY"] = env_policy
-    run = subprocess.run([sys.executable, "-c", AT_TORCH_IMPORT, "codes", str(src), str(tmp_path / "out"),
-                          "--model", tiny_model_dir, *ONE_WORKER], env=env, capture_output=True, text=True)
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-    report = json.loads(run.stdout.strip().split("\n")[-1])
-    assert report.get("exit") in (0, None), run.stdout[-2000:]
-    return report["policy_at_torch_import"]
+    return entry_point_report(AT_TORCH_IMPORT, tmp_path, tiny_model_dir, env)["policy_at_torch_import"]
 
 
 def test_the_console_entry_point_sets_a_passive_wait_before_torch_loads(tmp_path, tiny_model_dir):

@@ -8,6 +8,7 @@ runs, ``support.s3_server`` serves S3, ``support.moshi_ref`` and ``support.shape
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -37,6 +38,24 @@ def write_noise(path, samples: int, rate: int = 24_000, rng=None, level: float =
     rng = np.random.default_rng(0) if rng is None else rng
     data = (level * rng.standard_normal(samples if channels == 1 else (samples, channels))).astype(np.float32)
     sf.write(str(path), data, rate, **({"subtype": subtype} if subtype else {}))
+
+
+def entry_point_report(script: str, tmp_path, model_dir: str, env: dict, *script_args: str) -> dict:
+    """A ``codes`` run of one 2-s WAV (one process, the CPU) through ``script``, a fresh interpreter's
+    ``python -c`` that runs the console entry point as ``mimi-extract`` would and prints a JSON report
+    as its last line; ``env`` is its environment (this package's path, offline and one OpenMP thread
+    added), ``script_args`` come before the CLI's.  Its report, once it exited 0 (and the run's exit
+    code, where the report has one, is 0)."""
+    src = tmp_path / "in"
+    src.mkdir()
+    write_noise(src / "a.wav", 24_000 * 2)
+    env = {**env, "PYTHONPATH": ROOT, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    run = subprocess.run([sys.executable, "-c", script, *script_args, "codes", str(src), str(tmp_path / "out"),
+                          "--model", model_dir, *ONE_WORKER], env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    report = json.loads(run.stdout.strip().split("\n")[-1])
+    assert report.get("exit") in (0, None), run.stdout[-2000:]
+    return report
 
 
 def garbage_mp3(path):
