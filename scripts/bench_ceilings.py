@@ -19,8 +19,8 @@ Sections:
   encoder** (zeros of the full-size model's output shapes, at once) and the real writer (HDF5
   codes).  The null encoder's own CPU (the real encoder's length rule and the zeros, ~1.7 ms a
   step) stays in the encoder thread's and the feed's figures and is reported apart
-  (``null_encoder_us_per_audio_s``): it is the benchmark's, not the tool's.  Reported per role: the decode pool (parallel), the feeder thread (one per GPU), the
-  caller's thread (the single writer, and the frame-chunk loop), all else (torch's intra-op threads,
+  (``null_encoder_us_per_audio_s``): it is the benchmark's, not the tool's.  Reported per role: the
+  decode pool (parallel), the feeder thread (one per GPU), the caller's thread (the single writer, and the frame-chunk loop), all else (torch's intra-op threads,
   start-up).  Pinning is not measured (no CUDA here): it is one copy of each step into a cached
   pinned block.
   ``--resample-on host,device`` runs each corpus both ways: with ``device`` the resampling

@@ -56,7 +56,8 @@ USER_ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_
 
 @dataclass(frozen=True)
 class MallocSetting:
-    """What :func:`keep_large_blocks` did in this process: ``applied``, or ``reason`` it did not."""
+    """What :func:`keep_large_blocks` did in this process: ``applied`` or not, and ``reason``: the
+    settings made (and any glibc refused), or why none was."""
 
     applied: bool
     reason: str
