@@ -56,7 +56,7 @@ def write_attrs(oid, values: dict) -> None:
     guessing, shape checks, an existence check: the object is new), which was a third of a codes
     item's writing (issue 40).  Values: strings, bools, ints and floats (what a run's and an item's
     attributes are)."""
-    scalar = h5s.create_simple(())  # (one dataspace for all of them: HDF5 copies it into each attribute)
+    scalar = _scalar_space()
     for name, value in values.items():
         if isinstance(value, str):
             raw = value.encode("utf-8", "surrogateescape")
@@ -89,16 +89,35 @@ def _string_types(size: int):
     return h5t.py_create(dtype, logical=True), h5t.py_create(dtype)
 
 
+@functools.cache
+def _scalar_space():
+    """The dataspace of every attribute (a scalar), made once per process: HDF5 copies a dataspace
+    into each attribute it creates, so one serves them all.  Made per ``write_attrs`` call, it was an
+    HDF5 object and an h5py id (a weakref registration) per item (issue 40)."""
+    return h5s.create_simple(())
+
+
 @functools.lru_cache(maxsize=4096)
-def _dataset_plist(shape: tuple[int, ...], itemsize: int, track_order: bool):
-    """The dataset creation property list h5py's ``create_dataset(data=..., fletcher32=True)`` makes
-    for an array of ``shape`` (its ``filters.fill_dcpl`` and ``make_new_dset``): chunked by h5py's own
-    ``guess_chunk`` with the fletcher32 filter (an empty array: contiguous, no filter), no times, the
-    attributes' creation order tracked only where ``h5py.get_config().track_order`` says so (False
-    unless set).  Made once per shape: a property list is only read by ``h5d.create``."""
-    plist = h5p.create(h5p.DATASET_CREATE)
+def _dataset_creation(shape: tuple[int, ...], itemsize: int, track_order: bool):
+    """The dataspace and the dataset creation property list h5py's ``create_dataset(data=...,
+    fletcher32=True)`` makes for an array of ``shape`` (its ``filters.fill_dcpl`` and
+    ``make_new_dset``): chunked by h5py's own ``guess_chunk`` (an empty array: contiguous, no filter),
+    the rest :func:`_dataset_plist_base`'s.  Made once per shape (a shard's items mostly differ in
+    length, so a corpus has a few hundred): ``h5d.create`` only reads both (it copies the extent)."""
+    plist = _dataset_plist_base(bool(math.prod(shape)), track_order).copy()
     if math.prod(shape):
         plist.set_chunk(guess_chunk(shape, None, itemsize))
+    return h5s.create_simple(shape), plist
+
+
+@functools.lru_cache(maxsize=None)
+def _dataset_plist_base(chunked: bool, track_order: bool):
+    """What every dataset's creation property list holds but its chunk shape: the fletcher32 filter
+    (chunked only), no times, the attributes' creation order tracked only where
+    ``h5py.get_config().track_order`` says so (False unless set).  Copied per new shape
+    (:func:`_dataset_creation`): a copy and ``set_chunk`` cost 10 µs, a list made afresh 29."""
+    plist = h5p.create(h5p.DATASET_CREATE)
+    if chunked:
         plist.set_fletcher32()
     plist.set_obj_track_times(False)
     if track_order:
@@ -134,16 +153,16 @@ class HDF5Shard(ShardBuilder):
 
     def add(self, key: str, data: np.ndarray, row: StoredRow, attrs: dict) -> dict:
         """The item's dataset, as ``create_dataset(row.dataset, data=data, fletcher32=data.size > 0)``
-        makes it, through the same low-level calls (:func:`_dataset_plist`): half of h5py's per-item
+        makes it, through the same low-level calls (:func:`_dataset_creation`): half of h5py's per-item
         Python was its argument handling, not HDF5 (issue 40).  fletcher32: HDF5's own checksum of
         each chunk, verified by h5py (and lhotse) on every read; it needs a chunked layout, which an
         empty array cannot have."""
         data = np.ascontiguousarray(data)
-        plist = _dataset_plist(data.shape, data.dtype.itemsize, bool(h5py.get_config().track_order))
-        ds = h5d.create(self._h5.id, row.dataset.encode("utf-8"), _numeric_types(data.dtype)[0],
-                        h5s.create_simple(data.shape), dcpl=plist)
+        space, plist = _dataset_creation(data.shape, data.dtype.itemsize, bool(h5py.get_config().track_order))
+        stored, memory = _numeric_types(data.dtype)
+        ds = h5d.create(self._h5.id, row.dataset.encode("utf-8"), stored, space, dcpl=plist)
         try:
-            ds.write(h5s.ALL, h5s.ALL, data)
+            ds.write(h5s.ALL, h5s.ALL, data, mtype=memory)  # (the type h5py would make for it: made once)
             write_attrs(ds, {**attrs, "key": key})
         finally:
             ds.close()

@@ -99,6 +99,24 @@ def test_any_items_and_attributes_are_the_reference_shard(items, extra):
     assert built_image({**FILE_ATTRS, **extra}, made) == reference_image({**FILE_ATTRS, **extra}, made)
 
 
+def test_shapes_made_again_in_later_shards_are_the_reference_shard():
+    """The dataspace and creation property list of a shape are made once per process and reused by
+    every later item and shard of that shape (``_dataset_creation``, issue 40): a shard built after
+    others with the same shapes is still the reference, with attribute creation order tracked or not."""
+    rng = np.random.default_rng(1)
+    shapes = [(int(f), 8) for f in rng.integers(1, 60, 40)] + [(0, 8), (3, 8), (3, 8), (0, 8)]
+    for shard in range(3):
+        codes = [item(i, rng.integers(0, 2048, shape, dtype=np.int16)) for i, shape in enumerate(shapes)]
+        assert built_image(FILE_ATTRS, codes) == reference_image(FILE_ATTRS, codes), shard
+    config = h5py.get_config()
+    config.track_order = True
+    try:
+        codes = [item(i, rng.integers(0, 2048, shape, dtype=np.int16)) for i, shape in enumerate(shapes)]
+        assert built_image(FILE_ATTRS, codes) == reference_image(FILE_ATTRS, codes)
+    finally:
+        config.track_order = False
+
+
 def test_a_value_that_is_not_a_string_or_a_number_is_refused():
     f = memory_file()
     try:
