@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 import pytest
@@ -62,6 +62,23 @@ def test_the_writer_s_row_reads_back_as_the_same_row():
                           status="ok", checksum="crc32:0000abcd")
     stored = StoredRow.from_dict(written.as_dict())
     assert stored.to_dict() == written.as_dict() and stored.index == 0 and stored.source == RowSource(**SOURCE)
+
+
+def test_a_writer_s_row_copy_is_dataclasses_replace():
+    """``ManifestRow.changed`` (the writer's copy, issue 40) makes what ``dataclasses.replace`` makes:
+    an equal row, its fields in the same order (``as_stored`` reads them from ``__dict__``), the
+    original unchanged, frozen; and it refuses a name that is not a field, as ``replace`` does."""
+    row = ManifestRow("k.wav", path="k.wav", dataset="k.wav", sample_rate=16_000, duration=1.0, source=SOURCE,
+                      meta={"text": "hi"})
+    changes = {"frames": 13, "dims": 8, "shard": "shard-00000.h5", "status": "ok", "checksum": "crc32:0000abcd"}
+    copy, reference = row.changed(**changes), replace(row, **changes)
+    assert copy == reference and list(vars(copy)) == list(vars(reference)) == [f.name for f in fields(ManifestRow)]
+    assert copy.as_dict() == reference.as_dict() and list(copy.as_dict()) == list(reference.as_dict())
+    assert copy.as_stored() == reference.as_stored() and row.frames is None
+    with pytest.raises(AttributeError):
+        copy.frames = 1
+    with pytest.raises(TypeError, match="nframes"):
+        row.changed(nframes=1)
 
 
 def test_every_field_the_row_check_types_is_a_field_of_the_record():
