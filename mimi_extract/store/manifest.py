@@ -175,8 +175,9 @@ class ManifestRow:
         return self.changed(frames=int(data.shape[0]), dims=int(data.shape[1]) if data.ndim > 1 else None, **changes)
 
     def ok(self, data: np.ndarray, shard: str, stored: dict) -> ManifestRow:
-        return self.shaped(data, stored=stored or None, shard=shard, status="ok", error=None,
-                           checksum=array_checksum(data))
+        """The stored item's row: this row (already :meth:`shaped` by its writer, which handed the
+        format its record) with where ``data`` went and its checksum."""
+        return self.changed(stored=stored or None, shard=shard, status="ok", error=None, checksum=array_checksum(data))
 
     def failed(self, message: str, shard: str | None = None) -> ManifestRow:
         """An error row; ``shard``: the shard holding its placeholder (``--shar-extend``)."""

@@ -195,6 +195,7 @@ class _Filling(WriterBlock):
             self.commit()
         if self._shard is None:
             self._shard = self.format.builder(self.file_attrs)
+        data = np.ascontiguousarray(data)  # (once: an encoder's frames are a transposed view; the format and the checksum read it)
         row = row.shaped(data, key=key)
         stored = self._shard.add(key, data, row.as_stored(), attrs or {})
         self._rows.append(row.ok(data, "", stored))  # (the shard's name: once it has one, in _take)
