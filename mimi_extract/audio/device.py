@@ -31,11 +31,12 @@ import soundfile as sf
 import torch
 
 from ..config.choices import SAMPLE_RATE
-from .decoders import AudioError, DrFlacFile
+from .decoders import BLOCK, AudioError, DrFlacFile
 from .reader import AudioReader
 from .framing import Framing
 from .resample import reduced_rates, sinc_kernel
 
+MAX_READ = 1 << 20  # NativeReader's largest read, in source frames (a chunk's need, from BLOCK up to this)
 INT16_SCALE = 1 / 32768  # libsndfile's float from 16-bit PCM (exact: a power of two)
 SKIP_STEP = 128 * 1920  # PieceReader drops a piece's warm-up in reads of this many 24 kHz samples
 
@@ -120,8 +121,13 @@ class NativeReader(AudioReader):
         self.computed = 0  # blocks handed out (their outputs are the first computed * new samples)
         self.total = self.target = None  # once the end is known: the framing's length, and the resampled part
 
-    def _decode(self) -> None:
-        data, end = self._decode_block(self.dtype)
+    def _decode(self, need: int) -> None:
+        """Decode what the chunk asked for still ``need`` s (native samples of P), in one read where
+        it is at most :data:`MAX_READ` (a 30 s chunk of 16 kHz is 480,000), at least a ``BLOCK``:
+        each read costs the decoder's wrapper and this reader ~20 us of Python whatever its size,
+        and a short item was read in 3-4 of them.  The samples are the same whatever the reads'
+        sizes (each decoder's reads are consecutive); a chunk holds what it needs either way."""
+        data, end = self._decode_block(self.dtype, min(max(need, BLOCK), MAX_READ))
         self.padded.append(data)
         self.padded_len += len(data)
         if end:
@@ -164,7 +170,7 @@ class NativeReader(AudioReader):
                     take = keep = n
                     samples = self._take(blocks, blocks)
                     break
-            self._decode()
+            self._decode(-(-n // self.new) * self.orig + self.size - self.padded_len)
         self.emitted += take
         final = self.done and self.emitted == self.total
         if final:

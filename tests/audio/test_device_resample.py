@@ -66,6 +66,29 @@ def test_native_chunks_resampled_equal_the_host_reader(tmp_path, rate, n, subtyp
             assert piece.shape == ref[2 * FRAME:].shape and (piece - ref[2 * FRAME:]).abs().max() <= NOISE
 
 
+@pytest.mark.parametrize("name,rate,seconds,channels", [("a.flac", 16_000, 10.3, 1), ("b.wav", 48_000, 6.1, 2),
+                                                        ("c.flac", 44_100, 3.7, 1)])
+def test_native_reads_take_what_a_chunk_needs(tmp_path, name, rate, seconds, channels):
+    """NativeReader decodes what a chunk needs in one read (up to ``MAX_READ`` frames, at least a
+    ``BLOCK``), not block by block: a 30 s chunk of a 10 s item is one read (three ``BLOCK`` s
+    before), and the samples are the host reader's, chunk for chunk, for long and short chunks."""
+    from mimi_extract.audio.device import MAX_READ
+    from mimi_extract.audio.decoders import BLOCK
+
+    path = tmp_path / name
+    write_noise(path, int(rate * seconds), rate, np.random.default_rng(rate), channels=channels)
+    for chunk in [375 * FRAME, 25 * FRAME, 2 * FRAME]:
+        ref = AudioReader(str(path)).read_all()
+        reader, reads = NativeReader(str(path)), []
+        real = reader._decode_block
+        reader._decode_block = lambda dtype, size=BLOCK: reads.append(size) or real(dtype, size)
+        got = device_read(reader, chunk)
+        assert got.shape == ref.shape and (got - ref).abs().max() <= NOISE, chunk
+        assert all(BLOCK <= size <= MAX_READ for size in reads), reads
+        if chunk == 375 * FRAME:
+            assert len(reads) == 1, reads
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_rows_of_several_rates_in_one_step(tmp_path, device):
     """One call resamples rows of different rates and dtypes and lengths into one padded step; rows
