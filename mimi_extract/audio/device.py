@@ -196,7 +196,7 @@ class StepBuffers:
     handed out again only once the step that held it is given back (:meth:`give`, by the encoder
     thread after its last read of the step).  A fresh buffer's pages are faulted in by the feeder's
     copy into it, while the decoding threads run (docs/performance.md: the copy of 16 kHz FLAC rows
-    into their step, 14-15 us per audio second, 12 with buffers reused).  Nothing waits for a
+    into their step, 13.7-16.6 us per audio second, 12.0-12.4 with buffers reused).  Nothing waits for a
     buffer: when none fits, a new one is made (and dropped when the pool is full), so a step never
     given back (a run stopping, rows dropped) costs only the reuse.  A GPU run's pinned buffers come
     from torch's pinned-memory cache, which already reuses them: none comes from here."""
