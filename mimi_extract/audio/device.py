@@ -23,6 +23,7 @@ products in another order than the host's (measured: see docs/performance.md).
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,11 +31,12 @@ import soundfile as sf
 import torch
 
 from ..config.choices import SAMPLE_RATE
-from .decoders import AudioError, DrFlacFile
+from .decoders import BLOCK, AudioError, DrFlacFile
 from .reader import AudioReader
 from .framing import Framing
 from .resample import reduced_rates, sinc_kernel
 
+MAX_READ = 1 << 20  # NativeReader's largest read, in source frames (a chunk's need, from BLOCK up to this)
 INT16_SCALE = 1 / 32768  # libsndfile's float from 16-bit PCM (exact: a power of two)
 SKIP_STEP = 128 * 1920  # PieceReader drops a piece's warm-up in reads of this many 24 kHz samples
 
@@ -119,8 +121,13 @@ class NativeReader(AudioReader):
         self.computed = 0  # blocks handed out (their outputs are the first computed * new samples)
         self.total = self.target = None  # once the end is known: the framing's length, and the resampled part
 
-    def _decode(self) -> None:
-        data, end = self._decode_block(self.dtype)
+    def _decode(self, need: int) -> None:
+        """Decode what the chunk asked for still ``need`` s (native samples of P), in one read where
+        it is at most :data:`MAX_READ` (a 30 s chunk of 16 kHz is 480,000), at least a ``BLOCK``:
+        each read costs the decoder's wrapper and this reader ~20 us of Python whatever its size,
+        and a short item was read in 3-4 of them.  The samples are the same whatever the reads'
+        sizes (each decoder's reads are consecutive); a chunk holds what it needs either way."""
+        data, end = self._decode_block(self.dtype, min(max(need, BLOCK), MAX_READ))
         self.padded.append(data)
         self.padded_len += len(data)
         if end:
@@ -163,7 +170,7 @@ class NativeReader(AudioReader):
                     take = keep = n
                     samples = self._take(blocks, blocks)
                     break
-            self._decode()
+            self._decode(-(-n // self.new) * self.orig + self.size - self.padded_len)
         self.emitted += take
         final = self.done and self.emitted == self.total
         if final:
@@ -184,6 +191,49 @@ def _kernel(orig: int, new: int, device: torch.device) -> torch.Tensor:
     return _KERNELS[key]
 
 
+class StepBuffers:
+    """Host buffers for the steps of a run on the CPU device, reused: at most ``count`` kept, each
+    handed out again only once the step that held it is given back (:meth:`give`, by the encoder
+    thread after its last read of the step).  A fresh buffer's pages are faulted in by the feeder's
+    copy into it, while the decoding threads run (docs/performance.md: the copy of 16 kHz FLAC rows
+    into their step, 13.7-16.6 us per audio second, 12.0-12.4 with buffers reused).  Nothing waits for a
+    buffer: when none fits, a new one is made (and dropped when the pool is full), so a step never
+    given back (a run stopping, rows dropped) costs only the reuse.  A GPU run's pinned buffers come
+    from torch's pinned-memory cache, which already reuses them: none comes from here."""
+
+    def __init__(self, count: int = 2):
+        self.count = count
+        self.free: list[torch.UntypedStorage] = []
+        self.taken = 0  # buffers handed out (reused or new)
+        self.reused = 0
+        self.lock = threading.Lock()
+
+    def take(self, rows: int, width: int, dtype: torch.dtype) -> torch.Tensor:
+        """An uninitialised ``[rows, width]`` tensor: the smallest free buffer that holds it, or new."""
+        size = rows * width * dtype.itemsize
+        if not size:  # (a step with no host rows: nothing to keep)
+            return torch.empty(rows, width, dtype=dtype)
+        with self.lock:
+            self.taken += 1
+            fits = [s for s in self.free if s.nbytes() >= size]
+            if fits:
+                storage = min(fits, key=lambda s: s.nbytes())
+                self.free.remove(storage)
+                self.reused += 1
+                return torch.empty(0, dtype=dtype).set_(storage, 0, (rows, width))
+        spare = torch.empty(size + size // 4, dtype=torch.uint8).untyped_storage()  # (later steps are a little wider)
+        return torch.empty(0, dtype=dtype).set_(spare, 0, (rows, width))
+
+    def give(self, tensors) -> None:
+        """The buffers of a step that nothing reads any more (the largest ``count`` are kept)."""
+        with self.lock:
+            for t in tensors:
+                if t.device.type == "cpu" and not t.is_pinned():
+                    self.free.append(t.untyped_storage())
+            self.free.sort(key=lambda s: -s.nbytes())
+            del self.free[self.count:]
+
+
 @dataclass
 class NativeGroup:
     """The rows of one step that share a kernel and dtype: their padded native samples, right-padded
@@ -196,10 +246,14 @@ class NativeGroup:
     new: int
 
     @classmethod
-    def of(cls, rows: list[int], chunks: list[NativeChunk], pin: bool = False) -> "NativeGroup":
+    def of(cls, rows: list[int], chunks: list[NativeChunk], pin: bool = False,
+           buffers: StepBuffers | None = None) -> "NativeGroup":
+        """The group of ``chunks`` (the step's rows ``rows``), in a buffer pinned for a GPU, or one of
+        ``buffers``' (the CPU device), or new; one write of each sample."""
         width = max(c.size for c in chunks)
         dtype = torch.int16 if chunks[0].dtype == np.int16 else torch.float32
-        samples = torch.empty(len(chunks), width, dtype=dtype, pin_memory=pin)  # (one write of each sample)
+        samples = buffers.take(len(chunks), width, dtype) if buffers is not None and not pin \
+            else torch.empty(len(chunks), width, dtype=dtype, pin_memory=pin)
         buffer = samples.numpy()  # (numpy's slice assignment: a tenth of torch's per-call cost)
         for r, c in enumerate(chunks):
             at = 0

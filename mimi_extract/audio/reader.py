@@ -128,11 +128,11 @@ class AudioReader:
             self.handle.close()
             self.handle = None
 
-    def _decode_block(self, dtype: str = "float32") -> tuple[np.ndarray, bool]:
-        """The next block of the item's source samples, one channel (``_mono``), and whether it ends
-        the item.  ``dtype`` int16: only for a 16-bit PCM file with one channel taken (see
-        :mod:`~mimi_extract.audio.device`)."""
-        want = min(BLOCK, self.remaining) if self.remaining is not None else BLOCK
+    def _decode_block(self, dtype: str = "float32", size: int = BLOCK) -> tuple[np.ndarray, bool]:
+        """The next block of the item's source samples (``size`` or fewer), one channel (``_mono``),
+        and whether it ends the item.  ``dtype`` int16: only for a 16-bit PCM file with one channel
+        taken (see :mod:`~mimi_extract.audio.device`)."""
+        want = min(size, self.remaining) if self.remaining is not None else size
         try:
             data = read_frames(self.file, want, dtype) if want > 0 else np.zeros((0, 1), dtype)
         except AudioError:

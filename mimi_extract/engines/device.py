@@ -25,7 +25,7 @@ import torch
 from ..config.choices import SAMPLE_RATE
 from ..audio.decoders import AudioError, seek_is_exact
 from ..audio.reader import AudioReader, PieceReader
-from ..audio.device import NativeChunk, NativeGroup, NativeReader, device_resamplable, resample_rows
+from ..audio.device import NativeChunk, NativeGroup, NativeReader, StepBuffers, device_resamplable, resample_rows
 from ..codec.decoder import PaddedMimiDecoder
 from ..codec.encoder import EncoderOutput, PaddedMimiEncoder, frames_of, stored_array
 from ..codec.fidelity import Fidelity, FidelityMeter
@@ -112,6 +112,7 @@ class _Step:
     # resampling on the device (device_resample): the rows that ``audio`` holds, and the native-rate rest
     host_rows: torch.Tensor | None = None  # None: audio holds every row
     groups: list[NativeGroup] = field(default_factory=list)
+    buffers: tuple[torch.Tensor, ...] = ()  # the step's host buffers, given back to the pool once encoded
 
     @classmethod
     def only_errors(cls, errors: list[FrameChunk]) -> "_Step":
@@ -296,9 +297,10 @@ class _Feeder:
         size = max(len(row.chunk) for row in rows)
         if all(row.final for row in rows):  # rows that go on fix the size (the chunk) themselves
             size = min(-(-size // runner._bucket) * runner._bucket, max(size, runner.chunk))
-        pin = runner.device.startswith("cuda")
+        pin, pool = runner.device.startswith("cuda"), runner.buffers
         host = [r for r, row in enumerate(rows) if not isinstance(row.chunk, NativeChunk)]
-        audio = torch.empty(len(host), size, pin_memory=pin)  # (one write of each sample)
+        # (one write of each sample)
+        audio = torch.empty(len(host), size, pin_memory=True) if pin else pool.take(len(host), size, torch.float32)
         for i, r in enumerate(host):
             c = rows[r].chunk
             audio[i, : len(c)] = c
@@ -307,12 +309,13 @@ class _Feeder:
         for r, row in enumerate(rows):
             if isinstance(row.chunk, NativeChunk):
                 groups.setdefault(row.chunk.group, []).append(r)
+        native = [NativeGroup.of(g, [rows[r].chunk for r in g], pin, pool) for g in groups.values()]
         return _Step(audio, lengths=torch.tensor([len(row.chunk) for row in rows]),
                      final=torch.tensor([row.final for row in rows]), fresh=torch.tensor([row.fresh for row in rows]),
                      slots=torch.tensor([row.stream.slot for row in rows]), items=[row.stream.item for row in rows],
                      errors=self.errors,
                      host_rows=None if len(host) == len(rows) else torch.tensor(host, dtype=torch.long),
-                     groups=[NativeGroup.of(g, [rows[r].chunk for r in g], pin) for g in groups.values()])
+                     groups=native, buffers=(audio, *(g.samples for g in native)))
 
     def _advance(self, rows: list[_Row]) -> None:
         """After composing: each stream's emitted samples counted; an ending stream frees its row."""
@@ -354,6 +357,8 @@ class DeviceRunner:
         # step lengths rounded up to 4 frames (0.32 s): shapes repeat, so cuDNN's autotuning and
         # oneDNN's per-shape kernels are reused (CPU: a new shape costs ~30% more, measured)
         self._bucket = 4 * self.encoder.hop
+        # the CPU device's step buffers, reused once a step is encoded (a GPU's pinned ones are torch's)
+        self.buffers = StepBuffers()
 
     # -- feeder ----------------------------------------------------------------------------
     def _open(self, item: Item) -> AudioReader | PieceReader:
@@ -552,6 +557,7 @@ class DeviceRunner:
                     continue  # drain: the feeder is stopping
                 if not step.items:
                     continue
+                buffers = step.buffers  # (step.rows copies its rows: these stay the ones to give back)
                 keep = [r for r, it in enumerate(step.items) if it.uid not in self.failed]
                 if len(keep) < len(step.items):
                     if not keep:
@@ -559,6 +565,7 @@ class DeviceRunner:
                     step = step.rows(keep)
                 t0 = time.perf_counter()
                 chunks = self._encode(step)
+                self.buffers.give(buffers)  # nothing reads them any more: the chunks hold the encoder's outputs
                 t1 = time.perf_counter()
                 self.stats.busy += t1 - t0
                 for chunk in chunks:

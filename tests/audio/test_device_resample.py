@@ -66,6 +66,29 @@ def test_native_chunks_resampled_equal_the_host_reader(tmp_path, rate, n, subtyp
             assert piece.shape == ref[2 * FRAME:].shape and (piece - ref[2 * FRAME:]).abs().max() <= NOISE
 
 
+@pytest.mark.parametrize("name,rate,seconds,channels", [("a.flac", 16_000, 10.3, 1), ("b.wav", 48_000, 6.1, 2),
+                                                        ("c.flac", 44_100, 3.7, 1)])
+def test_native_reads_take_what_a_chunk_needs(tmp_path, name, rate, seconds, channels):
+    """NativeReader decodes what a chunk needs in one read (up to ``MAX_READ`` frames, at least a
+    ``BLOCK``), not block by block: a 30 s chunk of a 10 s item is one read (three ``BLOCK`` s
+    before), and the samples are the host reader's, chunk for chunk, for long and short chunks."""
+    from mimi_extract.audio.device import MAX_READ
+    from mimi_extract.audio.decoders import BLOCK
+
+    path = tmp_path / name
+    write_noise(path, int(rate * seconds), rate, np.random.default_rng(rate), channels=channels)
+    for chunk in [375 * FRAME, 25 * FRAME, 2 * FRAME]:
+        ref = AudioReader(str(path)).read_all()
+        reader, reads = NativeReader(str(path)), []
+        real = reader._decode_block
+        reader._decode_block = lambda dtype, size=BLOCK: reads.append(size) or real(dtype, size)
+        got = device_read(reader, chunk)
+        assert got.shape == ref.shape and (got - ref).abs().max() <= NOISE, chunk
+        assert all(BLOCK <= size <= MAX_READ for size in reads), reads
+        if chunk == 375 * FRAME:
+            assert len(reads) == 1, reads
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_rows_of_several_rates_in_one_step(tmp_path, device):
     """One call resamples rows of different rates and dtypes and lengths into one padded step; rows
@@ -223,3 +246,59 @@ def test_verify_with_resampling_on_the_device(device, tiny_model_dir, tmp_path):
                  "--batch-size", "2", "--resample-on", "device")
     assert result.exit_code == 0, result.output
     assert "4 files compared" in result.text and "PASS" in result.text
+
+
+def test_step_buffers_reused_only_once_their_step_is_encoded(tmp_path, tiny_model, tiny_model_dir, monkeypatch):
+    """On the CPU device a step's host buffers (native-rate rows of two rates and dtypes, 24 kHz host
+    rows) are reused for later steps (``StepBuffers``), and never while a step still reads them: each
+    step's frames are emitted only once the feeder has composed three more steps (two queued, one
+    composed and waiting), so a buffer given back before its step is encoded would hold a later step's
+    samples when that step is encoded; every item's codes still equal its lone reference, buffers were
+    reused, and at most ``count`` are kept."""
+    from mimi_extract.engines.device import _Feeder
+
+    rng = np.random.default_rng(11)
+    for i, (rate, seconds, subtype) in enumerate([(16_000, 4.1, "PCM_16"), (16_000, 3.3, "PCM_16"), (48_000, 2.9, "FLOAT"),
+                                                  (24_000, 3.7, "PCM_16"), (16_000, 1.1, "PCM_16")]):
+        write_noise(tmp_path / f"{i}.wav", int(rate * seconds), rate, rng, subtype=subtype)
+    settings = Settings(model=tiny_model_dir, tap="codes", batch_size=3, max_batch_seconds=60, chunk_seconds=0.24,
+                        num_workers=1, resample_on="device")
+    items = discover(str(tmp_path)).items
+    cond, seen = threading.Condition(), {"offered": 0, "encoded": 0}
+    real_offer = _Feeder.offer
+
+    def offer(self, step):  # (the feeder's composed steps, counted as it hands each over)
+        with cond:
+            seen["offered"] += 1
+            cond.notify_all()
+        return real_offer(self, step)
+
+    monkeypatch.setattr(_Feeder, "offer", offer)
+
+    def run(total=None):
+        runner = DeviceRunner(settings, "cpu", tiny_model, taps=("codes",))
+        real_encode = runner._encode
+
+        def encode(step):
+            out = real_encode(step)
+            seen["encoded"] += 1
+            return out
+
+        def emit(piece):
+            if total is not None:  # the feeder three steps ahead (or at its end) before anything is emitted
+                with cond:
+                    assert cond.wait_for(lambda: seen["offered"] >= min(total, seen["encoded"] + 3), timeout=120)
+            pieces.setdefault(piece.item.uid, []).append(piece)
+
+        runner._encode = encode
+        seen.update(offered=0, encoded=0)
+        units, pieces = iter(plan_units(items, runner.chunk, settings.step_seconds, settings.rows)), {}
+        runner.run(lambda block=True: next(units, None), emit, threading.Event())
+        return runner, pieces, seen["offered"]
+
+    _, _, total = run()
+    runner, pieces, _ = run(total)
+    assert total >= 8 and runner.buffers.reused > 0 and len(runner.buffers.free) <= runner.buffers.count
+    for item in items:
+        ref = reference_single(tiny_model, load(item.path), 8)
+        assert torch.equal(torch.cat([p.data["codes"] for p in pieces[item.uid]]), ref["codes"]), item.key
