@@ -215,12 +215,16 @@ def install_probes() -> None:
 
 def decoder_alone(folder: str, where: str, passes: int = 3) -> float:
     """CPU seconds per audio second of the decoder library alone on ``folder`` (one thread, best of
-    ``passes``): each file opened with the decoder the tool picks and read to its end in the tool's
-    blocks, as the samples the run transports (int16 where the device path takes it: 16-bit mono
-    through libsndfile or dr_flac), nothing else -- the floor the feed's cost is compared with.  Each
-    file is opened as the run reads it, whole (a FLAC file by dr_flac since 0.4)."""
+    ``passes``): each file opened with the decoder the tool picks and read to its end in reads of
+    the size the run makes (the host's reader: ``BLOCK`` frames; the device path: what a chunk
+    needs in one call, ``MAX_READ`` at most, since 0.4), as the samples the run transports (int16
+    where the device path takes it: 16-bit mono through libsndfile or dr_flac), nothing else -- the
+    floor the feed's cost is compared with.  Each file is opened as the run reads it, whole (a FLAC
+    file by dr_flac since 0.4)."""
     from mimi_extract.audio.decoders import BLOCK, DrFlacFile, open_decoder, read_frames
+    from mimi_extract.audio.device import MAX_READ
 
+    size = MAX_READ if where == "device" else BLOCK
     paths = sorted(os.path.join(d, f) for d, _, files in os.walk(folder) for f in files if not f.startswith("."))
     best, audio = float("inf"), 0.0
     for _ in range(passes):
@@ -231,9 +235,9 @@ def decoder_alone(folder: str, where: str, passes: int = 3) -> float:
                 and f.channels == 1
             n = 0
             while True:
-                got = len(read_frames(f, BLOCK, "int16" if int16 else "float32"))
+                got = len(read_frames(f, size, "int16" if int16 else "float32"))
                 n += got
-                if got < BLOCK:
+                if got < size:
                     break
             audio += n / f.samplerate
             f.close()
