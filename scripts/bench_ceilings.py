@@ -217,20 +217,19 @@ def decoder_alone(folder: str, where: str, passes: int = 3) -> float:
     """CPU seconds per audio second of the decoder library alone on ``folder`` (one thread, best of
     ``passes``): each file opened with the decoder the tool picks and read to its end in reads of
     the size the run makes (the host's reader: ``BLOCK`` frames; the device path: what a chunk
-    needs in one call, ``MAX_READ`` at most, since 0.4), as the samples the run transports (int16
-    where the device path takes it: 16-bit mono through libsndfile or dr_flac), nothing else -- the
-    floor the feed's cost is compared with.  Each file is opened as the run reads it, whole (a FLAC
-    file by dr_flac since 0.4)."""
-    from mimi_extract.audio.decoders import BLOCK, DrFlacFile, open_decoder, read_frames
-    from mimi_extract.audio.device import MAX_READ
+    needs in one call, the decoder's ``largest_read`` at most, since 0.4), as the samples the run
+    transports (int16 where the device path takes it: 16-bit mono through libsndfile or dr_flac),
+    nothing else -- the floor the feed's cost is compared with.  Each file is opened as the run
+    reads it, whole (a FLAC file by dr_flac since 0.4)."""
+    from mimi_extract.audio.decoders import BLOCK, DrFlacFile, largest_read, open_decoder, read_frames
 
-    size = MAX_READ if where == "device" else BLOCK
     paths = sorted(os.path.join(d, f) for d, _, files in os.walk(folder) for f in files if not f.startswith("."))
     best, audio = float("inf"), 0.0
     for _ in range(passes):
         t, audio = time.process_time(), 0.0
         for path in paths:
             f = open_decoder(path, span=(0, None))
+            size = largest_read(f) if where == "device" else BLOCK
             int16 = where == "device" and isinstance(f, (sf.SoundFile, DrFlacFile)) and f.subtype == "PCM_16" \
                 and f.channels == 1
             n = 0

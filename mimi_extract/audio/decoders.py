@@ -18,6 +18,7 @@ import soundfile as sf
 from .trailing import Window, audio_end
 
 BLOCK = 1 << 16  # source frames decoded per read of a stream
+MAX_READ = 1 << 20  # the most a reader that decodes what a chunk needs asks for at once (largest_read)
 
 
 class AudioError(Exception):
@@ -544,6 +545,16 @@ def seek_is_exact(name: str) -> bool:
     gives at that point: PCM and FLAC, not lossy codecs (see ``_PREROLL``), whose split pieces are
     decoded from the item's start and dropped instead (:class:`PieceReader`)."""
     return name.lower().endswith(EXACT_SEEK_EXTENSIONS)
+
+
+def largest_read(file) -> int:
+    """The most frames worth asking ``file`` (an opened decoder) for in one read: :data:`MAX_READ`
+    where a read is one library call into one buffer (libsndfile, dr_flac: a larger read saves the
+    per-read Python, ~20 us, at the same cost per sample), :data:`BLOCK` for FFmpeg's
+    (:class:`PyAVFile` joins its decoded frames in Python: a read of 2^20 frames passes over 8 MB
+    out of the cache three times, and the feed's decode pool cost 2.2x per audio second for MP3
+    and Opus at 48 kHz with it, docs/performance.md)."""
+    return BLOCK if isinstance(file, PyAVFile) else MAX_READ
 
 
 def read_frames(file, n: int, dtype: str = "float32") -> np.ndarray:

@@ -31,12 +31,11 @@ import soundfile as sf
 import torch
 
 from ..config.choices import SAMPLE_RATE
-from .decoders import BLOCK, AudioError, DrFlacFile
+from .decoders import BLOCK, AudioError, DrFlacFile, largest_read
 from .reader import AudioReader
 from .framing import Framing
 from .resample import reduced_rates, sinc_kernel
 
-MAX_READ = 1 << 20  # NativeReader's largest read, in source frames (a chunk's need, from BLOCK up to this)
 INT16_SCALE = 1 / 32768  # libsndfile's float from 16-bit PCM (exact: a power of two)
 SKIP_STEP = 128 * 1920  # PieceReader drops a piece's warm-up in reads of this many 24 kHz samples
 
@@ -116,6 +115,7 @@ class NativeReader(AudioReader):
         # (libsndfile's 16-bit PCM and FLAC; dr_flac's 16-bit FLAC)
         self.dtype = "int16" if (isinstance(self.file, (sf.SoundFile, DrFlacFile)) and self.file.subtype == "PCM_16"
                                  and (self.file.channels == 1 or channel != "mix")) else "float32"
+        self.largest_read = largest_read(self.file)
         self.padded = [np.zeros(self.width + framing.delay(self.rate), self.dtype)]  # P from block `computed` on
         self.padded_len = len(self.padded[0])
         self.computed = 0  # blocks handed out (their outputs are the first computed * new samples)
@@ -123,11 +123,12 @@ class NativeReader(AudioReader):
 
     def _decode(self, need: int) -> None:
         """Decode what the chunk asked for still ``need`` s (native samples of P), in one read where
-        it is at most :data:`MAX_READ` (a 30 s chunk of 16 kHz is 480,000), at least a ``BLOCK``:
-        each read costs the decoder's wrapper and this reader ~20 us of Python whatever its size,
-        and a short item was read in 3-4 of them.  The samples are the same whatever the reads'
-        sizes (each decoder's reads are consecutive); a chunk holds what it needs either way."""
-        data, end = self._decode_block(self.dtype, min(max(need, BLOCK), MAX_READ))
+        it is at most the decoder's :func:`~mimi_extract.audio.decoders.largest_read` (``MAX_READ``,
+        2^20: a 30 s chunk of 16 kHz is 480,000; FFmpeg's: a ``BLOCK``), at least a ``BLOCK``: each
+        read costs the decoder's wrapper and this reader ~20 us of Python whatever its size, and a
+        short item was read in 3-4 of them.  The samples are the same whatever the reads' sizes
+        (each decoder's reads are consecutive); a chunk holds what it needs either way."""
+        data, end = self._decode_block(self.dtype, min(max(need, BLOCK), self.largest_read))
         self.padded.append(data)
         self.padded_len += len(data)
         if end:
