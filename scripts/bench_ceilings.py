@@ -74,13 +74,14 @@ from mimi_extract.codec.demo import random_model  # noqa: E402
 
 TARGET = 20_000
 # name: (extension, sample rate, soundfile format/subtype)
-FORMATS = {
-    "wav16k": (".wav", 16_000, dict(format="WAV", subtype="PCM_16")),
-    "flac16k": (".flac", 16_000, dict(format="FLAC", subtype="PCM_16")),
-    "mp3-48k": (".mp3", 48_000, dict(format="MP3", subtype="MPEG_LAYER_III")),
-    "flac48k": (".flac", 48_000, dict(format="FLAC", subtype="PCM_16")),
-    "opus48k": (".opus", 48_000, dict(format="OGG", subtype="OPUS")),
-    "opus16k": (".opus", 16_000, dict(format="OGG", subtype="OPUS")),  # speech corpora's Opus: 16 kHz stated
+FORMATS = {  # name: (extension, rate, soundfile's format, channels)
+    "wav16k": (".wav", 16_000, dict(format="WAV", subtype="PCM_16"), 1),
+    "flac16k": (".flac", 16_000, dict(format="FLAC", subtype="PCM_16"), 1),
+    "mp3-48k": (".mp3", 48_000, dict(format="MP3", subtype="MPEG_LAYER_III"), 1),
+    "flac48k": (".flac", 48_000, dict(format="FLAC", subtype="PCM_16"), 1),
+    "opus48k": (".opus", 48_000, dict(format="OGG", subtype="OPUS"), 1),
+    "opus16k": (".opus", 16_000, dict(format="OGG", subtype="OPUS"), 1),  # speech corpora's Opus: 16 kHz stated
+    "flac44k-stereo": (".flac", 44_100, dict(format="FLAC", subtype="PCM_16"), 2),  # mixed to mono by the run
 }
 
 
@@ -96,7 +97,7 @@ def speechlike(n: int, rate: int, rng) -> np.ndarray:
 
 
 def make_corpus(root: str, name: str, seconds: float, seed: int = 0) -> tuple[str, float]:
-    ext, rate, kw = FORMATS[name]
+    ext, rate, kw, channels = FORMATS[name]
     folder = os.path.join(root, f"{name}-{seconds:g}s-{seed}")
     done = os.path.join(folder, ".done")
     rng = np.random.default_rng(seed)
@@ -107,8 +108,8 @@ def make_corpus(root: str, name: str, seconds: float, seed: int = 0) -> tuple[st
         while total < seconds:  # utterances of 2-20 s, as speech corpora ship
             s = float(rng.uniform(2, 20))
             os.makedirs(os.path.join(folder, f"spk{i % 7}"), exist_ok=True)
-            sf.write(os.path.join(folder, f"spk{i % 7}", f"utt{i:05d}{ext}"), speechlike(int(s * rate), rate, rng),
-                     rate, **kw)
+            signal = np.stack([speechlike(int(s * rate), rate, rng) for _ in range(channels)], 1)
+            sf.write(os.path.join(folder, f"spk{i % 7}", f"utt{i:05d}{ext}"), signal, rate, **kw)
             total, i = total + s, i + 1
         open(done, "w").write(str(total))
     return folder, float(open(done).read())

@@ -18,9 +18,28 @@ from .resample import SincResampler
 _WARNINGS_KEPT = 1000  # characters of decoder output an item keeps (a damaged file can say thousands of things)
 
 
+def mix_channels(data: np.ndarray) -> np.ndarray:
+    """The channels of ``data`` [frames, channels] averaged, bit for bit what
+    ``data.mean(axis=1, dtype=np.float32)`` gives (the rule every reference in the tests uses), at
+    a twentieth of its cost: numpy reduces each frame's few channels in a call of its own, ~19 ns a
+    frame, which was 930 µs per audio second of 48 kHz stereo, more than FFmpeg's whole Opus decode
+    on some hosts.  Up to 7 channels numpy's sum is ``((0 + c0) + c1) + ...`` in float32 (its
+    pairwise sum's short loop, from a +0: -0.0 becomes +0.0), then divided by their number: done here
+    column by column.  8 or more (the pairwise sum's other order) and any dtype but float32 go
+    through numpy's own mean."""
+    channels = data.shape[1]
+    if channels >= 8 or data.dtype != np.float32:
+        return data.mean(axis=1, dtype=np.float32)
+    out = data[:, 0] + np.float32(0)
+    for c in range(1, channels):
+        out += data[:, c]
+    out /= np.float32(channels)
+    return out
+
+
 def _mono(data: np.ndarray, channel: int | str) -> np.ndarray:
     if channel == "mix":
-        return data.mean(axis=1, dtype=np.float32) if data.shape[1] > 1 else data[:, 0]
+        return mix_channels(data) if data.shape[1] > 1 else data[:, 0]
     if channel == "first":
         return data[:, 0]
     if int(channel) >= data.shape[1]:

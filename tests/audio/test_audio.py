@@ -6,9 +6,11 @@ import numpy as np
 import pytest
 import soundfile as sf
 import torch
+from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis.extra import numpy as hnp
 
 from mimi_extract.audio.decoders import AudioError
-from mimi_extract.audio.reader import AudioReader, load
+from mimi_extract.audio.reader import AudioReader, load, mix_channels
 from mimi_extract.audio.framing import Framing
 from mimi_extract.audio.resample import SincResampler, causal_lookahead
 
@@ -195,3 +197,18 @@ def test_segment_read(tmp_path):
     path = _write(tmp_path, "seg.wav", data, 24_000)
     seg = load(path, start=1000, frames=500)
     assert torch.equal(seg, torch.from_numpy(data[1000:1500]))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(hnp.arrays(np.float32, st.tuples(st.integers(0, 40), st.integers(2, 12)),
+                  elements=st.floats(width=32, allow_nan=True, allow_infinity=True, allow_subnormal=True)))
+def test_channels_mixed_bit_for_bit_as_numpy_s_mean(data):
+    """A mix of several channels is numpy's ``mean(axis=1, dtype=float32)``, the rule of every
+    reference here, bit for bit (signed zeros, NaN payloads, infinities, overflow, subnormals),
+    whether the fast column-by-column sum or numpy's own mean (8 or more channels) computes it."""
+    with np.errstate(all="ignore"):
+        want = data.mean(axis=1, dtype=np.float32)
+        got = mix_channels(data)
+    assert got.dtype == np.float32 and got.shape == want.shape
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    assert np.shares_memory(got, data) is False
