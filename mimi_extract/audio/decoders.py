@@ -553,8 +553,14 @@ def largest_read(file) -> int:
     per-read Python, ~20 us, at the same cost per sample), :data:`BLOCK` for FFmpeg's
     (:class:`PyAVFile` joins its decoded frames in Python: a read of 2^20 frames passes over 8 MB
     out of the cache three times, and the feed's decode pool cost 2.2x per audio second for MP3
-    and Opus at 48 kHz with it, docs/performance.md)."""
-    return BLOCK if isinstance(file, PyAVFile) else MAX_READ
+    and Opus at 48 kHz with it, docs/performance.md).  :data:`MAX_READ` counts samples over all
+    the file's channels (frames x channels, never under a ``BLOCK`` of frames): a read decodes
+    every channel before one is taken or mixed, so 2^20 frames of a 32-channel file were a 128 MB
+    array per decoding thread (a GPU node runs ~100 of them), 16 times a ``BLOCK``'s; a mono
+    file's reads, the common case, are unchanged."""
+    if isinstance(file, PyAVFile):
+        return BLOCK
+    return max(BLOCK, MAX_READ // max(1, file.channels))
 
 
 def read_frames(file, n: int, dtype: str = "float32") -> np.ndarray:

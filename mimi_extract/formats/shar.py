@@ -128,6 +128,10 @@ class SharShard(ShardBuilder):
         problem = key_problem(key)
         if problem:
             raise ValueError(problem)
+        # C order whatever the array's layout (the encoder's codes are a transposed view): np.save
+        # keeps a Fortran-ordered array's layout, so --shar-extend's members (its arrays as they
+        # come) and the writer's (ShardWriter._fill makes them contiguous) differed in their bytes
+        data = np.ascontiguousarray(data)
         npy = io.BytesIO()
         np.save(npy, data, allow_pickle=False)
         nbytes = npy.getbuffer().nbytes

@@ -576,3 +576,30 @@ def test_damage_to_a_json_member_or_an_edited_cuts_file_is_quarantined_on_resume
     view = _lhotse_view(out)
     reference = _lhotse_view(shar_reference[0])
     assert view.keys() == reference.keys() and all(np.array_equal(view[k][1], reference[k][1]) for k in view)
+
+
+@pytest.mark.parametrize("extend", [False, True])
+def test_a_member_is_a_c_order_npy_whatever_the_array_s_layout(extend):
+    """A Shar member is a C-order ``.npy`` (``fortran_order: False``) for an array in any layout: the
+    encoder's codes reach the format as a transposed view, which ``np.save`` would store in Fortran
+    order; the writer makes its arrays contiguous first (``ShardWriter._fill``), ``--shar-extend``
+    hands them as they come, and both must store the same bytes."""
+    import tarfile
+
+    from mimi_extract.formats.records import RowSource
+    from mimi_extract.formats.shar import SharShard
+
+    codes = np.arange(8 * 13, dtype=np.int16).reshape(8, 13).T  # [frames, q], Fortran-ordered
+    images = []
+    for data in (codes, np.ascontiguousarray(codes)):
+        shard = SharShard({"tap": "codes", "shar_extend": extend})
+        row = StoredRow("a.wav", path="a.wav", dataset="a.wav", sample_rate=16_000, duration=1.04,
+                        source=RowSource(path="/a.wav", frames=16_640, channels=1))
+        shard.add("a.wav", data, row, {})
+        image = shard.files("shar/mimi_codes.000000.tar")["shar/mimi_codes.000000.tar"]
+        with tarfile.open(fileobj=io.BytesIO(image)) as tar:
+            npy = io.BytesIO(tar.extractfile("a.wav.npy").read())
+        np.lib.format.read_magic(npy)
+        assert np.lib.format.read_array_header_1_0(npy) == ((13, 8), False, np.dtype(np.int16))
+        images.append(image)
+    assert images[0] == images[1]
