@@ -226,10 +226,13 @@ class StepBuffers:
         return torch.empty(0, dtype=dtype).set_(spare, 0, (rows, width))
 
     def give(self, tensors) -> None:
-        """The buffers of a step that nothing reads any more (the largest ``count`` are kept)."""
+        """The buffers of a step that nothing reads any more, all taken from here (the largest
+        ``count`` are kept; an empty one is not).  Nothing here asks a tensor whether it is pinned:
+        on a host with CUDA that question can start CUDA in a run that never uses it, so a GPU
+        run's steps hand nothing back (``_Feeder._compose``)."""
         with self.lock:
             for t in tensors:
-                if t.device.type == "cpu" and not t.is_pinned():
+                if t.untyped_storage().nbytes():
                     self.free.append(t.untyped_storage())
             self.free.sort(key=lambda s: -s.nbytes())
             del self.free[self.count:]

@@ -112,7 +112,7 @@ class _Step:
     # resampling on the device (device_resample): the rows that ``audio`` holds, and the native-rate rest
     host_rows: torch.Tensor | None = None  # None: audio holds every row
     groups: list[NativeGroup] = field(default_factory=list)
-    buffers: tuple[torch.Tensor, ...] = ()  # the step's host buffers, given back to the pool once encoded
+    buffers: tuple[torch.Tensor, ...] = ()  # the CPU device's step buffers (its pool's), given back once encoded
 
     @classmethod
     def only_errors(cls, errors: list[FrameChunk]) -> "_Step":
@@ -315,7 +315,7 @@ class _Feeder:
                      slots=torch.tensor([row.stream.slot for row in rows]), items=[row.stream.item for row in rows],
                      errors=self.errors,
                      host_rows=None if len(host) == len(rows) else torch.tensor(host, dtype=torch.long),
-                     groups=native, buffers=(audio, *(g.samples for g in native)))
+                     groups=native, buffers=() if pin else (audio, *(g.samples for g in native)))
 
     def _advance(self, rows: list[_Row]) -> None:
         """After composing: each stream's emitted samples counted; an ending stream frees its row."""

@@ -311,3 +311,23 @@ def test_step_buffers_reused_only_once_their_step_is_encoded(tmp_path, tiny_mode
     for item in items:
         ref = reference_single(tiny_model, load(item.path), 8)
         assert torch.equal(torch.cat([p.data["codes"] for p in pieces[item.uid]]), ref["codes"]), item.key
+
+
+def test_step_buffers_reuse_what_is_given_back_and_never_ask_whether_pinned(monkeypatch):
+    """A buffer given back serves a later step that fits in it, the largest two are kept, an empty
+    one is not, and nothing asks a tensor whether it is pinned (on a host with CUDA that can start
+    CUDA in a CPU run)."""
+    from mimi_extract.audio.device import StepBuffers
+
+    def asked(self, *a, **kw):
+        raise AssertionError("is_pinned asked")
+
+    monkeypatch.setattr(torch.Tensor, "is_pinned", asked)
+    pool = StepBuffers()
+    first = pool.take(4, 1000, torch.int16)
+    pool.give([first, pool.take(0, 1000, torch.float32)])
+    assert len(pool.free) == 1
+    again = pool.take(3, 1100, torch.int16)
+    assert again.untyped_storage().data_ptr() == first.untyped_storage().data_ptr() and pool.reused == 1
+    pool.give([again, pool.take(2, 10, torch.float32), pool.take(8, 1000, torch.float32)])
+    assert sorted(s.nbytes() for s in pool.free) == sorted([again.untyped_storage().nbytes(), 8 * 1000 * 4 * 5 // 4])
