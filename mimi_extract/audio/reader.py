@@ -22,8 +22,8 @@ def mix_channels(data: np.ndarray) -> np.ndarray:
     """The channels of ``data`` [frames, channels] averaged, bit for bit what
     ``data.mean(axis=1, dtype=np.float32)`` gives (the rule every reference in the tests uses), at
     a twentieth of its cost: numpy reduces each frame's few channels in a call of its own, ~19 ns a
-    frame, which was 930 µs per audio second of 48 kHz stereo, more than FFmpeg's whole Opus decode
-    on some hosts.  Up to 7 channels numpy's sum is ``((0 + c0) + c1) + ...`` in float32 (its
+    frame, which was 930 µs per audio second of 48 kHz stereo, more than dr_flac's whole decode of
+    44.1 kHz stereo FLAC (~670, docs/performance.md).  Up to 7 channels numpy's sum is ``((0 + c0) + c1) + ...`` in float32 (its
     pairwise sum's short loop, from a +0: -0.0 becomes +0.0), then divided by their number: done here
     column by column.  8 or more (the pairwise sum's other order) and any dtype but float32 go
     through numpy's own mean."""
