@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 
 import numpy as np
 import soundfile as sf
@@ -145,6 +146,27 @@ def _frame_array(frame) -> np.ndarray:
 # by a Xing table of contents), so the samples from the target on equal the whole-file decode's.
 _PREROLL = 1 << 16
 
+# One FFmpeg decode at a time in a process (PyAVFile's reads, seeks and counts).  PyAV releases the
+# GIL only inside FFmpeg's calls; around each 20-26 ms frame (packet, frame and array objects) it
+# needs it, so two threads decoding at once hand the GIL to and fro some 36 times per audio second
+# and run no faster than one: measured on Opus and MP3 48 kHz, two decode threads in one process
+# took 1.5-1.8x the CPU per audio second of one thread at the same or lower throughput (575 vs
+# 590x, 685 vs 975x), and the same two threads taking turns through this lock took one thread's
+# CPU at its throughput (docs/performance.md).  Other decoders (libsndfile, dr_flac) release the
+# GIL for a whole read and keep decoding in parallel; more FFmpeg throughput per GPU comes from
+# more feeding processes (``--feeders-per-gpu``).  Re-entrant: a seek reads.  Bytes that come over
+# the network as FFmpeg reads them take no turns (:func:`_turns_for`).
+FFMPEG_TURNS = threading.RLock()
+
+
+def _turns_for(source):
+    """:data:`FFMPEG_TURNS` for bytes read from this machine, none for bytes that come over the
+    network as FFmpeg reads them (a tar member of a shard on object storage, whose file object
+    says ``over_network``): a turn held through a ranged GET would stall every other FFmpeg decode
+    of the process, where threads hide that latency."""
+    over_network = getattr(source, "over_network", False) or getattr(getattr(source, "raw", None), "over_network", False)
+    return contextlib.nullcontext() if over_network else FFMPEG_TURNS
+
 
 class PyAVFile:
     """What AudioReader needs of ``sf.SoundFile`` (``samplerate``, ``channels``, ``frames``,
@@ -176,6 +198,7 @@ class PyAVFile:
         self.preroll_seek = str(self.name).lower().endswith(PREROLL_SEEK_EXTENSIONS)
         self._skipped: list[str] = []  # why each undecodable packet was silenced
         self.container = None
+        self._turns = _turns_for(source)
         # what FFmpeg reads: an MPEG file's bytes before its trailing APEv2 / ID3v2 tags (audio.trailing)
         self._input = _before_trailing_tags(source) if self.mpeg else source
         self._open(av)
@@ -257,7 +280,8 @@ class PyAVFile:
             counter.samplerate, counter.channels = self.samplerate, self.channels
             counter._open(av)
             try:
-                self._frames = counter._count_to_end()
+                with self._turns:
+                    self._frames = counter._count_to_end()
             finally:
                 counter.close()
             if not isinstance(self.source, (str, os.PathLike)):  # one handle: rewind this reader
@@ -298,6 +322,10 @@ class PyAVFile:
         self._decoded = self._decode(self.container.demux(self.stream))
 
     def read(self, n: int, dtype: str = "float32", always_2d: bool = True) -> np.ndarray:
+        with self._turns:
+            return self._read(n)
+
+    def _read(self, n: int) -> np.ndarray:
         parts, have = [self.buffer] if self.buffer and len(self.buffer[0]) else [], len(self.buffer[0]) if self.buffer else 0
         while have < n:
             _, block = next(self._decoded, (None, None))
@@ -315,6 +343,10 @@ class PyAVFile:
 
     def seek(self, frames: int) -> int:
         """Position at source sample ``frames`` (from the start only: the reader seeks once)."""
+        with self._turns:
+            return self._seek(frames)
+
+    def _seek(self, frames: int) -> int:
         if self.preroll_seek and self.position == 0 and frames > 2 * _PREROLL and self._preroll_seek(frames):
             return frames
         left = frames - self.position

@@ -57,6 +57,12 @@ class MemberView(io.RawIOBase):
         self.file = remote.open_input(path)
         self.offset, self.size, self.pos, self.name = offset, size, 0, name
 
+    @property
+    def over_network(self) -> bool:
+        """Whether its bytes come by ranged GETs as they are read (``decoders``: FFmpeg then decodes
+        it without taking turns)."""
+        return isinstance(self.file, remote.ObjectFile)
+
     def readable(self) -> bool:
         return True
 

@@ -358,3 +358,77 @@ def test_split_24k_mp3_equals_its_single_item_reference(tmp_path, tiny_model, ti
     ref = reference_single(tiny_model, load(str(tmp_path / "in" / "long24.mp3")), 8)["codes"].numpy()
     got = read(out, "long24.mp3")
     assert got.shape == ref.shape and np.array_equal(got, ref)
+
+
+class CountedTurns:
+    """A re-entrant lock that counts how often it is taken (``decoders.FFMPEG_TURNS``'s stand-in)."""
+
+    def __init__(self):
+        import threading
+
+        self.inner, self.taken = threading.RLock(), 0
+
+    def __enter__(self):
+        self.inner.acquire()
+        self.taken += 1
+
+    def __exit__(self, *exc):
+        self.inner.release()
+
+
+def test_ffmpeg_decodes_take_turns_in_a_process_and_give_the_same_samples(tmp_path, monkeypatch):
+    """FFmpeg's reads and seeks go through ``decoders.FFMPEG_TURNS`` (two threads decoding through
+    PyAV at once cost 1.5-1.8x the CPU of one at no more throughput: the GIL around each frame), and
+    two threads reading two MP3s at once get exactly FFmpeg's whole decode of each."""
+    import threading
+
+    from mimi_extract.audio import decoders
+
+    turns = CountedTurns()
+    monkeypatch.setattr(decoders, "FFMPEG_TURNS", turns)
+    paths = [tmp_path / "a.mp3", tmp_path / "b.mp3"]
+    write_mp3(paths[0], 44_100, "vbr", True)
+    write_mp3(paths[1], 48_000, "cbr32", False)
+    refs = [ffmpeg_decode(p) for p in paths]
+    got = [None, None]
+
+    def read(i):
+        got[i] = tool_read(paths[i])
+
+    threads = [threading.Thread(target=read, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(HANG_S)
+    assert all(np.array_equal(g, r) for g, r in zip(got, refs))
+    assert turns.taken >= sum(-(-len(r) // BLOCK) for r in refs)  # every read took its turn
+    taken = turns.taken
+    seg = tool_read(paths[0], 3 * BLOCK // 2, 20_000)  # a seek (through its pre-roll) takes turns too
+    assert np.array_equal(seg, refs[0][3 * BLOCK // 2: 3 * BLOCK // 2 + 20_000]) and turns.taken > taken + 1
+
+
+def test_a_member_read_over_the_network_takes_no_ffmpeg_turns(tmp_path, monkeypatch):
+    """A tar member whose bytes come by ranged GETs as FFmpeg reads them decodes without a turn (a
+    turn held through a GET would stall the process's other FFmpeg decodes); the same member read
+    from a local shard takes its turns.  The samples are FFmpeg's whole decode either way."""
+    import tarfile
+
+    from mimi_extract.audio import decoders
+    from mimi_extract.sources.tar import MemberView, open_member
+
+    path = tmp_path / "a.mp3"
+    write_mp3(path, 48_000, "vbr", True)
+    with tarfile.open(tmp_path / "s.tar", "w") as tf:
+        tf.add(path, "a.mp3")
+    with tarfile.open(tmp_path / "s.tar") as tf:
+        member = tf.getmember("a.mp3")
+    ref = ffmpeg_decode(path)
+    for remote_bytes in (False, True):
+        turns = CountedTurns()
+        monkeypatch.setattr(decoders, "FFMPEG_TURNS", turns)
+        monkeypatch.setattr(MemberView, "over_network", property(lambda self, r=remote_bytes: r))
+        f = open_decoder(open_member(str(tmp_path / "s.tar"), member.offset_data, member.size, "a.mp3"), "a.mp3")
+        got = np.concatenate([f.read(BLOCK) for _ in range(-(-len(ref) // BLOCK) + 1)])
+        f.close()
+        assert np.array_equal(got, ref)
+        assert (turns.taken == 0) == remote_bytes, (remote_bytes, turns.taken)
