@@ -148,8 +148,11 @@ def default_cpu_workers() -> int:
 def feeders_per_gpu(gpus: int, cores: int | None = None) -> int:
     """Feeding processes per GPU by default (``--feeders-per-gpu``; ``--device cuda:0,cuda:0,...``
     says it by hand).  One process feeds a GPU at ~``rates.PROCESS_X`` at most: its decoding threads
-    run in parallel (libsndfile and FFmpeg release the GIL), but the feeder, the encoder thread and the
-    Python around each decoded block share its one GIL.  So enough processes for every GPU at
+    run in parallel (libsndfile and dr_flac release the GIL for a whole read), but the feeder, the
+    encoder thread and the Python around each decoded block share its one GIL; FFmpeg's decodes
+    (MP3, Opus, AAC) take turns in a process (``audio.decoders.FFMPEG_TURNS``: threads gained
+    nothing there), so such a corpus decodes at one core's FFmpeg speed per process (~600-1,000x
+    real time at 48 kHz on this repository's host) and wants more processes than this default.  So enough processes for every GPU at
     ``rates.TARGET_X`` (each process writes its own shards: no single writer caps the machine, since
     0.4.0) and no more than half the cores per GPU (each needs its Python thread and a decoding
     thread).  Measured: scripts/bench_ceilings.py procs."""
