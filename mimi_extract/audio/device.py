@@ -205,8 +205,7 @@ class StepBuffers:
     def __init__(self, count: int = 2):
         self.count = count
         self.free: list[torch.UntypedStorage] = []
-        self.taken = 0  # buffers handed out (reused or new)
-        self.reused = 0
+        self.reused = 0  # buffers handed out again
         self.lock = threading.Lock()
 
     def take(self, rows: int, width: int, dtype: torch.dtype) -> torch.Tensor:
@@ -215,7 +214,6 @@ class StepBuffers:
         if not size:  # (a step with no host rows: nothing to keep)
             return torch.empty(rows, width, dtype=dtype)
         with self.lock:
-            self.taken += 1
             fits = [s for s in self.free if s.nbytes() >= size]
             if fits:
                 storage = min(fits, key=lambda s: s.nbytes())
