@@ -168,6 +168,16 @@ def _turns_for(source):
     return contextlib.nullcontext() if over_network else FFMPEG_TURNS
 
 
+def decode_turn(file):
+    """One turn for a run of reads of ``file`` (an opened decoder): its :data:`FFMPEG_TURNS` where it
+    takes turns, else nothing.  A reader that decodes what a chunk needs in several reads takes its
+    turn once for all of them (:class:`~mimi_extract.audio.device.NativeReader`): two threads taking
+    turns read by read alternate two FFmpeg decoders every ``BLOCK``, and each finds its state out
+    of the cache (one thread 1,134-1,150 us per audio second of MP3, two taking turns by the read
+    1,251-1,272, docs/performance.md).  Re-entrant: the reads inside take it again at no cost."""
+    return getattr(file, "turns", None) or contextlib.nullcontext()
+
+
 class PyAVFile:
     """What AudioReader needs of ``sf.SoundFile`` (``samplerate``, ``channels``, ``frames``,
     ``read``, ``seek``, ``close``), decoded by PyAV (FFmpeg) from a path or a seekable file-like
@@ -198,7 +208,7 @@ class PyAVFile:
         self.preroll_seek = str(self.name).lower().endswith(PREROLL_SEEK_EXTENSIONS)
         self._skipped: list[str] = []  # why each undecodable packet was silenced
         self.container = None
-        self._turns = _turns_for(source)
+        self.turns = _turns_for(source)
         # what FFmpeg reads: an MPEG file's bytes before its trailing APEv2 / ID3v2 tags (audio.trailing)
         self._input = _before_trailing_tags(source) if self.mpeg else source
         self._open(av)
@@ -280,7 +290,7 @@ class PyAVFile:
             counter.samplerate, counter.channels = self.samplerate, self.channels
             counter._open(av)
             try:
-                with self._turns:
+                with self.turns:
                     self._frames = counter._count_to_end()
             finally:
                 counter.close()
@@ -322,7 +332,7 @@ class PyAVFile:
         self._decoded = self._decode(self.container.demux(self.stream))
 
     def read(self, n: int, dtype: str = "float32", always_2d: bool = True) -> np.ndarray:
-        with self._turns:
+        with self.turns:
             return self._read(n)
 
     def _read(self, n: int) -> np.ndarray:
@@ -343,7 +353,7 @@ class PyAVFile:
 
     def seek(self, frames: int) -> int:
         """Position at source sample ``frames`` (from the start only: the reader seeks once)."""
-        with self._turns:
+        with self.turns:
             return self._seek(frames)
 
     def _seek(self, frames: int) -> int:

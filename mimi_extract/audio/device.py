@@ -31,7 +31,7 @@ import soundfile as sf
 import torch
 
 from ..config.choices import SAMPLE_RATE
-from .decoders import BLOCK, AudioError, DrFlacFile, largest_read
+from .decoders import BLOCK, AudioError, DrFlacFile, decode_turn, largest_read
 from .reader import AudioReader
 from .framing import Framing
 from .resample import reduced_rates, sinc_kernel
@@ -127,10 +127,18 @@ class NativeReader(AudioReader):
         2^20: a 30 s chunk of 16 kHz is 480,000; FFmpeg's: a ``BLOCK``), at least a ``BLOCK``: each
         read costs the decoder's wrapper and this reader ~20 us of Python whatever its size, and a
         short item was read in 3-4 of them.  The samples are the same whatever the reads' sizes
-        (each decoder's reads are consecutive); a chunk holds what it needs either way."""
-        data, end = self._decode_block(self.dtype, min(max(need, BLOCK), self.largest_read))
-        self.padded.append(data)
-        self.padded_len += len(data)
+        (each decoder's reads are consecutive); a chunk holds what it needs either way.  Where one
+        read is not enough (FFmpeg's ``BLOCK`` s), the reads follow each other in one turn of the
+        process's FFmpeg decodes (:func:`~mimi_extract.audio.decoders.decode_turn`), as the parts of
+        the chunk they are (never joined here)."""
+        with decode_turn(self.file):
+            while True:
+                data, end = self._decode_block(self.dtype, min(max(need, BLOCK), self.largest_read))
+                self.padded.append(data)
+                self.padded_len += len(data)
+                need -= len(data)
+                if end or need <= 0:
+                    break
         if end:
             self.close()
             if self.source_samples == 0:

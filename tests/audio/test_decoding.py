@@ -407,6 +407,47 @@ def test_ffmpeg_decodes_take_turns_in_a_process_and_give_the_same_samples(tmp_pa
     assert np.array_equal(seg, refs[0][3 * BLOCK // 2: 3 * BLOCK // 2 + 20_000]) and turns.taken > taken + 1
 
 
+class OuterTurns(CountedTurns):
+    """... that also counts its outermost takes (a thread taking it again inside its turn is not one)."""
+
+    def __init__(self):
+        import threading
+
+        super().__init__()
+        self.depth, self.outer = threading.local(), 0
+
+    def __enter__(self):
+        super().__enter__()
+        self.depth.n = getattr(self.depth, "n", 0) + 1
+        self.outer += self.depth.n == 1
+
+    def __exit__(self, *exc):
+        self.depth.n -= 1
+        super().__exit__()
+
+
+def test_a_device_chunk_decodes_in_one_ffmpeg_turn(tmp_path, monkeypatch):
+    """The device path's reader decodes what a chunk needs from FFmpeg in ``BLOCK`` reads, all in
+    one turn (two threads taking turns by the read alternate two decoders every ``BLOCK``: 10% more
+    CPU, docs/performance.md): one outermost turn for the chunk, every read inside it, and the
+    chunk's samples are FFmpeg's whole decode."""
+    from mimi_extract.audio import decoders
+    from mimi_extract.audio.device import NativeReader
+
+    turns = OuterTurns()
+    monkeypatch.setattr(decoders, "FFMPEG_TURNS", turns)
+    path = tmp_path / "a.mp3"
+    write_mp3(path, 48_000, "cbr32", False)
+    ref = ffmpeg_decode(path)[:, 0]
+    reader = NativeReader(str(path), "first")
+    lead = len(reader.padded[0])  # P: zeros, then the item
+    taken, outer = turns.taken, turns.outer
+    chunk, final = reader.next_chunk(1 << 20)  # the whole item: 5 reads of a BLOCK
+    assert final and turns.outer == outer + 1 and turns.taken >= taken + -(-len(ref) // BLOCK), (turns.outer, turns.taken)
+    samples = np.concatenate(chunk.parts)
+    assert np.array_equal(samples[lead: lead + len(ref)], ref) and not samples[:lead].any()
+
+
 def test_a_member_read_over_the_network_takes_no_ffmpeg_turns(tmp_path, monkeypatch):
     """A tar member whose bytes come by ranged GETs as FFmpeg reads them decodes without a turn (a
     turn held through a GET would stall the process's other FFmpeg decodes); the same member read
