@@ -297,7 +297,8 @@ class _Feeder:
         size = max(len(row.chunk) for row in rows)
         if all(row.final for row in rows):  # rows that go on fix the size (the chunk) themselves
             size = min(-(-size // runner._bucket) * runner._bucket, max(size, runner.chunk))
-        pin, pool = runner.device.startswith("cuda"), runner.buffers
+        pool = runner.buffers
+        pin = pool is None  # (a GPU's steps: pinned buffers from torch's cache)
         host = [r for r, row in enumerate(rows) if not isinstance(row.chunk, NativeChunk)]
         # (one write of each sample)
         audio = torch.empty(len(host), size, pin_memory=True) if pin else pool.take(len(host), size, torch.float32)
@@ -357,8 +358,8 @@ class DeviceRunner:
         # step lengths rounded up to 4 frames (0.32 s): shapes repeat, so cuDNN's autotuning and
         # oneDNN's per-shape kernels are reused (CPU: a new shape costs ~30% more, measured)
         self._bucket = 4 * self.encoder.hop
-        # the CPU device's step buffers, reused once a step is encoded (a GPU's pinned ones are torch's)
-        self.buffers = StepBuffers()
+        # the CPU device's step buffers, reused once a step is encoded (a GPU's pinned ones are torch's: none)
+        self.buffers = None if device.startswith("cuda") else StepBuffers()
 
     # -- feeder ----------------------------------------------------------------------------
     def _open(self, item: Item) -> AudioReader | PieceReader:
@@ -565,7 +566,8 @@ class DeviceRunner:
                     step = step.rows(keep)
                 t0 = time.perf_counter()
                 chunks = self._encode(step)
-                self.buffers.give(buffers)  # nothing reads them any more: the chunks hold the encoder's outputs
+                if self.buffers is not None:  # nothing reads them any more: the chunks hold the encoder's outputs
+                    self.buffers.give(buffers)
                 t1 = time.perf_counter()
                 self.stats.busy += t1 - t0
                 for chunk in chunks:
