@@ -118,6 +118,16 @@ class RayEncoder:
         return RayResult(chunks, self.runner.stats, ready, writes=True, held=self.shards.held)
 
 
+def _own_niceness() -> dict:
+    """``ray.init``'s options that start a private cluster's workers at this process's niceness,
+    where Ray's default adds 15: the actors are this run's own work, and beside other processes a
+    nice-15 actor gets about 3 % of a core (measured: docs/performance.md, "On a busy machine,
+    Ray's niceness").  Ray adds ``worker_niceness`` to the raylet's own, which is this process's
+    (measured: a driver at 5 with 0 gives actors at 5).  A user's ``RAY_worker_niceness`` is kept
+    (the system config would override it)."""
+    return {} if "RAY_worker_niceness" in os.environ else {"_system_config": {"worker_niceness": 0}}
+
+
 class RayEngine(Engine):
     """Work units on a Ray cluster; see the module docstring."""
 
@@ -138,7 +148,7 @@ class RayEngine(Engine):
 
                 self.reaper = _reaper.start()  # the cluster goes with this process, however it dies
                 try:
-                    ray.init(address="local", include_dashboard=False, **quiet)
+                    ray.init(address="local", include_dashboard=False, **quiet, **_own_niceness())
                 except BaseException:
                     _reaper.stop(self.reaper)
                     raise

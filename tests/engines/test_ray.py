@@ -143,21 +143,26 @@ def test_ray_interrupted_then_resumed(corpus60, tiny_model_dir, in_process, ray_
 
 
 @pytest.mark.slow
-def test_ray_driver_killed_takes_its_private_cluster(corpus60, tiny_model_dir, in_process, ray_cluster, tmp_path):
+def test_ray_driver_killed_takes_its_private_cluster(corpus60, tiny_model_dir, in_process, ray_cluster, tmp_path,
+                                                    monkeypatch):
     """kill -9 of a driver that started a private local cluster, mid-run (shards committed, two
     actors writing their own): every process of that cluster (GCS, raylet, workers, and Ray's
     dashboard and runtime-env agents, which Ray itself leaves running for good) is gone within
     seconds, killed by the reaper the driver started; a resume then completes OUT exactly.  The
     private cluster has every core of the machine, shared by the two actors (the plan line, printed
-    before the actors start)."""
+    before the actors start), and its actors run at the driver's niceness, not 15 more (no
+    ``RAY_worker_niceness`` given: conftest's is taken away for this driver, which runs 3 nicer
+    than the tests, so that an increment of its own niceness would show too)."""
     import ray  # noqa: F401  (its bundled psutil)
     import psutil
 
     from support import cli_process
 
+    monkeypatch.delenv("RAY_worker_niceness", raising=False)
     out = tmp_path / "out"
     driver = cli_process("codes", corpus60, out, "--model", tiny_model_dir, "--device", "cpu", "--engine", "ray",
-                         "--ray-cpu-actors", 2, "--chunk-seconds", 2, "--shard-size", 3, start_new_session=True)
+                         "--ray-cpu-actors", 2, "--chunk-seconds", 2, "--shard-size", 3, start_new_session=True,
+                         preexec_fn=lambda: (signal.signal(signal.SIGINT, signal.SIG_DFL), os.nice(3)))
     plan = read_until(driver.stdout, "to encode", "the driver's plan line")[-1]  # (one line: never wrapped)
     tree: dict[int, tuple[float, str]] = {}
 
@@ -180,6 +185,8 @@ def test_ray_driver_killed_takes_its_private_cluster(corpus60, tiny_model_dir, i
     wait_for(lambda: started() and committed(), "the private cluster's processes and a committed shard", poll=0.2)
     names = " ".join(cmd for _, cmd in tree.values())
     assert "RayEncoder" in names and "DashboardAgent" in names and "RuntimeEnvAgent" in names, names
+    niceness = {psutil.Process(pid).nice() for pid, (_, cmd) in tree.items() if "RayEncoder" in cmd}
+    assert niceness == {psutil.Process(driver.pid).nice()}, niceness
     os.kill(driver.pid, signal.SIGKILL)
     driver.wait()
 
