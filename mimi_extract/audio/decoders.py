@@ -9,6 +9,7 @@ counted in the item's ``decoder_warnings``."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import threading
@@ -145,6 +146,18 @@ def _frame_array(frame) -> np.ndarray:
 # MPEG demuxer then gives every packet its exact time (it seeks by its own index of the frames, not
 # by a Xing table of contents), so the samples from the target on equal the whole-file decode's.
 _PREROLL = 1 << 16
+# A stream's length is counted from its tail (PyAVFile.frames): the time of its last frame (the
+# demuxer's, exact) plus that frame's decoded size (end trimming applied by FFmpeg from the last
+# packet's side data).  Neither depends on the samples decoded before it, so no pre-roll is needed:
+# the demuxer is positioned _COUNT_TAIL samples before the end, its packets read to the end without
+# decoding, and only the last _COUNT_PACKETS of them (FFmpeg's closing empty packet included, which
+# drains a decoder's delay) decoded: the last frame comes after 7 frames decoded before it, the MP3 bit
+# reservoir's reach in an 8 kbit/s MPEG-2.5 stream.  Measured (the bench corpora's 276 items each,
+# docs/performance.md): a probe's count of an MP3 2.66 -> 1.51 ms, of an Ogg Opus file 6.12 -> 1.75
+# (whose seek lands a page or two early: ~100 packets were decoded); the counts are the same, and the
+# real-shapes tests compare every count with FFmpeg's whole decode (3 packets were enough there).
+_COUNT_TAIL = 1 << 15
+_COUNT_PACKETS = 9
 
 # One FFmpeg decode at a time in a process (PyAVFile's reads, seeks and counts).  PyAV releases the
 # GIL only inside FFmpeg's calls; around each 20-26 ms frame (packet, frame and array objects) it
@@ -190,8 +203,8 @@ class PyAVFile:
     ``frames``, the decoded length, is what the decoder outputs, which no header of these formats
     states exactly for every file (AAC priming and edit lists; an MP3 without a Xing/VBRI header,
     or a LAME gapless tag).  For MPEG audio, Ogg Opus and MP4/M4A it is counted from the time of the first
-    decoded sample to the end of the last frame, decoding only the stream's last :data:`_PREROLL`
-    samples (the packet times come from the demuxer's frame index, the MP4 sample table or the Ogg
+    decoded sample to the end of the last frame, decoding only the stream's last :data:`_COUNT_PACKETS`
+    packets (the packet times come from the demuxer's frame index, the MP4 sample table or the Ogg
     pages' granule positions, read without decoding); for the other containers by a full decode.
     Both are checked against a whole decode in tests/audio/test_real_shapes.py.  ``seek`` of MPEG
     audio and Ogg Opus seeks (see ``_PREROLL``); of the others, decodes and drops from where the stream is (an AAC frame read
@@ -312,15 +325,17 @@ class PyAVFile:
         self.container.seek(2 ** 62, stream=self.stream, backward=True)  # indexes every frame: the last one
         last = next((p for p in self.container.demux(self.stream) if p.pts is not None), None)
         end = self._samples(last.pts) if last is not None else origin
-        if end - _PREROLL <= origin + len(first[0]):  # a short stream: decode it all, from the start
+        if end - _COUNT_TAIL <= origin + len(first[0]):  # a short stream: decode it all, from the start
             import av
 
             self.container.close()
             self._open(av)
             return sum(len(a[0]) for _, a in self._decoded)
-        self._seek_to(end - _PREROLL)
+        self.container.seek(int((end - _COUNT_TAIL) / (self.stream.time_base * self.samplerate)), stream=self.stream,
+                            backward=True)
+        tail = collections.deque(self.container.demux(self.stream), maxlen=_COUNT_PACKETS)  # (demuxed, not decoded)
         at, size = origin, 0
-        for t, block in self._decoded:
+        for t, block in self._decode(iter(tail)):
             if t is None:
                 raise AudioError("a frame without a time after a seek")
             at, size = self._samples(t), len(block[0])

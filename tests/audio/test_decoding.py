@@ -120,6 +120,36 @@ def test_mp3_reads_equal_whole_and_ffmpeg_decode(tmp_path, rate, mode, headers):
     check_reads(path, rate, ref, 0.0)
 
 
+@pytest.mark.parametrize("ext", [".mp3", ".opus"])
+def test_a_length_is_counted_from_a_few_packets_at_the_tail(tmp_path, monkeypatch, ext):
+    """Counting an MP3's or an Ogg Opus file's length (what planning does for every item) decodes
+    its first frame and only the last ``_COUNT_PACKETS`` packets, however long it is (it decoded
+    the last 65,536 samples after a pre-roll seek: 57 MP3 frames, and ~100 Opus packets where the
+    Ogg seek lands early), and still equals FFmpeg's whole decode."""
+    from mimi_extract.audio import decoders
+
+    path = tmp_path / f"long{ext}"
+    if ext == ".mp3":
+        write_mp3(path, 48_000, "vbr", True, n=48_000 * 20)
+    else:
+        sf.write(str(path), music(48_000, 48_000 * 20)[:, 0], 48_000, format="OGG", subtype="OPUS")
+    ref = ffmpeg_decode(path)
+    decoded = []
+    plain = decoders.PyAVFile._decode
+
+    def counted(self, packets):
+        for frame in plain(self, packets):
+            decoded.append(frame)
+            yield frame
+
+    monkeypatch.setattr(decoders.PyAVFile, "_decode", counted)
+    f = open_decoder(str(path))
+    decoded.clear()
+    frames = f.frames
+    f.close()
+    assert frames == len(ref) and 2 <= len(decoded) <= 1 + decoders._COUNT_PACKETS, (frames, len(ref), len(decoded))
+
+
 def test_vbr_mp3_without_xing_header_decodes_to_its_end(tmp_path):
     """libsndfile took the length of an MP3 without a Xing/VBRI header from libmpg123's estimate
     (file size / first frame's bit rate) and decoded no further: a VBR one lost 74 % (it was an
