@@ -96,17 +96,19 @@ def speechlike(n: int, rate: int, rng) -> np.ndarray:
     return (0.15 * envelope * voiced + 0.01 * rng.standard_normal(n)).astype(np.float32)
 
 
-def make_corpus(root: str, name: str, seconds: float, seed: int = 0) -> tuple[str, float]:
+def make_corpus(root: str, name: str, seconds: float, seed: int = 0,
+                lengths: tuple[float, float] = (2.0, 20.0)) -> tuple[str, float]:
     ext, rate, kw, channels = FORMATS[name]
-    folder = os.path.join(root, f"{name}-{seconds:g}s-{seed}")
+    shape = "" if lengths == (2.0, 20.0) else f"-{lengths[0]:g}to{lengths[1]:g}s"
+    folder = os.path.join(root, f"{name}-{seconds:g}s-{seed}{shape}")
     done = os.path.join(folder, ".done")
     rng = np.random.default_rng(seed)
     if not os.path.exists(done):
         shutil.rmtree(folder, ignore_errors=True)
         os.makedirs(folder)
         total, i = 0.0, 0
-        while total < seconds:  # utterances of 2-20 s, as speech corpora ship
-            s = float(rng.uniform(2, 20))
+        while total < seconds:  # utterances of 2-20 s by default, as speech corpora ship
+            s = float(rng.uniform(*lengths))
             os.makedirs(os.path.join(folder, f"spk{i % 7}"), exist_ok=True)
             signal = np.stack([speechlike(int(s * rate), rate, rng) for _ in range(channels)], 1)
             sf.write(os.path.join(folder, f"spk{i % 7}", f"utt{i:05d}{ext}"), signal, rate, **kw)
@@ -251,7 +253,8 @@ def feed(args, model_dir: str) -> dict:
 
     results = {}
     for name, where in [(n, w) for n in args.formats.split(",") for w in args.resample_on.split(",")]:
-        folder, seconds = make_corpus(os.path.join(args.workdir, "corpus"), name, args.seconds)
+        folder, seconds = make_corpus(os.path.join(args.workdir, "corpus"), name, args.seconds,
+                                      lengths=args.utterance_seconds)
         out = os.path.join(args.workdir, "out-feed")
         shutil.rmtree(out, ignore_errors=True)
         settings = Settings(model=model_dir, tap=args.tap, devices=("cpu",), batch_size=64, max_batch_seconds=300,
@@ -383,7 +386,8 @@ def feed_processes(args, model_dir: str) -> dict:
     engines.ENGINES["local"] = ProcessEngine  # one feeding process too: the writer in this process, as with more
     results = {}
     for name in args.formats.split(","):
-        folder, seconds = make_corpus(os.path.join(args.workdir, "corpus"), name, args.seconds)
+        folder, seconds = make_corpus(os.path.join(args.workdir, "corpus"), name, args.seconds,
+                                      lengths=args.utterance_seconds)
         for fmt in args.procs_formats.split(","):
             for k in map(int, args.procs.split(",")):
                 out = os.path.join(args.workdir, "out-procs")
@@ -563,6 +567,8 @@ def main() -> None:
     p.add_argument("--sections", default="feed,procs,write,ray")
     p.add_argument("--formats", default=",".join(FORMATS), help=f"feed corpora: {', '.join(FORMATS)}")
     p.add_argument("--seconds", type=float, default=1200.0, help="audio seconds per feed corpus")
+    p.add_argument("--utterance-seconds", default=(2.0, 20.0), type=lambda v: tuple(map(float, v.split(","))),
+                   help="MIN,MAX: the corpora's utterances, uniform in this range (default 2,20; 1,4 for short clips)")
     p.add_argument("--tap", default="codes")
     p.add_argument("--decode-threads", type=int, default=2, help="--num-workers of the run (the decode pool)")
     p.add_argument("--torch-threads", type=int, default=2, help="torch's intra-op threads (a GPU worker's: 2); with "
