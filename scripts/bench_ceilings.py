@@ -368,7 +368,7 @@ def feed_processes(args, model_dir: str) -> dict:
     original = ProcessEngine.run
 
     def run(self, *a, **kw):  # the runner: from the start, and from its first result on (any tree: PYTHONPATH)
-        t = time.process_time()
+        t, spent["engine_wall"] = time.process_time(), time.perf_counter()
         spent["steady"] = None
         try:
             for chunk in original(self, *a, **kw):
@@ -378,6 +378,7 @@ def feed_processes(args, model_dir: str) -> dict:
         finally:
             spent["main"] = time.process_time() - t
             spent["steady"] = time.process_time() - spent["steady"]
+            spent["engine_wall"] = time.perf_counter() - spent["engine_wall"]  # the workers' feeding, their imports left out
 
     ProcessEngine.run = run
     from mimi_extract import engines
@@ -420,12 +421,16 @@ def feed_processes(args, model_dir: str) -> dict:
                     "writer_cpu_s_from_first_piece": spent["steady"], "writer_x_per_cpu_s": writer_x,
                     "writer_x_per_cpu_s_with_start": seconds / main, "feeding_cpu_s": feeding, "feeding_us_per_audio_s": 1e6 * feeding / seconds,
                     "process_x_gil_bound": process_x, "machine_x_bound": min(k * process_x, writer_x) if process_x else None,
-                    "wall_s": wall, "wall_x_here": seconds / wall, "workers": workers}
+                    "wall_s": wall, "wall_x_here": seconds / wall,
+                    # wall of the engine's run alone (CPU workers are forked from the loaded runner there): the
+                    # feeding, without discovery, planning and the imports
+                    "wall_x_engine_here": seconds / spent["engine_wall"], "workers": workers}
                 r = results[f"{name} {fmt} x{k}"]
                 print(f"procs {name:>8} {fmt:>7} x{k}: writer {main:.3f} CPU s ({spent['steady']:.3f} from its first "
                       f"frame chunk) on {seconds:.0f} audio s -> caps at {writer_x:.0f}x; feeding {r['feeding_us_per_audio_s']:.0f} us per audio s in all; one process's "
                       f"GIL caps it at {process_x or 0:.0f}x -> {k} x that or the writer: "
-                      f"{r['machine_x_bound'] or 0:.0f}x; here (2 cores, wall) {seconds / wall:.0f}x", flush=True)
+                      f"{r['machine_x_bound'] or 0:.0f}x; here (wall) {seconds / wall:.0f}x, "
+                      f"{r['wall_x_engine_here']:.0f}x in the engine's run", flush=True)
                 shutil.rmtree(out, ignore_errors=True)
     ProcessEngine.run = original
     DeviceRunner.run = timed_run

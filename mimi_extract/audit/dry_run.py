@@ -22,9 +22,9 @@ from ..config.taps import frame_rate
 from ..audio.framing import Framing
 from ..config.input_options import Options
 from .report import duration_histogram
-from ..config.settings import cpu_cores
+from ..config.settings import Feeders, cpu_cores, feeding
 from ..formats.megatron import Tokens
-from ..sources import bytes_name, discover
+from ..sources import discover
 
 TAPS = ("codes", "latent", "encoder")
 FORMATS = ("hdf5", "parquet", "shar", "megatron")  # (megatron: codes only)
@@ -73,6 +73,29 @@ def _bytes(frame_count: int, tap: str, ask: PlanAsk) -> dict[str, int]:
     return found
 
 
+def _estimates(ask: PlanAsk, cores: int, us: float, feeders: Feeders) -> dict:
+    """The time per device kind: the CPU's (its cores), each GPU kind's (its rate, or ``ask.gpu_rate``),
+    bound per GPU by what the host's cores feed (``us`` CPU per audio second) and by the feeding
+    processes (``feeders``: each at its rate for the corpus's codecs); GPUs x that, no single writer's
+    cap (every device worker writes its own shards), but Ray's driver's where its actors do not see OUT."""
+    gpu_rate = ask.gpu_rate or next((v for v in rates.GPU_X.values() if v), None)
+    estimates = {"cpu": {"x_real_time": cores * rates.CPU_X_PER_CORE, "cores": cores, "measured": True}}
+    for name, x in ({"gpu": gpu_rate} if ask.gpu_rate else rates.GPU_X).items():
+        if not x:
+            estimates[name] = {"x_real_time": None, "measured": False}
+            continue
+        bounds = {"GPU": x, "host cores": (cores / max(1, ask.gpus)) * 1e6 / us if us else math.inf,
+                  "feeding processes": feeders.count * feeders.process_x}
+        bound = min(bounds, key=bounds.get)  # (GPU first: it wins a tie)
+        machine = ask.gpus * bounds[bound]
+        # Ray actors that see OUT's folder write their own shards too; on machines that do not, the driver stores
+        # their items: its one writer's cap
+        ray = min(machine, rates.WRITER_X.get(ask.output_format) or math.inf)
+        estimates[name] = {"x_real_time": machine, "gpus": ask.gpus, "cores": cores, "bound": bound,
+                           "measured": not ask.gpu_rate, "ray_x_real_time": ray}
+    return estimates
+
+
 def plan_report(source: str, options: Options | None = None, channel: str = "mix", framing: Framing = Framing(),
                 ask: PlanAsk | None = None) -> dict:
     ask = ask or PlanAsk()
@@ -84,34 +107,22 @@ def plan_report(source: str, options: Options | None = None, channel: str = "mix
     samples = np.array([it.samples for it in items], dtype=np.int64)
     hours = float(seconds.sum()) / 3600
     counts = {tap: int(frames(samples, tap).sum()) for tap in TAPS}
-    by_codec: dict[tuple[str, int], float] = {}
-    for it, s in zip(items, seconds):
-        key = (rates.codec_of(bytes_name(it)), it.sample_rate)
-        by_codec[key] = by_codec.get(key, 0.0) + float(s)
-    total = max(float(seconds.sum()), 1e-12)
-    mix = [{"codec": c, "sample_rate": r, "hours": s / 3600, "share": s / total,
+    codec_mix = found.codec_mix
+    total = max(codec_mix.total, 1e-12)
+    mix = [{"codec": c, "sample_rate": r, "hours": share * total / 3600, "share": share,
             "host_us_per_audio_s": rates.feed_cost(c, r).us_per_audio_second(r),
-            "host_us_per_audio_s_host_resampling": rates.feed_cost(c, r).us_per_audio_second(r, on_device=False)}
-           for (c, r), s in sorted(by_codec.items(), key=lambda kv: -kv[1])]
+            "host_us_per_audio_s_host_resampling": rates.feed_cost(c, r).us_per_audio_second(r, on_device=False),
+            "one_process_x": rates.process_x(c, r)}
+           for c, r, share in codec_mix.shares()]
     us = sum(m["share"] * m["host_us_per_audio_s"] for m in mix)
     us_host = sum(m["share"] * m["host_us_per_audio_s_host_resampling"] for m in mix)
     target = ask.gpu_rate or rates.TARGET_X
     cores = ask.cores or cpu_cores()
-    gpu_rate = ask.gpu_rate or next((v for v in rates.GPU_X.values() if v), None)
-    estimates = {"cpu": {"x_real_time": cores * rates.CPU_X_PER_CORE, "cores": cores, "measured": True}}
-    for name, x in ({"gpu": gpu_rate} if ask.gpu_rate else rates.GPU_X).items():
-        if not x:
-            estimates[name] = {"x_real_time": None, "measured": False}
-            continue
-        feed = (cores / max(1, ask.gpus)) * 1e6 / us if us else math.inf  # what the host's cores feed a GPU
-        per_gpu = min(x, feed)
-        machine = ask.gpus * per_gpu  # every device worker writes its own shards: no single writer caps it
-        # Ray actors that see OUT's folder write their own shards too; on machines that do not, the driver stores
-        # their items: its one writer's cap
-        ray = min(machine, rates.WRITER_X.get(ask.output_format) or math.inf)
-        estimates[name] = {"x_real_time": machine, "gpus": ask.gpus, "cores": cores,
-                           "bound": "GPU" if per_gpu == x else "host cores", "measured": not ask.gpu_rate,
-                           "ray_x_real_time": ray}
+    # the feeding processes per GPU for this corpus's codecs: the run's default (for rates.TARGET_X per GPU) and
+    # the suggestion for this plan's target (--gpu-rate), one rule (settings.feeding)
+    feeders = feeding(ask.gpus, cores, codec_mix, target)
+    default = feeding(ask.gpus, cores, codec_mix)
+    estimates = _estimates(ask, cores, us, feeders)
     for e in estimates.values():
         e["hours"] = total / e["x_real_time"] / 3600 if e.get("x_real_time") else None
     parts = max(1, math.ceil(hours / ask.part_hours)) if ask.part_hours > 0 else 1
@@ -128,6 +139,9 @@ def plan_report(source: str, options: Options | None = None, channel: str = "mix
         "host": {"us_per_audio_s": us, "us_per_audio_s_host_resampling": us_host, "target_x": target,
                  "cores_per_gpu": target * us / 1e6, "cores_per_gpu_host_resampling": target * us_host / 1e6,
                  "measured_on": rates.MEASURED_ON},
+        "feeders": {"per_gpu": feeders.count, "wanted": feeders.wanted, "half_cores_per_gpu": feeders.cap,
+                    "bound_by_cores": feeders.bound_by_cores, "one_process_x": feeders.process_x,
+                    "target_x": target, "default_per_gpu": default.count},
         "estimates": estimates,
         "parts": {"part_hours": ask.part_hours, "count": parts,
                   "hours_per_part": hours / parts},

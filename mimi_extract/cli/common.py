@@ -150,7 +150,7 @@ RUN_OPTIONS = [
     _option("model", Annotated[str, typer.Option("--model", "-m", help="Hub id or local directory (save_pretrained layout).")], "kyutai/mimi"),
     _option("device", Annotated[str, typer.Option(help="auto (all GPUs, else cpu), cpu, cuda, cuda:N, or a list: cuda:0,cuda:1.")], "auto"),
     _option("cpu_workers", Annotated[Optional[int], typer.Option(min=1, help="Encoder processes on CPU \\[default: one per core, single-threaded].")], None),
-    _option("feeders_per_gpu", Annotated[Optional[int], typer.Option(min=1, help="Processes feeding each GPU (one GIL each: one process feeds a GPU at ~7,000x real time at most, and decodes MP3/Opus/AAC at one core's FFmpeg speed) \\[default: enough for 20,000x per GPU, at most half the cores per GPU: see docs/performance.md].")], None),
+    _option("feeders_per_gpu", Annotated[Optional[int], typer.Option(min=1, help="Processes feeding each GPU (one GIL each: one process feeds a GPU at ~7,000x real time at most, and decodes MP3/Opus/AAC at one core's FFmpeg speed, ~600-1,000x) \\[default: enough for 20,000x per GPU for the corpus's codecs (more for MP3/Opus/AAC than FLAC/WAV), at most half the cores per GPU; `plan` says how many: see docs/performance.md].")], None),
     _option("dtype", DTypeOpt, DType["fp32"]),
     _option("batch_size", Annotated[Optional[int], typer.Option(min=1, help="Maximum rows (files or streams) per step \\[default: 64 on GPU, 8 on CPU].")], None),
     _option("max_batch_seconds", Annotated[Optional[float], typer.Option(min=0.1, help="Padded audio seconds per step, rows x longest \\[default: 300 on GPU, 4 on CPU: cache-sized, measured fastest].")], None),

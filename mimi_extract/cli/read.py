@@ -158,6 +158,7 @@ def _say_plan(report: dict, feature_dtype: str) -> None:
     say(f"host: a GPU at {host['target_x']:,.0f}x real time needs {host['cores_per_gpu']:.1f} cores for this corpus "
         f"(resampling on the GPU; {host['cores_per_gpu_host_resampling']:.1f} with --resample-on host); "
         f"rates measured on {host['measured_on']}", out=out)
+    _say_feeders(report["feeders"], out)
     for name, e in report["estimates"].items():
         if not e["x_real_time"]:
             say(f"time on {name}: unmeasured (run scripts/gpu_check.sh on one, then plan --gpu-rate X)", out=out)
@@ -171,6 +172,16 @@ def _say_plan(report: dict, feature_dtype: str) -> None:
     p = report["parts"]
     say(f"parts: --part I/{p['count']} (sbatch --array=0-{p['count'] - 1}) for ~{format_hours(p['hours_per_part'] * 3600)} "
         f"of audio each (--part-hours {p['part_hours']:g})", out=out)
+
+
+def _say_feeders(f: dict, out: Console) -> None:
+    """``plan``'s suggested --feeders-per-gpu, and whether the host's cores bound it."""
+    say(f"feeding: --feeders-per-gpu {f['per_gpu']} (one process feeds ~{f['one_process_x']:,.0f}x of this corpus's "
+        f"codecs; {f['wanted']} for {f['target_x']:,.0f}x per GPU)"
+        + (f"; bound by the host's cores: at most half of them per GPU, {f['half_cores_per_gpu']}"
+           if f["bound_by_cores"] else "")
+        + (f"; the run's default here: {f['default_per_gpu']}" if f["default_per_gpu"] != f["per_gpu"] else ""),
+        out=out)
 
 
 _SHOWN = 20  # failing items listed by `info` (all of them with --json)

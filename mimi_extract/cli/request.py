@@ -74,11 +74,12 @@ def run_settings(values: dict, offline_check: bool = True) -> Settings:
         raise ValueError(problem)
     from ..engines.device import resolve_devices  # (imports torch)
 
-    devices = resolve_devices(values.pop("device"), values.pop("cpu_workers", None), values.pop("feeders_per_gpu", None))
+    feeders = values.pop("feeders_per_gpu", None)  # None: sized from the corpus's codecs by the run (Settings.fed)
+    devices = resolve_devices(values.pop("device"), values.pop("cpu_workers", None), feeders)
     dtype = values.get("dtype", "fp32")
     if dtype != "fp32" and not all(d.startswith("cuda") for d in devices):
         raise ValueError(f"--dtype {dtype} needs GPUs (devices: {', '.join(sorted(set(devices)))}); use fp32 on CPU")
-    return Settings(model=model, devices=devices, **values)
+    return Settings(model=model, devices=devices, feeders_per_gpu=feeders, **values)
 
 
 def engine_check_settings(values: dict) -> Settings:

@@ -10,9 +10,11 @@ are this test machine's cores: a faster server core decodes faster.  Torch-free 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-MEASURED_ON = "the project's 2-core test machine, busy (2026-12-06; scripts/bench_ceilings.py --torch-threads 1)"
+MEASURED_ON = ("the project's 2-core test machine, busy (feeding costs 2026-12-08, the rest 2026-12-06; "
+               "scripts/bench_ceilings.py --torch-threads 1)")
 TARGET_X = 20_000  # the throughput a GPU is planned for when no --gpu-rate is given (x real time)
 
 
@@ -34,20 +36,28 @@ class FeedCost:
         return pool * rate / self.rate + self.fixed_us
 
 
-# codec -> its feeding costs, measured at these rates (1,200 s of 2-20 s speech-like utterances per
-# format, both resampling modes side by side; docs/performance.md "The host path of a GPU run").
-# Vorbis and AAC were not run through the engine: their rows are the decoder's own rate
-# (bench_sources.py decoders: libsndfile Vorbis 1,128x, PyAVFile AAC 1,058x per core) plus the
-# fixed and resampling costs measured on the other 48 kHz rows -- derived, not measured.
+# codec -> its feeding costs, measured at these rates: medians of 3 runs, one corpus at a time, 2026-12-08 00:10-00:18
+# UTC on this 2-core machine (load 1-5 from other sessions), at 93272a6: ``scripts/bench_ceilings.py --sections feed
+# --formats F --seconds 1200 --resample-on host,device --torch-threads 1`` for F in flac16k, flac48k, wav16k,
+# mp3-48k, opus48k, opus16k (1,200 s of 2-20 s speech-like utterances each; docs/performance.md "FEED re-measured").
+# decode_us: the decode pool, resampling on the device; fixed_us: the feeder, the encoder thread's host share, the
+# writer thread and the rest, less the bench's null encoder (7-10 us); host_us: the decode pool resampling on the host.
+# Since 0.4 FLAC read whole goes through dr_flac, MP3 and Ogg Opus through FFmpeg (taking turns in a process).
+# Before (2026-12-06/07): pcm 42, 116, 616; flac 182, 138, 471 / 452, 160, 1129; mp3 778, 209, 1406; opus 3318,
+# 231, 4229 (libsndfile's libopus).  Opus decodes at 48 kHz whatever rate its header states (audio.decoders), so
+# its items are 48 kHz: the row is full-band Opus's; a speech corpus's Opus (16 kHz stated: opus16k) costs 0.85x
+# (1417, 134, 1967).
+# Vorbis and AAC were not run through the engine: their rows are derived, not measured: the decoder's own rate
+# (bench_sources.py decoders: libsndfile Vorbis 1,128x, PyAVFile AAC 1,058x per core) times the decode pool's cost
+# over the decoder alone on the measured 48 kHz rows (1.12x: FLAC 448 / 401, MP3 983 / 855, Opus 1669 / 1513), plus
+# those rows' median fixed cost (165) and host resampling (host_us - decode_us: 551).
 FEED: dict[str, tuple[FeedCost, ...]] = {
-    "pcm": (FeedCost(16_000, 42.0, 116.0, 616.0),),
-    # dr_flac, a FLAC file read whole (0.4; 2026-12-07, bench_ceilings.py --sections feed --formats flac16k,flac48k
-    # --seconds 1200 --resample-on host,device --torch-threads 1); libsndfile's: 264, 133, 694 / 720, 155, 1614
-    "flac": (FeedCost(16_000, 182.0, 138.0, 471.0), FeedCost(48_000, 452.0, 160.0, 1129.0)),
-    "mp3": (FeedCost(48_000, 778.0, 209.0, 1406.0),),  # FFmpeg's MP3 decoder (0.3; libsndfile's: 774, 251, 1686)
-    "opus": (FeedCost(48_000, 3318.0, 231.0, 4229.0),),
-    "vorbis": (FeedCost(48_000, 887.0, 200.0, 1787.0),),
-    "aac": (FeedCost(48_000, 945.0, 200.0, 1845.0),),
+    "pcm": (FeedCost(16_000, 33.0, 62.0, 365.0),),
+    "flac": (FeedCost(16_000, 163.0, 65.0, 460.0), FeedCost(48_000, 448.0, 111.0, 994.0)),  # dr_flac, read whole
+    "mp3": (FeedCost(48_000, 983.0, 189.0, 1534.0),),  # FFmpeg's MP3 decoder
+    "opus": (FeedCost(48_000, 1669.0, 165.0, 2285.0),),  # FFmpeg's Opus decoder, at 48 kHz
+    "vorbis": (FeedCost(48_000, 990.0, 165.0, 1541.0),),  # derived
+    "aac": (FeedCost(48_000, 1056.0, 165.0, 1607.0),),  # derived
 }
 
 
@@ -71,6 +81,61 @@ def codec_of(name: str) -> str:
     return CODEC_OF_EXTENSION.get(os.path.splitext(name.lower())[1], "aac")
 
 
+# The codec classes FFmpeg decodes (PyAV: ``audio.decoders.PYAV_EXTENSIONS``, held to it by a test).  Their
+# decodes take turns within a process (``audio.decoders.FFMPEG_TURNS``: PyAV needs the GIL around each frame,
+# so two decoding threads ran no faster than one), so one feeding process decodes them at one core's speed,
+# whatever its decoding threads; libsndfile and dr_flac (PCM, FLAC, Vorbis) decode in parallel threads.
+FFMPEG_CODECS = frozenset({"mp3", "opus", "aac"})
+
+
+def process_x(codec: str, rate: int) -> float:
+    """x real time one feeding process feeds of ``codec`` at ``rate`` Hz: its GIL's ceiling
+    (:data:`PROCESS_X`), and for FFmpeg's codecs (:data:`FFMPEG_CODECS`) no more than one core decodes:
+    the inverse of the decode pool's CPU per audio second (:data:`FEED`, bench_ceilings.py's feed section,
+    resampling on the device as on a GPU), that one core's time with the Python around FFmpeg's frames:
+    MP3 48 kHz 1,017x, Opus 599x.  It agrees with what ``scripts/bench_decode_threads.py`` measured as wall
+    throughput of a process's two decoding threads taking turns (MP3 909-933x, Opus 578-588x, 2026-12-07)."""
+    if codec not in FFMPEG_CODECS:
+        return PROCESS_X
+    cost = feed_cost(codec, rate)
+    return min(PROCESS_X, 1e6 / (cost.decode_us * rate / cost.rate))
+
+
+@dataclass(frozen=True)
+class CodecMix:
+    """A corpus's audio seconds per codec class and sample rate (``codec_of``; most first): what ``plan``
+    weights the feeding costs by, and what the run's default feeding processes per GPU are sized from
+    (``settings.feeders_per_gpu``: an MP3 corpus wants more processes than a FLAC one)."""
+
+    seconds: tuple[tuple[str, int, float], ...] = ()  # (codec class, sample rate, audio seconds)
+
+    @classmethod
+    def of(cls, named: Iterable[tuple[str, int, float]]) -> CodecMix:
+        """The mix of (file or member name, sample rate, audio seconds) triples."""
+        found: dict[tuple[str, int], float] = {}
+        for name, rate, seconds in named:
+            key = (codec_of(name), int(rate))
+            found[key] = found.get(key, 0.0) + float(seconds)
+        return cls(tuple((c, r, s) for (c, r), s in sorted(found.items(), key=lambda kv: -kv[1])))
+
+    @property
+    def total(self) -> float:
+        return sum(s for _, _, s in self.seconds)
+
+    def shares(self) -> list[tuple[str, int, float]]:
+        """(codec class, sample rate, share of the audio seconds) of each part, most first."""
+        total = max(self.total, 1e-12)
+        return [(c, r, s / total) for c, r, s in self.seconds]
+
+    def process_x(self) -> float:
+        """x real time one feeding process feeds of this mix: each part at :func:`process_x`'s rate, its
+        share of the process's time in proportion (:data:`PROCESS_X` for an empty mix)."""
+        shares = self.shares()
+        if not shares:
+            return PROCESS_X
+        return 1 / sum(share / process_x(codec, rate) for codec, rate, share in shares)
+
+
 # full-size Mimi, fp32, on one CPU core (docs/performance.md "Throughput": two single-threaded
 # workers, ~15-16 audio s/s on 2 cores, end to end)
 CPU_X_PER_CORE = 7.5
@@ -78,7 +143,10 @@ CPU_X_PER_CORE = 7.5
 GPU_X: dict[str, float | None] = {"H100": None, "H200": None}
 # one feeding process's ceiling, x real time: its audio over its GIL-held CPU (the feeder, the encoder
 # thread's host share, the Python around each decoded block), device resampling, FLAC 16 kHz codes
-# (bench_ceilings.py procs: 8,200-9,200x alone, 5,400-6,900x with 3-4 on the 2 cores)
+# (bench_ceilings.py procs: 8,200-9,200x alone, 5,400-6,900x with 3-4 on the 2 cores).  Re-checked 2026-12-08
+# (``--sections procs --procs 1,2 --formats flac16k --procs-formats hdf5``, each worker writing its own shards,
+# 2 runs): 9,063-9,121x alone, 8,114-8,761x with 2; 3-4 on the 2 cores not re-run, so kept.  FFmpeg's codecs
+# decode slower than this in one process (process_x: MP3 48 kHz 1,017x, Opus 599x).
 PROCESS_X = 7_000
 # one writer process stores at most this much, x real time: since 0.4.0 the cap of Ray actors that do not see
 # OUT's folder only (the driver writes their items; the local engine's workers and Ray actors that see it write

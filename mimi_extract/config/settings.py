@@ -6,10 +6,12 @@ builds it and a spawned worker unpickles it before the seconds of torch imports.
 
 from __future__ import annotations
 
+import math
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from . import rates
 from .choices import RESAMPLE_ON, SAMPLE_RATE
 
 
@@ -20,7 +22,10 @@ class Settings:
     model: str = "kyutai/mimi"
     tap: str = "latent"  # encoder | latent | codes
     num_quantizers: int = 8
-    devices: tuple[str, ...] = ("cpu",)
+    devices: tuple[str, ...] = ("cpu",)  # a worker on each; a GPU named once is fed by feeders_per_gpu (see fed)
+    # processes feeding each GPU that ``devices`` names once (--feeders-per-gpu); None: as many as the corpus's
+    # codecs want (the command line's default), sized by the run once it has found its items (:meth:`fed`)
+    feeders_per_gpu: int | None = 1
     dtype: str = "fp32"
     batch_size: int | None = None  # rows per step; None: 64 on GPU, 8 on CPU
     max_batch_seconds: float | None = None  # padded seconds per step; None: 300 on GPU, 4 on CPU
@@ -76,6 +81,18 @@ class Settings:
         if self.resample_on not in RESAMPLE_ON:
             raise ValueError(f"--resample-on {self.resample_on!r}: choose from {', '.join(RESAMPLE_ON)}")
         return self.resample_on == "device" or (self.resample_on == "auto" and self.on_gpu)
+
+    def fed(self, mix: rates.CodecMix | None = None) -> Settings:
+        """These settings with each GPU that ``devices`` names once fed by ``feeders_per_gpu`` processes
+        (None: :func:`feeders_per_gpu` for the GPUs, this machine's cores and the corpus's codec ``mix``):
+        the devices the engine starts a worker on.  A GPU named more than once is as given; what this
+        returns is fed already (``feeders_per_gpu`` 1), so feeding it again changes nothing."""
+        gpus = [d for d in self.devices if d.startswith("cuda")]
+        if not gpus or len(set(gpus)) < len(gpus):
+            return replace(self, feeders_per_gpu=1)
+        k = self.feeders_per_gpu or feeders_per_gpu(len(gpus), mix=mix)
+        devices = tuple(d for d in self.devices for _ in range(k if d.startswith("cuda") else 1))
+        return replace(self, devices=devices, feeders_per_gpu=1)
 
     @property
     def on_gpu(self) -> bool:
@@ -145,23 +162,48 @@ def default_cpu_workers() -> int:
     return max(1, cpu_cores())
 
 
-def feeders_per_gpu(gpus: int, cores: int | None = None) -> int:
-    """Feeding processes per GPU by default (``--feeders-per-gpu``; ``--device cuda:0,cuda:0,...``
-    says it by hand).  One process feeds a GPU at ~``rates.PROCESS_X`` at most: its decoding threads
-    run in parallel (libsndfile and dr_flac release the GIL for a whole read), but the feeder, the
-    encoder thread and the Python around each decoded block share its one GIL; FFmpeg's decodes
-    (MP3, Opus, AAC) take turns in a process (``audio.decoders.FFMPEG_TURNS``: threads gained
-    nothing there), so such a corpus decodes at one core's FFmpeg speed per process (~600-1,000x
-    real time at 48 kHz on this repository's host) and wants more processes than this default.  So enough processes for every GPU at
-    ``rates.TARGET_X`` (each process writes its own shards: no single writer caps the machine, since
-    0.4.0) and no more than half the cores per GPU (each needs its Python thread and a decoding
-    thread).  Measured: scripts/bench_ceilings.py procs."""
-    from . import rates
+@dataclass(frozen=True)
+class Feeders:
+    """Feeding processes per GPU (:func:`feeding`): ``count`` started, ``wanted`` for ``target`` x real time
+    per GPU at ``process_x`` (one process's rate for the corpus's codecs), ``cap`` half the cores per GPU."""
 
+    count: int
+    wanted: int
+    cap: int
+    process_x: float
+    target: float
+
+    @property
+    def bound_by_cores(self) -> bool:
+        """Whether the host's cores (half of them per GPU) allow fewer processes than the target wants."""
+        return self.count < self.wanted
+
+
+def feeding(gpus: int, cores: int | None = None, mix: rates.CodecMix | None = None,
+            target: float | None = None) -> Feeders:
+    """Feeding processes per GPU (``--feeders-per-gpu``'s default; ``plan`` suggests the same): enough
+    for every GPU at ``target`` (default ``rates.TARGET_X``) and no more than half the cores per GPU
+    (each needs its Python thread and a decoding thread).  One process feeds the ``mix`` at
+    ``mix.process_x()`` at most (``rates.process_x``): ``rates.PROCESS_X`` where its decoding threads run
+    in parallel (libsndfile and dr_flac release the GIL for a whole read) and its one GIL, shared by the
+    feeder, the encoder thread and the Python around each decoded block, is the cap; FFmpeg's decodes
+    (MP3, Opus, AAC) take turns in a process (``audio.decoders.FFMPEG_TURNS``), so their share decodes
+    at one core's FFmpeg speed per process (~1,000x for MP3 at 48 kHz on this repository's host) and
+    such a corpus gets more processes.  No writer caps the machine (each process writes its own
+    shards, since 0.4.0).  Measured: scripts/bench_ceilings.py feed and procs (docs/performance.md)."""
     cores = cores or cpu_cores()
-    gpus = max(1, gpus)
-    wanted = -(-rates.TARGET_X // rates.PROCESS_X)
-    return max(1, min(wanted, cores // gpus // 2))
+    per_process = mix.process_x() if mix is not None else rates.PROCESS_X
+    target = target or rates.TARGET_X
+    wanted = max(1, math.ceil(target / per_process - 1e-9))  # (a mix's rate is a sum of fractions: 3.0000000001)
+    cap = max(1, cores // max(1, gpus) // 2)
+    return Feeders(min(wanted, cap), wanted, cap, per_process, target)
+
+
+def feeders_per_gpu(gpus: int, cores: int | None = None, mix: rates.CodecMix | None = None) -> int:
+    """Feeding processes per GPU by default (``--feeders-per-gpu``; ``--device cuda:0,cuda:0,...``
+    says it by hand): :func:`feeding`'s count for ``rates.TARGET_X`` per GPU.  Without a ``mix``, as
+    for FLAC or WAV (``rates.PROCESS_X`` per process)."""
+    return feeding(gpus, cores, mix).count
 
 
 def default_batch_size(devices: tuple[str, ...]) -> int:

@@ -32,7 +32,7 @@ from ..codec.fidelity import Fidelity, FidelityMeter
 from ..codec.model import load_model, prepare
 from ..common.malloc import keep_large_blocks
 from ..audio.framing import Framing
-from ..config.settings import Settings, default_cpu_workers, feeders_per_gpu
+from ..config.settings import Settings, default_cpu_workers
 from ..sources import Item, bytes_name, open_audio
 from .base import DONE, FrameChunk, Stats, AnyEvent, get_while, is_out_of_memory
 
@@ -43,8 +43,9 @@ def resolve_devices(spec: str, cpu_workers: int | None = None, feeders: int | No
     """``auto`` -> every CUDA device (or the CPU); else a comma-separated list such as
     ``cuda:0,cuda:1``.  ``cpu`` becomes ``cpu_workers`` single-device workers (default: one per
     core pair measured best on CPU, see README: two 1-thread workers beat one 2-thread one).  Each
-    GPU named once is fed by ``feeders`` processes (default :func:`~mimi_extract.config.settings.feeders_per_gpu`
-    for the cores and the GPUs); a list that names a GPU twice says it."""
+    GPU is named once: ``Settings.fed`` gives it its feeding processes (``feeders``, --feeders-per-gpu;
+    by default :func:`~mimi_extract.config.settings.feeders_per_gpu` for the corpus's codecs, once the
+    run has found its items); a list that names a GPU twice says the count by hand."""
     spec = spec.strip()
     if spec == "auto":
         n = torch.cuda.device_count()
@@ -68,13 +69,9 @@ def resolve_devices(spec: str, cpu_workers: int | None = None, feeders: int | No
     if devices == ("cpu",):
         devices = ("cpu",) * (cpu_workers or default_cpu_workers())
     gpus = [d for d in devices if d.startswith("cuda")]
-    if gpus and len(set(gpus)) < len(gpus):
-        if feeders is not None:
-            raise ValueError("--feeders-per-gpu and a --device list that names a GPU twice both say how many "
-                             "processes feed it: give one of them")
-    elif gpus:
-        k = feeders or feeders_per_gpu(len(gpus))
-        devices = tuple(d for d in devices for _ in range(k if d.startswith("cuda") else 1))
+    if gpus and len(set(gpus)) < len(gpus) and feeders is not None:
+        raise ValueError("--feeders-per-gpu and a --device list that names a GPU twice both say how many "
+                         "processes feed it: give one of them")
     return devices
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
+from ..config.rates import CodecMix
+
 
 class SourceError(Exception):
     """An entry whose bytes cannot be reached (missing file, truncated shard...): its error row."""
@@ -117,6 +119,12 @@ class Discovered:
     # a job array's part divided by whole input shards (see :func:`discover`'s ``part``): every shard
     # of the input, in order (part I of N took shards I, I+N, I+2N...); None: not divided by shard
     part_shards: list[str] | None = None
+
+    @property
+    def codec_mix(self) -> CodecMix:
+        """The items' audio seconds per codec class and sample rate (``plan``'s costs, and the run's
+        default feeding processes per GPU: ``Settings.fed``)."""
+        return CodecMix.of((bytes_name(it), it.sample_rate, it.duration) for it in self.items)
 
 
 def bytes_name(thing: Entry | Item) -> str:

@@ -118,3 +118,32 @@ def test_plan_sizes_megatron_ids_as_the_run_writes_them(corpus, tiny_model_dir, 
     assert run.exit_code == 0, run.output
     assert json.loads((out / "run.json").read_text())["token_dtype"] == "int32"
     assert sum(p.stat().st_size for p in out.glob("*.bin")) == 4 * wide["tokens"]
+
+
+def test_plan_suggests_feeders_per_gpu_for_the_codecs(corpus, tmp_path, monkeypatch):
+    """The feeding processes per GPU the run would start (one rule, settings.feeding): an MP3 corpus
+    (FFmpeg decodes at one core's speed in a process, 1,000x here) more than a FLAC one (7,000x a
+    process); at most half the cores per GPU, said when they bound it; for --gpu-rate, its suggestion
+    beside the run's default; the GPU estimate bound by those processes when they feed less."""
+    monkeypatch.setattr(rates, "TARGET_X", 20_000)
+    monkeypatch.setattr(rates, "PROCESS_X", 7_000)
+    monkeypatch.setattr(rates, "FEED", {**rates.FEED, "mp3": (rates.FeedCost(48_000, 1_000.0, 200.0, 1_600.0),)})
+    mp3 = tmp_path / "mp3"
+    mp3.mkdir()
+    for i in range(2):
+        sf.write(mp3 / f"u{i}.mp3", 0.1 * np.random.default_rng(i).standard_normal(48_000).astype(np.float32), 48_000,
+                 format="MP3", subtype="MPEG_LAYER_III")
+    flac = plan_json(corpus, "--cores", 64)["feeders"]
+    assert (flac["per_gpu"], flac["bound_by_cores"]) == (3, False) and flac["one_process_x"] == pytest.approx(7_000)
+    assert plan_json(mp3, "--cores", 64)["feeders"]["per_gpu"] == 20
+    report = plan_json(mp3, "--cores", 16, "--gpu-rate", 20_000)
+    assert report["codecs"][0]["one_process_x"] == pytest.approx(1_000)
+    assert {k: report["feeders"][k] for k in ("per_gpu", "wanted", "half_cores_per_gpu", "bound_by_cores")} == \
+        {"per_gpu": 8, "wanted": 20, "half_cores_per_gpu": 8, "bound_by_cores": True}
+    gpu = report["estimates"]["gpu"]  # the cores would feed 16 x 1e6 / 1,200 us = 13,333x; 8 processes 8,000x
+    assert gpu["bound"] == "feeding processes" and gpu["x_real_time"] == pytest.approx(8 * 1_000)
+    text = cli("plan", mp3, "--cores", 16).text
+    assert "--feeders-per-gpu 8 (one process feeds ~1,000x" in text and "bound by the host's cores" in text
+    slower = plan_json(mp3, "--cores", 64, "--gpu-rate", 10_000)["feeders"]
+    assert (slower["per_gpu"], slower["default_per_gpu"]) == (10, 20)
+    assert "the run's default here: 20" in cli("plan", mp3, "--cores", 64, "--gpu-rate", 10_000).text
