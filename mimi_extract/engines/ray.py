@@ -22,6 +22,7 @@ done (codes: 200 bytes per audio second; features: 25.6 KB).
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import os
 import itertools
@@ -118,14 +119,23 @@ class RayEncoder:
         return RayResult(chunks, self.runner.stats, ready, writes=True, held=self.shards.held)
 
 
-def _own_niceness() -> dict:
-    """``ray.init``'s options that start a private cluster's workers at this process's niceness,
-    where Ray's default adds 15: the actors are this run's own work, and beside other processes a
-    nice-15 actor gets about 3 % of a core (measured: docs/performance.md, "On a busy machine,
-    Ray's niceness").  Ray adds ``worker_niceness`` to the raylet's own, which is this process's
-    (measured: a driver at 5 with 0 gives actors at 5).  A user's ``RAY_worker_niceness`` is kept
-    (the system config would override it)."""
-    return {} if "RAY_worker_niceness" in os.environ else {"_system_config": {"worker_niceness": 0}}
+@contextlib.contextmanager
+def _own_niceness():
+    """Around ``ray.init`` of a private cluster: its workers start at this process's niceness,
+    where Ray adds 15 by default (``RAY_worker_niceness``, an increment over the raylet's, which is
+    this process's: measured, a driver at 5 with 0 gives actors at 5).  The actors are this run's
+    own work, and beside other processes a nice-15 actor gets about 3 % of a core (docs/performance.md,
+    "On a busy machine, Ray's niceness").  Through the environment the raylet inherits, not a
+    ``_system_config`` (Ray's testing-only option, where an unknown key stops the cluster from
+    starting); a user's own ``RAY_worker_niceness`` is kept."""
+    if "RAY_worker_niceness" in os.environ:
+        yield
+        return
+    os.environ["RAY_worker_niceness"] = "0"
+    try:
+        yield
+    finally:
+        os.environ.pop("RAY_worker_niceness", None)
 
 
 class RayEngine(Engine):
@@ -148,7 +158,8 @@ class RayEngine(Engine):
 
                 self.reaper = _reaper.start()  # the cluster goes with this process, however it dies
                 try:
-                    ray.init(address="local", include_dashboard=False, **quiet, **_own_niceness())
+                    with _own_niceness():
+                        ray.init(address="local", include_dashboard=False, **quiet)
                 except BaseException:
                     _reaper.stop(self.reaper)
                     raise
