@@ -55,6 +55,9 @@ class Assembler:
                 return chunk
             self._failed.add(key)
             return replace(chunk, item=replace(item, piece=None))
+        if chunk.first and chunk.final and not joined:  # a whole item in one chunk (most items): itself
+            self._held.pop(key, None)  # (re-handed after its worker died: what it had is dropped)
+            return chunk if chunk.warnings != "" else replace(chunk, warnings=None)
         index, count = (item.piece.index, item.piece.count) if joined else (0, 1)
         held = self._held.get(key)
         if chunk.first:

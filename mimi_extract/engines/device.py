@@ -522,12 +522,15 @@ class DeviceRunner:
                 del self.warmup[key]
         return frames[drop:]
 
-    def run(self, next_unit, emit, stop, idle=None) -> Stats:
+    def run(self, next_unit, emit, stop, idle=None, emit_step=None) -> Stats:
         """Encode every unit ``next_unit(block)`` returns (None: no more; LATER: none yet, only when
         not ``block``; IDLE: none until what was handed out is stored, only when ``block``: ask
         again), ``emit``-ting frame chunks in order.  ``stop`` (an Event) ends the run early.
         ``idle()``: called in the encoder's thread after IDLE, once every step fed before it is
-        emitted (a worker writing its own shards writes the open one: the run waits for it)."""
+        emitted (a worker writing its own shards writes the open one: the run waits for it).
+        ``emit_step(chunks)``: where given, a step's chunks go to it in one call, in order (the
+        in-process engine's queue takes a step in one put, so its writer thread wakes once a step,
+        not once an item); a step's error chunks still go to ``emit``."""
         steps: queue_mod.Queue = queue_mod.Queue(maxsize=2)
         halt = threading.Event()  # this runner's own stop (an error here must not stop the others)
         feeder_stop = AnyEvent(stop, halt)
@@ -567,8 +570,11 @@ class DeviceRunner:
                     self.buffers.give(buffers)
                 t1 = time.perf_counter()
                 self.stats.busy += t1 - t0
-                for chunk in chunks:
-                    emit(chunk)
+                if emit_step is not None:
+                    emit_step(chunks)
+                else:
+                    for chunk in chunks:
+                        emit(chunk)
                 self.stats.wait_output += time.perf_counter() - t1
         finally:
             halt.set()

@@ -149,12 +149,12 @@ class ManifestRow:
             if item.kind != "file":  # a member of a container: how to reach its bytes again (verify --out)
                 source.update(kind=item.kind, loc=item.loc.values() if item.loc is not None else None)
         start, end = item.segment if item.segment is not None else (None, None)
-        return cls(key=item.key, path=item.rel, dataset=dataset_name(item.key),
-                   channel=item.channel if isinstance(item.channel, int) else None,
-                   sample_rate=item.sample_rate or None, duration=round(item.duration, 4), start=start, end=end,
-                   source=source, meta=item.meta or None, decoder_warnings=decoder_warnings,
-                   si_sdr=fidelity.si_sdr if fidelity is not None else None,
-                   mel_distance=fidelity.mel_distance if fidelity is not None else None)
+        return _made(key=item.key, path=item.rel, dataset=dataset_name(item.key),
+                     channel=item.channel if isinstance(item.channel, int) else None,
+                     sample_rate=item.sample_rate or None, duration=round(item.duration, 4), start=start, end=end,
+                     source=source, meta=item.meta or None, decoder_warnings=decoder_warnings,
+                     si_sdr=fidelity.si_sdr if fidelity is not None else None,
+                     mel_distance=fidelity.mel_distance if fidelity is not None else None)
 
     def changed(self, **changes) -> ManifestRow:
         """A copy with ``changes`` (field names), as ``dataclasses.replace`` makes it, without its
@@ -163,11 +163,9 @@ class ManifestRow:
         ``__post_init__`` and no derived field, so its fields are its ``__dict__``."""
         if not _FIELD_NAMES.issuperset(changes):
             raise TypeError(f"not fields of ManifestRow: {sorted(set(changes) - _FIELD_NAMES)}")
-        row = object.__new__(ManifestRow)
         fields_ = dict(self.__dict__)
         fields_.update(changes)
-        object.__setattr__(row, "__dict__", fields_)
-        return row
+        return _as_row(fields_)
 
     def shaped(self, data: np.ndarray, **changes) -> ManifestRow:
         """With the shape of its array (time first), and ``changes`` (one copy of the row: a writer
@@ -198,6 +196,23 @@ class ManifestRow:
 
 
 _FIELD_NAMES = frozenset(f.name for f in fields(ManifestRow))
+_UNSET = {f.name: None for f in fields(ManifestRow)}  # (every field but ``key`` defaults to None)
+
+
+def _as_row(fields_: dict) -> ManifestRow:
+    """The row whose ``__dict__`` is ``fields_`` (every field, in field order), as ``ManifestRow(**fields_)``
+    makes it, without its ``__init__``'s 21 ``object.__setattr__`` calls (:meth:`ManifestRow.changed`)."""
+    row = object.__new__(ManifestRow)
+    object.__setattr__(row, "__dict__", fields_)
+    return row
+
+
+def _made(**values) -> ManifestRow:
+    """``ManifestRow(**values)`` (``values``: fields) at a third of its cost: the writer makes one per
+    item (:meth:`ManifestRow.for_item`), 7 µs through the frozen dataclass's ``__init__`` (issue 40)."""
+    fields_ = dict(_UNSET)
+    fields_.update(values)
+    return _as_row(fields_)
 
 def item_attrs(item: Item) -> dict:
     """What a shard stores about an item beside its array (its duration, source rate and segment):

@@ -119,6 +119,27 @@ def test_assembler_orders_pieces_and_restarts_a_rehanded_one():
     assert add(piece(1), arr(1), True, True, "again") is None and not s._held
 
 
+def test_assembler_hands_a_whole_item_back_as_it_came():
+    """An unsplit item in one chunk (first and final: most items) comes back as that chunk, not a
+    copy (the writer thread's per-item cost, issue 40), with what the general path gives: "" warnings
+    as None; one re-handed whole after its worker died drops what its first attempt held."""
+    import numpy as np
+
+    from mimi_extract.engines import FrameChunk
+    from mimi_extract.engines.assembly import Assembler
+    from mimi_extract.sources import Item
+
+    item = Item("/a.wav", "a.wav", "a.wav", sample_rate=24_000, frames=100, samples=100)
+    s = Assembler()
+    chunk = FrameChunk(item, np.arange(4), True, True, 1.5, warnings="clipped")
+    assert s.add(chunk) is chunk
+    quiet = s.add(FrameChunk(item, np.arange(4), True, True, 1.5, warnings=""))
+    assert quiet.warnings is None and quiet.data.tolist() == [0, 1, 2, 3] and quiet.seconds == 1.5
+    assert s.add(FrameChunk(item, np.arange(2), True, False, 1.0)) is None and s._held  # its worker dies
+    again = FrameChunk(item, np.arange(3), True, True, 2.0)
+    assert s.add(again) is again and not s._held
+
+
 def test_split_items_cuts_fair_shares_and_keeps_short_recordings_whole():
     """Pieces of one lane's fair share each (the last takes the rest, never shorter than the
     warm-up bound allows); a recording within its fair share, or with one lane, stays whole."""

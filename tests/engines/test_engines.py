@@ -52,6 +52,30 @@ def test_continuous_batching_equals_single_item(tmp_path, tiny_model, tiny_model
         assert torch.equal(torch.cat([p.data["codes"] for p in got]), ref["codes"]), item.key
 
 
+def test_a_step_s_chunks_go_out_in_one_call(tmp_path, tiny_model_dir):
+    """``emit_step`` (the in-process engine's queue, issue 40): each step's chunks in one call, more
+    than one chunk a call, and in all the chunks ``emit`` gets one at a time, in the same order."""
+    write(str(tmp_path), [FRAME * 5 + 7, 500, FRAME * 2, 1000, FRAME * 3 + 1])
+    settings = Settings(model=tiny_model_dir, tap="codes", batch_size=3, max_batch_seconds=60, chunk_seconds=0.24,
+                        num_workers=1)
+    found = discover(str(tmp_path))
+    got = {}
+    for how in ("emit", "emit_step"):
+        runner = DeviceRunner(settings, "cpu", taps=("codes",))
+        units = iter(plan_units(found.items, runner.chunk, settings.step_seconds, settings.rows))
+        calls: list = []
+        step = {"emit_step": calls.append} if how == "emit_step" else {}
+        runner.run(lambda block=True: next(units, None), lambda c: calls.append([c]), threading.Event(), **step)
+        got[how] = calls
+    assert all(len(c) == 1 for c in got["emit"]) and len(got["emit_step"]) < len(got["emit"])
+    assert max(len(c) for c in got["emit_step"]) > 1
+    one = [c for call in got["emit"] for c in call]
+    stepped = [c for call in got["emit_step"] for c in call]
+    assert [(c.item.key, c.first, c.final, c.seconds) for c in stepped] == \
+        [(c.item.key, c.first, c.final, c.seconds) for c in one]
+    assert all(torch.equal(a.data["codes"], b.data["codes"]) for a, b in zip(one, stepped))
+
+
 def test_mixed_directory_streams_long_files(tmp_path, tiny_model, tiny_model_dir):
     """Short files and a long one (16 kHz, streamed through the resampler) in one run; progress
     moves while the long file is encoded; everything equals the single-item reference."""

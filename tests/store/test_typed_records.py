@@ -81,6 +81,36 @@ def test_a_writer_s_row_copy_is_dataclasses_replace():
         row.changed(nframes=1)
 
 
+def test_an_item_s_row_is_the_dataclass_s_own():
+    """``ManifestRow.for_item`` (built from its fields' dict, issue 40) makes what the frozen
+    dataclass's ``__init__`` makes: an equal row, every field in field order, frozen; for a whole
+    file and for a channel of a tar member's segment, with its metadata, warnings and fidelity."""
+    from mimi_extract.codec.fidelity import Fidelity
+    from mimi_extract.sources import Item, dataset_name
+    from mimi_extract.sources.tar import MemberLoc
+
+    whole = Item("/corpus/a.flac", "a.flac", "a.flac", sample_rate=16_000, frames=24_000, samples=36_000,
+                 file_frames=24_000, file_channels=1)
+    member = Item("/corpus/x.tar", "x.tar/b.wav", "b.wav#ch1@0.5", channel=1, sample_rate=8_000, frames=12_000,
+                  segment=(0.5, 2.0), file_frames=48_000, file_channels=2, kind="tar",
+                  loc=MemberLoc(512, 100, "b.wav"), meta={"text": "hi"})
+    for item, warnings, fidelity in ((whole, None, None), (member, "clipped", Fidelity(11.5, 0.25))):
+        row = ManifestRow.for_item(item, warnings, fidelity)
+        source = {"path": item.path, "frames": item.file_frames, "channels": item.file_channels}
+        if item.loc is not None:
+            source.update(kind=item.kind, loc=item.loc.values())
+        reference = ManifestRow(
+            key=item.key, path=item.rel, dataset=dataset_name(item.key), channel=item.channel if item.channel != "mix"
+            else None, sample_rate=item.sample_rate, duration=round(item.duration, 4),
+            start=item.segment[0] if item.segment else None, end=item.segment[1] if item.segment else None,
+            source=source, meta=item.meta, decoder_warnings=warnings, si_sdr=fidelity and fidelity.si_sdr,
+            mel_distance=fidelity and fidelity.mel_distance)
+        assert row == reference and list(vars(row)) == list(vars(reference)) == [f.name for f in fields(ManifestRow)]
+        assert row.as_dict() == reference.as_dict() and list(row.as_dict()) == list(reference.as_dict())
+        with pytest.raises(AttributeError):
+            row.frames = 1
+
+
 def test_every_field_the_row_check_types_is_a_field_of_the_record():
     """A field a format stores (``ShardBuilder.add``) is checked when a row is read (``row_problem``)
     and typed after: one list cannot gain a field the other lacks."""
