@@ -109,11 +109,15 @@ def plan_report(source: str, options: Options | None = None, channel: str = "mix
     counts = {tap: int(frames(samples, tap).sum()) for tap in TAPS}
     codec_mix = found.codec_mix
     total = max(codec_mix.total, 1e-12)
-    mix = [{"codec": c, "sample_rate": r, "hours": share * total / 3600, "share": share,
-            "host_us_per_audio_s": rates.feed_cost(c, r).us_per_audio_second(r),
-            "host_us_per_audio_s_host_resampling": rates.feed_cost(c, r).us_per_audio_second(r, on_device=False),
-            "one_process_x": rates.process_x(c, r)}
-           for c, r, share in codec_mix.shares()]
+    # each part's costs for its items' mean length: a corpus of 2 s clips pays each item's opening, bookkeeping
+    # and dataset over fewer audio seconds than the measured corpora's 11 s utterances
+    mix = [{"codec": p.codec, "sample_rate": p.rate, "hours": share * total / 3600, "share": share,
+            "items": p.items, "mean_item_s": p.item_seconds,
+            "host_us_per_audio_s": rates.feed_cost(p.codec, p.rate).us_per_audio_second(p.rate, True, p.item_seconds),
+            "host_us_per_audio_s_host_resampling": rates.feed_cost(p.codec, p.rate).us_per_audio_second(
+                p.rate, False, p.item_seconds),
+            "one_process_x": rates.process_x(p.codec, p.rate, p.item_seconds)}
+           for p, share in codec_mix.shares()]
     us = sum(m["share"] * m["host_us_per_audio_s"] for m in mix)
     us_host = sum(m["share"] * m["host_us_per_audio_s_host_resampling"] for m in mix)
     target = ask.gpu_rate or rates.TARGET_X

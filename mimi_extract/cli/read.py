@@ -153,8 +153,8 @@ def _say_plan(report: dict, feature_dtype: str) -> None:
     out.print(table)
     host = report["host"]
     say("codecs: " + "; ".join(f"{m['codec']} {m['sample_rate'] / 1000:g} kHz {100 * m['share']:.0f}% "
-                               f"({m['host_us_per_audio_s']:.0f} µs host CPU per audio s)" for m in report["codecs"][:6]),
-        out=out)
+                               f"({m['mean_item_s']:.1f} s an item: {m['host_us_per_audio_s']:.0f} µs host CPU per audio s)"
+                               for m in report["codecs"][:6]), out=out)
     say(f"host: a GPU at {host['target_x']:,.0f}x real time needs {host['cores_per_gpu']:.1f} cores for this corpus "
         f"(resampling on the GPU; {host['cores_per_gpu_host_resampling']:.1f} with --resample-on host); "
         f"rates measured on {host['measured_on']}", out=out)

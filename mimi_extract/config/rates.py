@@ -10,6 +10,7 @@ are this test machine's cores: a faster server core decodes faster.  Torch-free 
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -30,10 +31,30 @@ class FeedCost:
     decode_us: float
     fixed_us: float
     host_us: float
+    # CPU per item (opening it, its reader's, feeder's and writer's bookkeeping, its HDF5 dataset), already in
+    # the figures above at the measured corpora's FEED_ITEM_SECONDS an item, added or taken off for corpora
+    # of other lengths: the decode pool's share (decode_item_us) and the rest's (fixed_item_us)
+    decode_item_us: float = 0.0
+    fixed_item_us: float = 0.0
 
-    def us_per_audio_second(self, rate: int, on_device: bool = True) -> float:
+    def pool_us(self, rate: int, on_device: bool = True, item_seconds: float | None = None) -> float:
+        """The decode pool's CPU per audio second at ``rate`` Hz, for items of ``item_seconds`` on average
+        (None: the measured corpora's length)."""
         pool = self.decode_us if on_device else self.host_us
-        return pool * rate / self.rate + self.fixed_us
+        return pool * rate / self.rate + self.decode_item_us * _more_items(item_seconds)
+
+    def us_per_audio_second(self, rate: int, on_device: bool = True, item_seconds: float | None = None) -> float:
+        """All of the feed's CPU per audio second (see :meth:`pool_us`)."""
+        return self.pool_us(rate, on_device, item_seconds) + self.fixed_us + self.fixed_item_us * _more_items(item_seconds)
+
+
+# the mean utterance of the corpora FEED was measured on (bench_ceilings.py's 2-20 s: 274 items in 3,003 s)
+FEED_ITEM_SECONDS = 10.96
+
+
+def _more_items(item_seconds: float | None) -> float:
+    """Items per audio second beyond the measured corpora's (negative for longer items)."""
+    return 0.0 if item_seconds is None else 1 / max(item_seconds, 0.01) - 1 / FEED_ITEM_SECONDS
 
 
 # codec -> its feeding costs, measured at these rates: medians of 3 runs, one corpus at a time, 2026-12-08 00:10-00:18
@@ -51,13 +72,19 @@ class FeedCost:
 # (bench_sources.py decoders: libsndfile Vorbis 1,128x, PyAVFile AAC 1,058x per core) times the decode pool's cost
 # over the decoder alone on the measured 48 kHz rows (1.12x: FLAC 448 / 401, MP3 983 / 855, Opus 1669 / 1513), plus
 # those rows' median fixed cost (165) and host resampling (host_us - decode_us: 551).
+# Per item (decode_item_us, fixed_item_us): the same runs on 3,000 s corpora of 1-4 s utterances (1,208 items)
+# against 2-20 s ones (274), 2 runs each, 2026-12-08 00:40-00:58 UTC at 6a7136e (before the writer's per-item
+# cut of that stop): the difference in each role's CPU per audio second over the difference in items per audio
+# second (0.311), the bench's null encoder left out (Opus: one run each, at 6a7136e + its merges).  FLAC 48 kHz is given FLAC 16 kHz's, Vorbis PCM's (both
+# libsndfile's opening) and AAC MP3's (FFmpeg's): derived, not measured.
 FEED: dict[str, tuple[FeedCost, ...]] = {
-    "pcm": (FeedCost(16_000, 33.0, 62.0, 365.0),),
-    "flac": (FeedCost(16_000, 163.0, 65.0, 460.0), FeedCost(48_000, 448.0, 111.0, 994.0)),  # dr_flac, read whole
-    "mp3": (FeedCost(48_000, 983.0, 189.0, 1534.0),),  # FFmpeg's MP3 decoder
-    "opus": (FeedCost(48_000, 1669.0, 165.0, 2285.0),),  # FFmpeg's Opus decoder, at 48 kHz
-    "vorbis": (FeedCost(48_000, 990.0, 165.0, 1541.0),),  # derived
-    "aac": (FeedCost(48_000, 1056.0, 165.0, 1607.0),),  # derived
+    "pcm": (FeedCost(16_000, 33.0, 62.0, 365.0, 279.0, 482.0),),
+    "flac": (FeedCost(16_000, 163.0, 65.0, 460.0, 170.0, 434.0),  # dr_flac, read whole
+             FeedCost(48_000, 448.0, 111.0, 994.0, 170.0, 434.0)),
+    "mp3": (FeedCost(48_000, 983.0, 189.0, 1534.0, 830.0, 416.0),),  # FFmpeg's MP3 decoder
+    "opus": (FeedCost(48_000, 1669.0, 165.0, 2285.0, 977.0, 571.0),),  # FFmpeg's Opus decoder, at 48 kHz
+    "vorbis": (FeedCost(48_000, 990.0, 165.0, 1541.0, 279.0, 482.0),),  # derived
+    "aac": (FeedCost(48_000, 1056.0, 165.0, 1607.0, 830.0, 416.0),),  # derived
 }
 
 
@@ -88,44 +115,63 @@ def codec_of(name: str) -> str:
 FFMPEG_CODECS = frozenset({"mp3", "opus", "aac"})
 
 
-def process_x(codec: str, rate: int) -> float:
-    """x real time one feeding process feeds of ``codec`` at ``rate`` Hz: its GIL's ceiling
-    (:data:`PROCESS_X`), and for FFmpeg's codecs (:data:`FFMPEG_CODECS`) no more than one core decodes:
-    the inverse of the decode pool's CPU per audio second (:data:`FEED`, bench_ceilings.py's feed section,
-    resampling on the device as on a GPU), that one core's time with the Python around FFmpeg's frames:
-    MP3 48 kHz 1,017x, Opus 599x.  It agrees with what ``scripts/bench_decode_threads.py`` measured as wall
+def process_x(codec: str, rate: int, item_seconds: float | None = None) -> float:
+    """x real time one feeding process feeds of ``codec`` at ``rate`` Hz (items of ``item_seconds`` on
+    average; None: the measured corpora's): its GIL's ceiling (:data:`PROCESS_X`), and for FFmpeg's codecs
+    (:data:`FFMPEG_CODECS`) no more than one core decodes: the inverse of the decode pool's CPU per audio
+    second (:data:`FEED`, bench_ceilings.py's feed section, resampling on the device as on a GPU), that
+    one core's time with the Python around FFmpeg's frames and each item's opening: MP3 48 kHz 1,017x,
+    Opus 599x on 11 s items.  It agrees with what ``scripts/bench_decode_threads.py`` measured as wall
     throughput of a process's two decoding threads taking turns (MP3 909-933x, Opus 578-588x, 2026-12-07)."""
     if codec not in FFMPEG_CODECS:
         return PROCESS_X
-    cost = feed_cost(codec, rate)
-    return min(PROCESS_X, 1e6 / (cost.decode_us * rate / cost.rate))
+    return min(PROCESS_X, 1e6 / feed_cost(codec, rate).pool_us(rate, item_seconds=item_seconds))
+
+
+@dataclass(frozen=True)
+class MixPart:
+    """One codec class at one sample rate in a corpus: its audio seconds and its items."""
+
+    codec: str
+    rate: int
+    seconds: float
+    items: int
+
+    @property
+    def item_seconds(self) -> float:
+        """Its items' mean length (what each item's own costs are spread over)."""
+        return self.seconds / max(1, self.items)
 
 
 @dataclass(frozen=True)
 class CodecMix:
-    """A corpus's audio seconds per codec class and sample rate (``codec_of``; most first): what ``plan``
-    weights the feeding costs by, and what the run's default feeding processes per GPU are sized from
-    (``settings.feeders_per_gpu``: an MP3 corpus wants more processes than a FLAC one)."""
+    """A corpus's audio seconds and items per codec class and sample rate (``codec_of``; most seconds
+    first): what ``plan`` weights the feeding costs by, and what the run's default feeding processes per
+    GPU are sized from (``settings.feeders_per_gpu``: an MP3 corpus wants more processes than a FLAC one;
+    a corpus of short clips costs more per audio second than one of long recordings)."""
 
-    seconds: tuple[tuple[str, int, float], ...] = ()  # (codec class, sample rate, audio seconds)
+    parts: tuple[MixPart, ...] = ()
 
     @classmethod
     def of(cls, named: Iterable[tuple[str, int, float]]) -> CodecMix:
-        """The mix of (file or member name, sample rate, audio seconds) triples."""
-        found: dict[tuple[str, int], float] = {}
-        for name, rate, seconds in named:
+        """The mix of (file or member name, sample rate, audio seconds) triples, one per item."""
+        seconds: dict[tuple[str, int], float] = {}
+        items: Counter[tuple[str, int]] = Counter()
+        for name, rate, length in named:
             key = (codec_of(name), int(rate))
-            found[key] = found.get(key, 0.0) + float(seconds)
-        return cls(tuple((c, r, s) for (c, r), s in sorted(found.items(), key=lambda kv: -kv[1])))
+            seconds[key] = seconds.get(key, 0.0) + float(length)
+            items[key] += 1
+        ordered = sorted(seconds.items(), key=lambda kv: -kv[1])
+        return cls(tuple(MixPart(c, r, s, items[c, r]) for (c, r), s in ordered))
 
     @property
     def total(self) -> float:
-        return sum(s for _, _, s in self.seconds)
+        return sum(p.seconds for p in self.parts)
 
-    def shares(self) -> list[tuple[str, int, float]]:
-        """(codec class, sample rate, share of the audio seconds) of each part, most first."""
+    def shares(self) -> list[tuple[MixPart, float]]:
+        """Each part with its share of the audio seconds, most first."""
         total = max(self.total, 1e-12)
-        return [(c, r, s / total) for c, r, s in self.seconds]
+        return [(p, p.seconds / total) for p in self.parts]
 
     def process_x(self) -> float:
         """x real time one feeding process feeds of this mix: each part at :func:`process_x`'s rate, its
@@ -133,7 +179,7 @@ class CodecMix:
         shares = self.shares()
         if not shares:
             return PROCESS_X
-        return 1 / sum(share / process_x(codec, rate) for codec, rate, share in shares)
+        return 1 / sum(share / process_x(p.codec, p.rate, p.item_seconds) for p, share in shares)
 
 
 # full-size Mimi, fp32, on one CPU core (docs/performance.md "Throughput": two single-threaded

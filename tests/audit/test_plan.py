@@ -57,6 +57,24 @@ def test_plan_counts_what_a_run_then_stores(corpus, tiny_model_dir, tmp_path):
     assert info["hours"] == pytest.approx(report["hours"], rel=1e-4)  # (the manifest rounds durations to ms)
 
 
+def test_short_clips_cost_more_host_cpu_per_audio_second():
+    """Each item's own costs (opening it, its bookkeeping, its dataset: ``FeedCost``'s per-item
+    figures, measured on corpora of 1-4 s against 2-20 s utterances) are spread over its seconds: the
+    measured rows hold for the measured corpora's mean length, a corpus of 2 s clips costs more per
+    audio second, one of long recordings less, and one process decodes fewer seconds of short MP3s."""
+    for codec, rate in (("flac", 16_000), ("pcm", 16_000), ("mp3", 48_000), ("opus", 48_000)):
+        cost = rates.feed_cost(codec, rate)
+        plain = cost.decode_us + cost.fixed_us
+        assert cost.us_per_audio_second(rate, True, rates.FEED_ITEM_SECONDS) == pytest.approx(plain)
+        assert cost.us_per_audio_second(rate) == pytest.approx(plain)
+        short, long = cost.us_per_audio_second(rate, True, 2.0), cost.us_per_audio_second(rate, True, 100.0)
+        assert short > plain > long > 0, (codec, short, plain, long)
+    clips = rates.CodecMix.of([("a.mp3", 48_000, 2.0)] * 50)
+    talks = rates.CodecMix.of([("a.mp3", 48_000, 50.0)] * 2)
+    assert clips.total == talks.total == 100.0 and clips.parts[0].item_seconds == 2.0
+    assert clips.process_x() < rates.process_x("mp3", 48_000) < talks.process_x()
+
+
 def test_plan_costs_follow_the_codecs_and_the_machine(corpus):
     """Host cores per GPU from the corpus's codec mix (measured per-codec costs, weighted by hours);
     the GPU estimate is bound by the host's cores when they are too few; parts of --part-hours."""
@@ -64,7 +82,11 @@ def test_plan_costs_follow_the_codecs_and_the_machine(corpus):
     shares = {(m["codec"], m["sample_rate"]): m["share"] for m in report["codecs"]}
     total = sum(n / rate for rate, n in FILES.values())
     assert shares[("flac", 16_000)] == pytest.approx((3 + 5 / 16_000 + 700 / 16_000) / total)
-    us = sum(s * rates.feed_cost(c, r).us_per_audio_second(r) for (c, r), s in shares.items())
+    parts = {(m["codec"], m["sample_rate"]): m for m in report["codecs"]}
+    assert parts[("flac", 16_000)]["items"] == 2 and parts[("flac", 16_000)]["mean_item_s"] == pytest.approx(
+        shares[("flac", 16_000)] * total / 2)
+    us = sum(m["share"] * rates.feed_cost(c, r).us_per_audio_second(r, True, m["mean_item_s"])
+             for (c, r), m in parts.items())
     assert rates.feed_cost("flac", 44_100).rate == 48_000 and rates.feed_cost("flac", 22_050).rate == 16_000
     assert report["host"]["cores_per_gpu"] == pytest.approx(20_000 * us / 1e6)
     assert report["host"]["cores_per_gpu_host_resampling"] > report["host"]["cores_per_gpu"]
