@@ -146,9 +146,10 @@ def _frame_array(frame) -> np.ndarray:
 # MPEG demuxer then gives every packet its exact time (it seeks by its own index of the frames, not
 # by a Xing table of contents), so the samples from the target on equal the whole-file decode's.
 _PREROLL = 1 << 16
-# A stream's length is counted from its tail (PyAVFile.frames): the time of its last frame (the
-# demuxer's, exact) plus that frame's decoded size (end trimming applied by FFmpeg from the last
-# packet's side data).  Neither depends on the samples decoded before it, so no pre-roll is needed:
+# A stream's length is counted from its tail (PyAVFile.frames): the place of a frame near the end in
+# the whole decode (its time, the demuxer's, exact, less the first frame's and the decoder's lag:
+# PyAVFile._start) plus the samples decoded from it to the end (end trimming applied by FFmpeg from
+# the last packet's side data).  Neither depends on the samples decoded before it, so no pre-roll is needed:
 # the demuxer is positioned _COUNT_TAIL samples before the end, its packets read to the end without
 # decoding, and only the last _COUNT_PACKETS of them (FFmpeg's closing empty packet included, which
 # drains a decoder's delay) decoded: the last frame comes after 7 frames decoded before it, the MP3 bit
@@ -203,7 +204,7 @@ class PyAVFile:
     ``frames``, the decoded length, is what the decoder outputs, which no header of these formats
     states exactly for every file (AAC priming and edit lists; an MP3 without a Xing/VBRI header,
     or a LAME gapless tag).  For MPEG audio, Ogg Opus and MP4/M4A it is counted from the time of the first
-    decoded sample to the end of the last frame, decoding only the stream's last :data:`_COUNT_PACKETS`
+    decoded sample to a frame near the end, plus what is decoded from there, decoding only the stream's last :data:`_COUNT_PACKETS`
     packets (the packet times come from the demuxer's frame index, the MP4 sample table or the Ogg
     pages' granule positions, read without decoding); for the other containers by a full decode.
     Both are checked against a whole decode in tests/audio/test_real_shapes.py.  ``seek`` of MPEG
@@ -312,34 +313,52 @@ class PyAVFile:
                 self._open(av)
         return self._frames
 
+    def _start(self):
+        """(the stream time of the first decoded sample, in samples; the first frame's samples; the
+        decoder's ``lag``) from the stream's first two frames, or None where a frame has no time.
+        ``lag``: how far after the first frame's end the second one's time is.  0 for most decoders;
+        24 for FFmpeg's Opus decoder where SILK (narrow or medium band: low bit rates) is resampled
+        to 48 kHz: every frame's time after the first is its place in the whole decode plus 24, and
+        the 24 samples come back at the end, in a frame from the closing empty packet stamped with
+        the last packet's time (measured: an 8 kbit/s Ogg Opus file counted and sought 24 early)."""
+        t1, first = next(self._decoded, (None, None))
+        t2, second = next(self._decoded, (None, None))
+        if t1 is None or t2 is None or first is None or second is None:
+            return None
+        origin = self._samples(t1)
+        return origin, len(first[0]), self._samples(t2) - origin - len(first[0])
+
     def _count_to_end(self) -> int:
-        """The samples a decode from the start gives (see the class docstring)."""
+        """The samples a decode from the start gives (see the class docstring).  Counted from a
+        frame's place in the whole decode (its time, less the start's, less ``lag``: :meth:`_start`)
+        plus the samples decoded from it to the end: not from the last frame's time, which the
+        closing packet's frame (Opus's SILK delay) or a damaged packet after an end-trimmed one
+        (silence of its whole duration) does not follow.  That frame is the second one decoded
+        after the seek: a decoder with a delay gives the first one ``lag`` samples short."""
         if not self.tail_counted:
             return sum(len(a[0]) for _, a in self._decoded)
-        origin, first = next(self._decoded, (None, None))
-        if first is None:
-            return 0
-        if origin is None:
-            return len(first[0]) + sum(len(a[0]) for _, a in self._decoded)
-        origin = self._samples(origin)
+        import av
+
+        start = self._start()
+        if start is None:  # a frame without a time, or a stream of one frame: decode it all, from the start
+            self.container.close()
+            self._open(av)
+            return sum(len(a[0]) for _, a in self._decoded)
+        origin, first, lag = start
         self.container.seek(2 ** 62, stream=self.stream, backward=True)  # indexes every frame: the last one
         last = next((p for p in self.container.demux(self.stream) if p.pts is not None), None)
         end = self._samples(last.pts) if last is not None else origin
-        if end - _COUNT_TAIL <= origin + len(first[0]):  # a short stream: decode it all, from the start
-            import av
-
+        if end - _COUNT_TAIL <= origin + first:  # a short stream: decode it all, from the start
             self.container.close()
             self._open(av)
             return sum(len(a[0]) for _, a in self._decoded)
         self.container.seek(int((end - _COUNT_TAIL) / (self.stream.time_base * self.samplerate)), stream=self.stream,
                             backward=True)
         tail = collections.deque(self.container.demux(self.stream), maxlen=_COUNT_PACKETS)  # (demuxed, not decoded)
-        at, size = origin, 0
-        for t, block in self._decode(iter(tail)):
-            if t is None:
-                raise AudioError("a frame without a time after a seek")
-            at, size = self._samples(t), len(block[0])
-        return at + size - origin
+        decoded = list(self._decode(iter(tail)))
+        if len(decoded) < 2 or decoded[1][0] is None:
+            raise AudioError("a frame without a time after a seek")
+        return self._samples(decoded[1][0]) - lag - origin + sum(len(block[0]) for _, block in decoded[1:])
 
     def _seek_to(self, t: int) -> None:
         """Position the demuxer at the frame holding stream sample ``t`` or before it (decoder flushed)."""
@@ -387,12 +406,13 @@ class PyAVFile:
         decode from the start needs: the stream is reopened) where frame times are missing."""
         import av
 
-        origin, first = next(self._decoded, (None, None))
-        if origin is None or first is None:
+        start = self._start()
+        if start is None:
             self.container.close()
             self._open(av)
             return False
-        origin = self._samples(origin)
+        origin, _, lag = start
+        origin += lag  # a frame's place in the whole decode: its time less this (see _start)
         self._seek_to(origin + target - _PREROLL)
         landed = False
         for t, block in self._decoded:

@@ -123,7 +123,7 @@ def test_mp3_reads_equal_whole_and_ffmpeg_decode(tmp_path, rate, mode, headers):
 @pytest.mark.parametrize("ext", [".mp3", ".opus"])
 def test_a_length_is_counted_from_a_few_packets_at_the_tail(tmp_path, monkeypatch, ext):
     """Counting an MP3's or an Ogg Opus file's length (what planning does for every item) decodes
-    its first frame and only the last ``_COUNT_PACKETS`` packets, however long it is (it decoded
+    its first two frames and only the last ``_COUNT_PACKETS`` packets, however long it is (it decoded
     the last 65,536 samples after a pre-roll seek: 57 MP3 frames, and ~100 Opus packets where the
     Ogg seek lands early), and still equals FFmpeg's whole decode."""
     from mimi_extract.audio import decoders
@@ -147,7 +147,36 @@ def test_a_length_is_counted_from_a_few_packets_at_the_tail(tmp_path, monkeypatc
     decoded.clear()
     frames = f.frames
     f.close()
-    assert frames == len(ref) and 2 <= len(decoded) <= 1 + decoders._COUNT_PACKETS, (frames, len(ref), len(decoded))
+    assert frames == len(ref) and 3 <= len(decoded) <= 2 + decoders._COUNT_PACKETS, (frames, len(ref), len(decoded))
+
+
+def test_a_low_bit_rate_opus_file_is_counted_and_sought_as_its_whole_decode(tmp_path):
+    """At 8 kbit/s Opus codes speech with SILK, which FFmpeg's decoder resamples to 48 kHz with a
+    24-sample delay: the second frame's time is 24 after the first one's end, and the 24 samples
+    come back at the end in a frame stamped with the last packet's time.  Counted from the last
+    frame's time the length was 768 short (an 8 kHz file) or 288 (48 kHz); a segment read through
+    the pre-roll seek started 24 samples early (0.03-0.24 off).  Both equal FFmpeg's whole decode."""
+    from support.shapes import signal
+
+    path = tmp_path / "low.opus"
+    with av.open(str(path), "w", format="ogg") as out:
+        stream = out.add_stream("libopus", rate=48_000, layout="mono")
+        stream.codec_context.bit_rate = 8_000
+        data = signal(48_000, 422_000, 1, 3)
+        packets = []
+        for i in range(0, len(data), 960):
+            frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(data[i:i + 960].T), format="fltp", layout="mono")
+            frame.sample_rate, frame.pts = 48_000, i
+            packets += stream.encode(frame)
+        for packet in [*packets, *stream.encode(None)]:
+            out.mux(packet)
+    ref = ffmpeg_decode(path)
+    f = open_decoder(str(path))
+    assert f.frames == len(ref), (f.frames, len(ref))
+    f.close()
+    for start in (140_000, len(ref) - 30_000):
+        seg = tool_read(path, start, 20_000)
+        assert np.abs(seg - ref[start: start + 20_000]).max() <= 1e-5, start
 
 
 def test_vbr_mp3_without_xing_header_decodes_to_its_end(tmp_path):
