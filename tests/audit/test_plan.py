@@ -75,6 +75,24 @@ def test_short_clips_cost_more_host_cpu_per_audio_second():
     assert clips.process_x() < rates.process_x("mp3", 48_000) < talks.process_x()
 
 
+def test_feeding_costs_stay_positive_at_every_rate_and_length():
+    """The decode pool's cost scales with the sample rate only in its per-sample part: each item's own
+    cost (opening it, its bookkeeping) is the same at 8 kHz as at 16 kHz.  Scaled with the rate, an
+    8 kHz WAV corpus of 60 s items cost -4 µs per audio second; at the measured rate nothing changes."""
+    for codec, rows in rates.FEED.items():
+        for cost in rows:
+            for rate in (8_000, 16_000, 22_050, 44_100, 48_000):
+                for seconds in (None, 0.5, 2.0, rates.FEED_ITEM_SECONDS, 60.0, 3_600.0):
+                    for on_device in (True, False):
+                        assert cost.pool_us(rate, on_device, seconds) > 0, (codec, cost.rate, rate, seconds, on_device)
+            plain = cost.pool_us(cost.rate, True, rates.FEED_ITEM_SECONDS)
+            assert plain == pytest.approx(cost.decode_us) == cost.pool_us(cost.rate)
+            # per item the same at any rate: a corpus of 2 s items at half the rate costs the same more per item
+            half = cost.rate // 2
+            extra = cost.decode_item_us * (1 / 2.0 - 1 / rates.FEED_ITEM_SECONDS)
+            assert cost.pool_us(half, True, 2.0) - cost.pool_us(half) == pytest.approx(extra)
+
+
 def test_plan_costs_follow_the_codecs_and_the_machine(corpus):
     """Host cores per GPU from the corpus's codec mix (measured per-codec costs, weighted by hours);
     the GPU estimate is bound by the host's cores when they are too few; parts of --part-hours."""
