@@ -180,7 +180,7 @@ class CodecMix:
         """x real time one feeding process feeds of this mix: each part at :func:`process_x`'s rate, its
         share of the process's time in proportion (:data:`PROCESS_X` for an empty mix)."""
         shares = self.shares()
-        if not shares:
+        if not shares or self.total <= 0:  # (no audio: nothing to size from)
             return PROCESS_X
         return 1 / sum(share / process_x(p.codec, p.rate, p.item_seconds) for p, share in shares)
 

@@ -26,8 +26,10 @@ class InProcessEngine(Engine):
         given = [model]  # handed to the runner, not held here (on GPU the CPU copy is then freed)
         del model
         # a step's chunks in one put (``emit_step``): the writer takes a step at a time, the queue's
-        # locks and the thread's wake-up once a step, not once an item (~12 µs an item in the run)
-        out: queue_mod.Queue = queue_mod.Queue(maxsize=4)
+        # locks and the thread's wake-up once a step, not once an item (~12 µs an item in the run); one
+        # step waiting at most, as the 64 chunks it held before (a step's outputs: up to ~100 MB of
+        # encoder features for 64 streamed rows)
+        out: queue_mod.Queue = queue_mod.Queue(maxsize=1)
         todo = iter(units)
         error: list[BaseException] = []
         abandoned = threading.Event()  # the consumer left (an error while writing): stop as well

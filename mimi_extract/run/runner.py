@@ -158,8 +158,9 @@ def _run(request: RunRequest, on_plan, on_progress, on_signal, stop, on_phase, o
                      options=request.options, part=(part.index, part.count) if by_shard else None)
     if not found.items and not found.bad:
         raise NoInputError(no_input_message(source))
-    # each GPU's feeding processes: by default as many as this corpus's codecs want (an MP3 corpus more than a FLAC one)
-    settings = settings.fed(found.codec_mix)
+    # each GPU's feeding processes: by default as many as this corpus's codecs want (an MP3 corpus more than a FLAC one;
+    # the mix, a pass over every item, only where it is used)
+    settings = settings.fed(found.codec_mix if settings.on_gpu and settings.feeders_per_gpu is None else None)
     request = replace(request, settings=settings)
     RunDirectory.refuse_other_run(request, found)
     check_model_config(settings)

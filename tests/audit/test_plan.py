@@ -73,6 +73,7 @@ def test_short_clips_cost_more_host_cpu_per_audio_second():
     talks = rates.CodecMix.of([("a.mp3", 48_000, 50.0)] * 2)
     assert clips.total == talks.total == 100.0 and clips.parts[0].item_seconds == 2.0
     assert clips.process_x() < rates.process_x("mp3", 48_000) < talks.process_x()
+    assert rates.CodecMix.of([("a.mp3", 48_000, 0.0)]).process_x() == rates.PROCESS_X  # (no audio: nothing to size)
 
 
 def test_feeding_costs_stay_positive_at_every_rate_and_length():
