@@ -352,17 +352,20 @@ class PyAVFile:
             self.container.close()
             self._open(av)
             return sum(len(a[0]) for _, a in self._decoded)
-        self.container.seek(int((end - _COUNT_TAIL) / (self.stream.time_base * self.samplerate)), stream=self.stream,
-                            backward=True)
+        self._position(end - _COUNT_TAIL)
         tail = collections.deque(self.container.demux(self.stream), maxlen=_COUNT_PACKETS)  # (demuxed, not decoded)
         decoded = list(self._decode(iter(tail)))
         if len(decoded) < 2 or decoded[1][0] is None:
             raise AudioError("a frame without a time after a seek")
         return self._samples(decoded[1][0]) - lag - origin + sum(len(block[0]) for _, block in decoded[1:])
 
-    def _seek_to(self, t: int) -> None:
+    def _position(self, t: int) -> None:
         """Position the demuxer at the frame holding stream sample ``t`` or before it (decoder flushed)."""
         self.container.seek(int(t / (self.stream.time_base * self.samplerate)), stream=self.stream, backward=True)
+
+    def _seek_to(self, t: int) -> None:
+        """:meth:`_position` at ``t``, the frames decoded from there on."""
+        self._position(t)
         self._decoded = self._decode(self.container.demux(self.stream))
 
     def read(self, n: int, dtype: str = "float32", always_2d: bool = True) -> np.ndarray:
