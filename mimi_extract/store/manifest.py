@@ -8,7 +8,7 @@ import functools
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -196,7 +196,8 @@ class ManifestRow:
 
 
 _FIELD_NAMES = frozenset(f.name for f in fields(ManifestRow))
-_UNSET = {f.name: None for f in fields(ManifestRow)}  # (every field but ``key`` defaults to None)
+# each field's default, in field order (``key``, which has none, is always given)
+_UNSET = {f.name: None if f.default is MISSING else f.default for f in fields(ManifestRow)}
 
 
 def _as_row(fields_: dict) -> ManifestRow:
@@ -213,6 +214,7 @@ def _made(**values) -> ManifestRow:
     fields_ = dict(_UNSET)
     fields_.update(values)
     return _as_row(fields_)
+
 
 def item_attrs(item: Item) -> dict:
     """What a shard stores about an item beside its array (its duration, source rate and segment):
