@@ -96,10 +96,13 @@ def speechlike(n: int, rate: int, rng) -> np.ndarray:
     return (0.15 * envelope * voiced + 0.01 * rng.standard_normal(n)).astype(np.float32)
 
 
+UTTERANCES = (2.0, 20.0)  # seconds: the corpora's utterances by default, as speech corpora ship
+
+
 def make_corpus(root: str, name: str, seconds: float, seed: int = 0,
-                lengths: tuple[float, float] = (2.0, 20.0)) -> tuple[str, float]:
+                lengths: tuple[float, float] = UTTERANCES) -> tuple[str, float]:
     ext, rate, kw, channels = FORMATS[name]
-    shape = "" if lengths == (2.0, 20.0) else f"-{lengths[0]:g}to{lengths[1]:g}s"
+    shape = "" if lengths == UTTERANCES else f"-{lengths[0]:g}to{lengths[1]:g}s"
     folder = os.path.join(root, f"{name}-{seconds:g}s-{seed}{shape}")
     done = os.path.join(folder, ".done")
     rng = np.random.default_rng(seed)
@@ -107,7 +110,7 @@ def make_corpus(root: str, name: str, seconds: float, seed: int = 0,
         shutil.rmtree(folder, ignore_errors=True)
         os.makedirs(folder)
         total, i = 0.0, 0
-        while total < seconds:  # utterances of 2-20 s by default, as speech corpora ship
+        while total < seconds:
             s = float(rng.uniform(*lengths))
             os.makedirs(os.path.join(folder, f"spk{i % 7}"), exist_ok=True)
             signal = np.stack([speechlike(int(s * rate), rate, rng) for _ in range(channels)], 1)
@@ -572,7 +575,7 @@ def main() -> None:
     p.add_argument("--sections", default="feed,procs,write,ray")
     p.add_argument("--formats", default=",".join(FORMATS), help=f"feed corpora: {', '.join(FORMATS)}")
     p.add_argument("--seconds", type=float, default=1200.0, help="audio seconds per feed corpus")
-    p.add_argument("--utterance-seconds", default=(2.0, 20.0), type=lambda v: tuple(map(float, v.split(","))),
+    p.add_argument("--utterance-seconds", default=UTTERANCES, type=lambda v: tuple(map(float, v.split(","))),
                    help="MIN,MAX: the corpora's utterances, uniform in this range (default 2,20; 1,4 for short clips)")
     p.add_argument("--tap", default="codes")
     p.add_argument("--decode-threads", type=int, default=2, help="--num-workers of the run (the decode pool)")
